@@ -1,0 +1,22 @@
+# The README's quick start: `make demo` and `make test`.
+PYTHON ?= python3
+# torch==2.13.0 is a CPU build on the dev/CI machines; elsewhere any torch >= 2.4 works.
+TORCH ?= torch==2.13.0
+
+.PHONY: install demo test test-gpu bench-kernels
+
+install:
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
+	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev]"
+
+demo: install
+	$(PYTHON) -m mvdb demo
+
+test: install
+	$(PYTHON) -m pytest -q
+
+test-gpu:
+	$(PYTHON) -m pytest -q -m gpu
+
+bench-kernels:
+	$(PYTHON) benchmarks/kernels.py

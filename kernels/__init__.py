@@ -1,0 +1,17 @@
+"""Fused MaxSim kernels (Triton) with pure-torch references; usable without a database.
+
+    from mvdb.kernels import maxsim, maxsim_varlen, maxsim_candidates, quantize_int8
+"""
+
+from mvdb.kernels.maxsim import maxsim, maxsim_candidates, maxsim_varlen
+from mvdb.kernels.quant import dequantize_int8, quantize_int8
+from mvdb.kernels.warmup import warmup
+
+__all__ = [
+    "dequantize_int8",
+    "maxsim",
+    "maxsim_candidates",
+    "maxsim_varlen",
+    "quantize_int8",
+    "warmup",
+]

@@ -1,0 +1,278 @@
+"""Fused MaxSim forward in Triton: one program per (query, document) pair, never materialising
+the [Lq, Ld] similarity tile beyond one [BLOCK_Q, BLOCK_D] block in registers.
+
+Every public layout (padded cross product, padded per-query candidates, packed varlen, CSR store
+with candidate lists) reduces to "query tokens start here, doc tokens start there"; the kernel
+reads documents straight from where they lie, so no padded copy is ever made.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# Doc layouts (constexpr D_LAYOUT).
+PADDED_CROSS = 0  # D [Nd, Ld, d]: doc k starts at k * Ld
+PADDED_PER_QUERY = 1  # D [Nq, K, Ld, d]: doc (i, k) starts at (i * K + k) * Ld
+CSR_CROSS = 2  # tokens [T, d] + offsets: every doc for every query
+CSR_CAND = 3  # tokens [T, d] + offsets + cand [Nq, K]: doc cand[i, k], -1 = padding
+
+LQ_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)
+
+
+def lq_bucket(max_lq: int) -> int:
+    """Autotune bucket of the longest query (queries past 512 tokens share the 'long' bucket)."""
+    for b in LQ_BUCKETS:
+        if max_lq <= b:
+            return b
+    return LQ_BUCKETS[-1]
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _configs():
+    """Candidate launch configs; the prune filter keeps the ones that fit the query bucket."""
+    out = []
+    for bq in (32, 64, 128):
+        for bd in (32, 64, 128):
+            for warps in (4, 8):
+                for stages in (2, 3, 4):
+                    out.append(triton.Config({"BLOCK_Q": bq, "BLOCK_D": bd}, num_warps=warps, num_stages=stages))
+    return out
+
+
+def _prune(configs, nargs, **kwargs):
+    lq = kwargs["LQ_BUCKET"]
+    full = os.environ.get("MVDB_AUTOTUNE", "") == "full"
+    keep = []
+    for c in configs:
+        bq, bd = c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_D"]
+        if bq > max(32, lq):
+            continue
+        if not full:
+            # The measured short list (benchmarks/kernels.py --sweep on an H100).
+            if lq <= 64 and not (bq == max(32, lq) and bd in (64, 128) and c.num_stages in (2, 3)):
+                continue
+            if lq > 64 and not (bq in (64, 128) and bd in (64, 128) and c.num_stages in (2, 3) and c.num_warps == 8):
+                continue
+        keep.append(c)
+    return keep or configs[:1]
+
+
+@triton.jit(do_not_specialize=["n_q", "n_k", "q_len", "d_len"])
+def _maxsim_fwd_kernel(
+    Q,  # [Tq, DIM] query tokens (any float dtype)
+    QM,  # [Tq] uint8 query-token mask (1 = valid) or None
+    CU_Q,  # [Nq + 1] int32 query offsets (Q_VARLEN) or None
+    D,  # [Td, DIM] doc tokens: float or int8
+    DS,  # [Td] float32 per-token scales (INT8) or None
+    DM,  # [Td] uint8 doc-token mask (1 = valid) or None
+    OFF,  # [n_docs + 1] int64 doc offsets (CSR layouts) or None
+    CAND,  # [Nq, K] int64 candidate doc indices (CSR_CAND) or None
+    Out,  # [Nq, K] float32
+    n_q,
+    n_k,
+    q_len,  # padded query length (not Q_VARLEN)
+    d_len,  # padded doc length (PADDED_* layouts)
+    LQ_BUCKET: tl.constexpr,
+    DIM: tl.constexpr,
+    BLOCK_DIM: tl.constexpr,
+    Q_VARLEN: tl.constexpr,
+    D_LAYOUT: tl.constexpr,
+    HAS_QMASK: tl.constexpr,
+    HAS_DMASK: tl.constexpr,
+    INT8: tl.constexpr,
+    IEEE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    if D_LAYOUT == PADDED_CROSS or D_LAYOUT == CSR_CROSS:
+        # Queries vary fastest: the programs sharing a document run together and hit L2.
+        qi = pid % n_q
+        k = pid // n_q
+    else:
+        qi = pid // n_k
+        k = pid % n_k
+
+    if Q_VARLEN:
+        q_start = tl.load(CU_Q + qi).to(tl.int64)
+        q_n = tl.load(CU_Q + qi + 1).to(tl.int64) - q_start
+    else:
+        q_start = qi * q_len
+        q_n = q_len + 0 * qi
+
+    is_pad = False
+    if D_LAYOUT == PADDED_CROSS:
+        d_start = k * d_len
+        d_n = d_len + 0 * k
+    elif D_LAYOUT == PADDED_PER_QUERY:
+        d_start = (qi * n_k + k) * d_len
+        d_n = d_len + 0 * k
+    elif D_LAYOUT == CSR_CROSS:
+        d_start = tl.load(OFF + k).to(tl.int64)
+        d_n = tl.load(OFF + k + 1).to(tl.int64) - d_start
+    else:
+        doc = tl.load(CAND + qi * n_k + k)
+        is_pad = doc < 0
+        safe = tl.maximum(doc, 0)
+        d_start = tl.load(OFF + safe).to(tl.int64)
+        d_n = tl.where(is_pad, 0, tl.load(OFF + safe + 1).to(tl.int64) - d_start)
+        q_n = tl.where(is_pad, 0, q_n)
+
+    offs_q = tl.arange(0, BLOCK_Q)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_c = tl.arange(0, BLOCK_DIM)
+    c_ok = offs_c < DIM
+
+    total = tl.zeros([1], dtype=tl.float32)
+    # Long queries are scored BLOCK_Q tokens at a time and summed: exact, bounded registers.
+    for qb in range(0, q_n, BLOCK_Q):
+        rows = qb + offs_q
+        r_ok = rows < q_n
+        q_ptrs = Q + (q_start + rows)[:, None] * DIM + offs_c[None, :]
+        if BLOCK_DIM == DIM:
+            q = tl.load(q_ptrs, mask=r_ok[:, None], other=0.0)  # [BQ, BDIM]
+        else:
+            q = tl.load(q_ptrs, mask=r_ok[:, None] & c_ok[None, :], other=0.0)
+        if HAS_QMASK:
+            r_ok = r_ok & (tl.load(QM + q_start + rows, mask=r_ok, other=0) != 0)
+        if INT8:
+            qf = q.to(tl.float32)
+            amax = tl.max(tl.abs(qf), axis=1)
+            q_scale = tl.where(amax > 0, amax / 127.0, 1.0)  # [BQ]
+            y = qf / q_scale[:, None]
+            qk = tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int8)
+        else:
+            qk = q.to(D.dtype.element_ty)
+        best = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+        for db in range(0, d_n, BLOCK_D):
+            cols = db + offs_d
+            d_ok = cols < d_n
+            d_ptrs = D + (d_start + cols)[None, :] * DIM + offs_c[:, None]
+            if BLOCK_DIM == DIM:
+                dt = tl.load(d_ptrs, mask=d_ok[None, :], other=0)  # [BDIM, BD]
+            else:
+                dt = tl.load(d_ptrs, mask=c_ok[:, None] & d_ok[None, :], other=0)
+            if INT8:
+                s = tl.dot(qk, dt, out_dtype=tl.int32).to(tl.float32)  # [BQ, BD]
+                s = s * tl.load(DS + d_start + cols, mask=d_ok, other=0.0)[None, :]
+            elif UPCAST:
+                s = tl.dot(qk.to(tl.float32), dt.to(tl.float32), input_precision="ieee")
+            elif IEEE:
+                s = tl.dot(qk, dt, input_precision="ieee")
+            else:
+                s = tl.dot(qk, dt)
+            if HAS_DMASK:
+                d_ok = d_ok & (tl.load(DM + d_start + cols, mask=d_ok, other=0) != 0)
+            s = tl.where(d_ok[None, :], s, float("-inf"))
+            best = tl.maximum(best, tl.max(s, axis=1))
+        if INT8:
+            best = best * q_scale
+        # A row with no valid doc token (empty or fully masked doc) adds 0, as do masked rows.
+        best = tl.where(r_ok & (best > float("-inf")), best, 0.0)
+        total += tl.sum(best, axis=0)
+    if D_LAYOUT == CSR_CAND:
+        total = tl.where(is_pad, float("-inf"), total)
+    tl.store(Out + qi * n_k + k + tl.arange(0, 1), total)
+
+
+_KEY = ["LQ_BUCKET", "DIM", "Q_VARLEN", "D_LAYOUT", "HAS_QMASK", "HAS_DMASK", "INT8"]
+_tuned = triton.autotune(configs=_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune})(
+    _maxsim_fwd_kernel
+)
+
+
+def default_config(lq_bucket_: int) -> dict:
+    """Launch config used without autotuning (interpreter, MVDB_AUTOTUNE=0)."""
+    if interpreting():
+        return {"BLOCK_Q": 16, "BLOCK_D": 16, "num_warps": 4}
+    bq = 32 if lq_bucket_ <= 32 else 64
+    return {"BLOCK_Q": bq, "BLOCK_D": 64, "num_warps": 4, "num_stages": 3}
+
+
+def autotuning() -> bool:
+    return not interpreting() and os.environ.get("MVDB_AUTOTUNE", "1") != "0"
+
+
+def launch(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    q_mask: torch.Tensor | None,
+    cu_q: torch.Tensor | None,
+    q_len: int,
+    d: torch.Tensor,
+    d_scales: torch.Tensor | None,
+    d_mask: torch.Tensor | None,
+    offsets: torch.Tensor | None,
+    cand: torch.Tensor | None,
+    d_len: int,
+    n_q: int,
+    n_k: int,
+    layout: int,
+    max_lq: int,
+) -> torch.Tensor:
+    """Launch the kernel over an [n_q, n_k] output; arguments are already validated and contiguous."""
+    n = n_q * n_k
+    if n == 0:
+        return out
+    if n >= 2**31:
+        raise ValueError(f"too many (query, document) pairs in one call: {n} (at most 2**31 - 1); split the batch")
+    dim = q.shape[-1]
+    args = (
+        q,
+        None if q_mask is None else q_mask.view(torch.uint8),
+        cu_q,
+        d,
+        d_scales,
+        None if d_mask is None else d_mask.view(torch.uint8),
+        offsets,
+        cand,
+        out,
+        n_q,
+        n_k,
+        q_len,
+        d_len,
+    )
+    meta = dict(
+        LQ_BUCKET=lq_bucket(max_lq),
+        DIM=dim,
+        BLOCK_DIM=max(32, triton.next_power_of_2(dim)),
+        Q_VARLEN=cu_q is not None,
+        D_LAYOUT=layout,
+        HAS_QMASK=q_mask is not None,
+        HAS_DMASK=d_mask is not None,
+        INT8=d.dtype == torch.int8,
+        IEEE=d.dtype == torch.float32,
+        # Triton's CPU interpreter computes bf16 x bf16 dots wrongly (triton 3.9): upcast there.
+        UPCAST=d.dtype == torch.bfloat16 and interpreting(),
+    )
+    grid = (n,)
+    with torch.cuda.device(out.device) if out.is_cuda else _nullctx():
+        if autotuning():
+            _tuned[grid](*args, **meta)
+        else:
+            _maxsim_fwd_kernel[grid](*args, **meta, **default_config(meta["LQ_BUCKET"]))
+    return out
+
+
+class _nullctx:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def compiled_variants() -> int:
+    """How many binaries the Triton JIT holds for the kernel (to prove shapes do not recompile)."""
+    caches = getattr(_maxsim_fwd_kernel, "device_caches", None)
+    if caches is None:
+        return len(getattr(_maxsim_fwd_kernel, "cache", {}).get(torch.cuda.current_device(), {}))
+    return sum(len(entry[0]) for entry in caches.values())

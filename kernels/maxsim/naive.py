@@ -1,0 +1,148 @@
+"""Pure-torch MaxSim references: the CPU fallback and the tests' ground truth.
+
+score(q, d) = sum_i max_j <q_i, d_j>, over valid query tokens i and valid doc tokens j; a document
+with no valid token scores 0; a padding candidate (-1) scores -inf. Work is chunked so that the
+similarity tile never holds more than ``budget`` elements, whatever the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mvdb.kernels.quant import dequantize_int8, quantize_int8
+
+DEFAULT_BUDGET = 1 << 24  # elements of the similarity tile per chunk (64 MB in fp32)
+
+
+def _compute_dtype(dtype: torch.dtype | None, ref: torch.dtype) -> torch.dtype:
+    if dtype is not None:
+        return dtype
+    return torch.float64 if ref == torch.float64 else torch.float32
+
+
+def _queries_for(q: torch.Tensor, int8_docs: bool, dtype: torch.dtype) -> torch.Tensor:
+    """Queries as the kernel sees them: quantized per token when the docs are int8."""
+    if int8_docs:
+        qq, qs = quantize_int8(q)
+        return dequantize_int8(qq, qs).to(dtype)
+    return q.to(dtype)
+
+
+def _docs_for(d: torch.Tensor, scales: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    if d.dtype == torch.int8:
+        return dequantize_int8(d, scales).to(dtype)
+    return d.to(dtype)
+
+
+def _reduce(sim: torch.Tensor, col_ok: torch.Tensor) -> torch.Tensor:
+    """Max over the last axis among valid columns; -inf (no valid column) becomes 0.
+
+    sim: [..., Lq, Ld]; col_ok broadcastable to [..., 1, Ld].
+    """
+    if sim.shape[-1] == 0:
+        return sim.new_zeros(sim.shape[:-1])
+    sim = sim.masked_fill(~col_ok, float("-inf"))
+    best = sim.amax(dim=-1)
+    return torch.where(torch.isinf(best), torch.zeros_like(best), best)
+
+
+def maxsim_padded(
+    Q: torch.Tensor,
+    D: torch.Tensor,
+    q_mask: torch.Tensor | None = None,
+    d_mask: torch.Tensor | None = None,
+    d_scales: torch.Tensor | None = None,
+    *,
+    dtype: torch.dtype | None = None,
+    budget: int = DEFAULT_BUDGET,
+) -> torch.Tensor:
+    """Q [Nq, Lq, d]; D [Nd, Ld, d] -> [Nq, Nd] or D [Nq, K, Ld, d] -> [Nq, K]."""
+    ct = _compute_dtype(dtype, Q.dtype)
+    nq, lq, _ = Q.shape
+    per_query = D.dim() == 4
+    ld = D.shape[-2]
+    q = _queries_for(Q, D.dtype == torch.int8, ct)  # [Nq, Lq, d]
+    q_ok = q_mask if q_mask is not None else torch.ones(nq, lq, dtype=torch.bool, device=Q.device)
+    n_cols = D.shape[1] if per_query else D.shape[0]
+    out = torch.empty(nq, n_cols, dtype=torch.float32, device=Q.device)
+    if nq == 0 or n_cols == 0:
+        return out
+    step = max(1, budget // max(1, lq * ld * (1 if per_query else nq)))
+    for c0 in range(0, n_cols, step):
+        c1 = min(n_cols, c0 + step)
+        if per_query:
+            d = _docs_for(D[:, c0:c1], None if d_scales is None else d_scales[:, c0:c1], ct)
+            ok = d_mask[:, c0:c1] if d_mask is not None else torch.ones(d.shape[:-1], dtype=torch.bool, device=d.device)
+            sim = torch.einsum("qid,qkjd->qkij", q, d)  # [Nq, C, Lq, Ld]
+            best = _reduce(sim, ok[:, :, None, :])  # [Nq, C, Lq]
+            out[:, c0:c1] = (best * q_ok[:, None, :]).sum(-1).float()
+        else:
+            d = _docs_for(D[c0:c1], None if d_scales is None else d_scales[c0:c1], ct)
+            ok = d_mask[c0:c1] if d_mask is not None else torch.ones(d.shape[:-1], dtype=torch.bool, device=d.device)
+            sim = torch.einsum("qid,njd->qnij", q, d)  # [Nq, C, Lq, Ld]
+            best = _reduce(sim, ok[None, :, None, :])
+            out[:, c0:c1] = (best * q_ok[:, None, :]).sum(-1).float()
+    return out
+
+
+def _pad_docs(tokens, scales, starts, lens, ct):
+    """Gather documents starts[i]:starts[i]+lens[i] into a padded [C, Lmax, d] tile and its mask."""
+    lmax = int(lens.max()) if lens.numel() else 0
+    pos = torch.arange(lmax, device=tokens.device)
+    ok = pos[None, :] < lens[:, None]  # [C, Lmax]
+    idx = torch.where(ok, starts[:, None] + pos[None, :], torch.zeros_like(starts)[:, None])
+    d = tokens[idx]  # [C, Lmax, d]
+    s = None if scales is None else scales[idx]
+    return _docs_for(d, s, ct), ok
+
+
+def maxsim_csr(
+    q: torch.Tensor,
+    cu_q: torch.Tensor,
+    tokens: torch.Tensor,
+    offsets: torch.Tensor,
+    cand: torch.Tensor | None = None,
+    scales: torch.Tensor | None = None,
+    *,
+    dtype: torch.dtype | None = None,
+    budget: int = DEFAULT_BUDGET,
+) -> torch.Tensor:
+    """Packed queries vs a CSR store: every document ([Nq, n_docs]) or per-query ``cand`` ([Nq, K])."""
+    ct = _compute_dtype(dtype, q.dtype)
+    cu_q = cu_q.long()
+    offsets = offsets.long()
+    nq = cu_q.numel() - 1
+    qv = _queries_for(q, tokens.dtype == torch.int8, ct)  # [Tq, d]
+    q_of_token = torch.repeat_interleave(torch.arange(nq, device=q.device), cu_q[1:] - cu_q[:-1])
+    n_docs = offsets.numel() - 1
+    if cand is None:
+        out = torch.empty(nq, n_docs, dtype=torch.float32, device=q.device)
+        lens = offsets[1:] - offsets[:-1]
+        lmax = max(1, int(lens.max())) if n_docs else 1
+        step = max(1, budget // max(1, qv.shape[0] * lmax))
+        for c0 in range(0, n_docs, step):
+            c1 = min(n_docs, c0 + step)
+            d, ok = _pad_docs(tokens, scales, offsets[c0:c1], lens[c0:c1], ct)
+            sim = torch.einsum("td,cjd->ctj", qv, d)  # [C, Tq, Lmax]
+            best = _reduce(sim, ok[:, None, :])  # [C, Tq]
+            acc = torch.zeros(c1 - c0, nq, dtype=ct, device=q.device)
+            acc.index_add_(1, q_of_token, best)
+            out[:, c0:c1] = acc.T.float()
+        return out
+    k = cand.shape[1]
+    out = torch.empty(nq, k, dtype=torch.float32, device=q.device)
+    for i in range(nq):
+        qi = qv[cu_q[i] : cu_q[i + 1]]  # [Lq, d]
+        docs = cand[i]
+        valid = docs >= 0
+        safe = docs.clamp(min=0)
+        starts, lens = offsets[safe], offsets[safe + 1] - offsets[safe]
+        lmax = max(1, int(lens.max())) if k else 1
+        step = max(1, budget // max(1, qi.shape[0] * lmax))
+        for c0 in range(0, k, step):
+            c1 = min(k, c0 + step)
+            d, ok = _pad_docs(tokens, scales, starts[c0:c1], lens[c0:c1], ct)
+            sim = torch.einsum("id,cjd->cij", qi, d)  # [C, Lq, Lmax]
+            out[i, c0:c1] = _reduce(sim, ok[:, None, :]).sum(-1).float()
+        out[i, ~valid] = float("-inf")
+    return out

@@ -1,0 +1,191 @@
+"""Public MaxSim functions: validate, pick the backend, launch.
+
+``backend="auto"`` runs the fused Triton kernel on CUDA tensors (and on CPU tensors when
+``TRITON_INTERPRET=1``), and the chunked pure-torch reference otherwise.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mvdb.errors import InvalidInputError
+from mvdb.kernels import _checks
+from mvdb.kernels.maxsim import fused, naive
+
+BACKENDS = ("auto", "triton", "torch")
+
+
+def _use_triton(device: torch.device, backend: str) -> bool:
+    if backend not in BACKENDS:
+        raise InvalidInputError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return False
+    runnable = device.type == "cuda" or fused.interpreting()
+    if backend == "triton" and not runnable:
+        raise InvalidInputError(
+            f"backend: 'triton' needs CUDA tensors or TRITON_INTERPRET=1, got tensors on {device}"
+        )
+    return runnable
+
+
+def _out(out: torch.Tensor | None, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
+    """The caller's output buffer (checked) or a fresh one."""
+    if out is None:
+        return torch.empty(shape, dtype=torch.float32, device=device)
+    _checks.tensor("out", out, (2,), (torch.float32,))
+    _checks.shape_match("out", out, shape)
+    _checks.same_device(scores=torch.empty(0, device=device), out=out)
+    if not out.is_contiguous():
+        raise InvalidInputError("out: expected a contiguous tensor, got a strided view")
+    return out
+
+
+def _contig(x: torch.Tensor | None) -> torch.Tensor | None:
+    return None if x is None else x.contiguous()
+
+
+def maxsim(
+    Q: torch.Tensor,
+    D: torch.Tensor,
+    q_mask: torch.Tensor | None = None,
+    d_mask: torch.Tensor | None = None,
+    *,
+    d_scales: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """MaxSim on padded batches, fp32 scores.
+
+    Q [Lq, d] or [Nq, Lq, d]; D [Nd, Ld, d] -> [Nq, Nd] (cross product) or D [Nq, K, Ld, d] ->
+    [Nq, K] (per-query candidates); a 2-D Q drops the leading Nq. Masks are bool, True = valid
+    token: q_mask [Lq] / [Nq, Lq], d_mask = D's shape without d. int8 D needs ``d_scales`` (D's
+    shape without d, float32) and is scored INT8 x INT8 with queries quantized per token.
+    """
+    _checks.tensor("Q", Q, (2, 3), _checks.FLOAT_DTYPES)
+    _checks.tensor("D", D, (3, 4), _checks.TOKEN_DTYPES)
+    single = Q.dim() == 2
+    if single:
+        if q_mask is not None:
+            _checks.mask("q_mask", q_mask, (Q.shape[0],))
+            q_mask = q_mask[None]
+        Q = Q[None]
+    nq, lq, dim = Q.shape
+    _checks.dim_match("D", D, dim)
+    per_query = D.dim() == 4
+    if per_query and D.shape[0] != nq:
+        raise InvalidInputError(
+            f"D: expected {nq} query rows for per-query candidates [Nq, K, Ld, d], got {D.shape[0]}"
+        )
+    _checks.mask("q_mask", q_mask, (nq, lq))
+    _checks.mask("d_mask", d_mask, tuple(D.shape[:-1]))
+    _checks.scales("D", D, d_scales, tuple(D.shape[:-1]))
+    device = _checks.same_device(Q=Q, D=D, q_mask=q_mask, d_mask=d_mask, d_scales=d_scales)
+    n_k, ld = D.shape[-3], D.shape[-2]
+    if single and out is not None:
+        _checks.tensor("out", out, (1,), (torch.float32,))
+        _checks.shape_match("out", out, (n_k,))
+        out = out[None]
+    out = _out(out, (nq, n_k), device)
+    if _use_triton(device, backend):
+        layout = fused.PADDED_PER_QUERY if per_query else fused.PADDED_CROSS
+        fused.launch(
+            out, Q.contiguous(), _contig(q_mask), None, lq, D.contiguous(), _contig(d_scales),
+            _contig(d_mask), None, None, ld, nq, n_k, layout, lq,
+        )
+    else:
+        out.copy_(naive.maxsim_padded(Q, D, q_mask, d_mask, d_scales))
+    return out[0] if single else out
+
+
+def _packed(name: str, x, cu_name: str, cu, dim: int | None, dtypes) -> None:
+    _checks.tensor(name, x, (2,), dtypes)
+    _checks.tensor(cu_name, cu, (1,), (torch.int32,))
+    if cu.numel() < 1:
+        raise InvalidInputError(f"{cu_name}: expected at least one entry (n + 1 offsets), got 0")
+    if dim is not None:
+        _checks.dim_match(name, x, dim)
+
+
+def maxsim_varlen(
+    q: torch.Tensor,
+    cu_q: torch.Tensor,
+    d: torch.Tensor,
+    cu_d: torch.Tensor,
+    *,
+    d_scales: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    check: bool = True,
+    out: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """MaxSim of every packed query against every packed document -> [Nq, Nd] fp32.
+
+    q [Tq, dim], d [Td, dim]; cu_q [Nq+1], cu_d [Nd+1] int32 cumulative lengths (FlashAttention
+    convention). ``check=False`` skips the value checks of the offsets (one device sync);
+    ``max_seqlen_q`` avoids computing the longest query.
+    """
+    _packed("q", q, "cu_q", cu_q, None, _checks.FLOAT_DTYPES)
+    _packed("d", d, "cu_d", cu_d, q.shape[1], _checks.TOKEN_DTYPES)
+    _checks.scales("d", d, d_scales, (d.shape[0],))
+    device = _checks.same_device(q=q, cu_q=cu_q, d=d, cu_d=cu_d, d_scales=d_scales)
+    nq, nd = cu_q.numel() - 1, cu_d.numel() - 1
+    if check:
+        max_lq, _ = _checks.value_checks([("cu_q", cu_q, q.shape[0]), ("cu_d", cu_d, d.shape[0])])
+        max_seqlen_q = max_seqlen_q or max_lq
+    elif max_seqlen_q is None:
+        max_seqlen_q = int((cu_q[1:] - cu_q[:-1]).max()) if nq else 0
+    out = _out(out, (nq, nd), device)
+    if _use_triton(device, backend):
+        return fused.launch(
+            out, q.contiguous(), None, cu_q, 0, d.contiguous(), _contig(d_scales), None, cu_d, None, 0,
+            nq, nd, fused.CSR_CROSS, max_seqlen_q,
+        )
+    return out.copy_(naive.maxsim_csr(q, cu_q, d, cu_d, None, d_scales))
+
+
+def maxsim_candidates(
+    q: torch.Tensor,
+    cu_q: torch.Tensor,
+    tokens: torch.Tensor,
+    offsets: torch.Tensor,
+    cand: torch.Tensor,
+    scales: torch.Tensor | None = None,
+    *,
+    max_seqlen_q: int | None = None,
+    check: bool = True,
+    out: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Rerank primitive: MaxSim of query i against documents cand[i, :] of a CSR store -> [Nq, K].
+
+    tokens [T, dim] (fp16/bf16/fp32, or int8 with float32 ``scales [T]``), offsets [n_docs+1]
+    int64, cand [Nq, K] int64 with -1 for padding (scores -inf). Documents are read in place:
+    no padded copy of the candidates is made.
+    """
+    _packed("q", q, "cu_q", cu_q, None, _checks.FLOAT_DTYPES)
+    _checks.tensor("tokens", tokens, (2,), _checks.TOKEN_DTYPES)
+    _checks.dim_match("tokens", tokens, q.shape[1])
+    _checks.tensor("offsets", offsets, (1,), (torch.int64,))
+    if offsets.numel() < 1:
+        raise InvalidInputError("offsets: expected at least one entry (n_docs + 1 offsets), got 0")
+    _checks.tensor("cand", cand, (2,), (torch.int64,))
+    nq = cu_q.numel() - 1
+    if cand.shape[0] != nq:
+        raise InvalidInputError(f"cand: expected {nq} rows (one per query in cu_q), got {cand.shape[0]}")
+    _checks.scales("tokens", tokens, scales, (tokens.shape[0],))
+    device = _checks.same_device(q=q, cu_q=cu_q, tokens=tokens, offsets=offsets, cand=cand, scales=scales)
+    n_docs = offsets.numel() - 1
+    if check:
+        max_lq, _ = _checks.value_checks(
+            [("cu_q", cu_q, q.shape[0]), ("offsets", offsets, tokens.shape[0])], (cand, n_docs)
+        )
+        max_seqlen_q = max_seqlen_q or max_lq
+    elif max_seqlen_q is None:
+        max_seqlen_q = int((cu_q[1:] - cu_q[:-1]).max()) if nq else 0
+    out = _out(out, (nq, cand.shape[1]), device)
+    if _use_triton(device, backend):
+        return fused.launch(
+            out, q.contiguous(), None, cu_q, 0, tokens.contiguous(), _contig(scales), None, offsets,
+            cand.contiguous(), 0, nq, cand.shape[1], fused.CSR_CAND, max_seqlen_q,
+        )
+    return out.copy_(naive.maxsim_csr(q, cu_q, tokens, offsets, cand, scales))

@@ -1,0 +1,19 @@
+"""mvdb: an embedded database for multi-vector (late-interaction) retrieval.
+
+The fused MaxSim kernels live in :mod:`mvdb.kernels`; the database API (``mvdb.open``) is built
+on top of them.
+"""
+
+from __future__ import annotations
+
+from mvdb.errors import DeviceMismatchError, InvalidInputError, InvalidTypeError, MvdbError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DeviceMismatchError",
+    "InvalidInputError",
+    "InvalidTypeError",
+    "MvdbError",
+    "__version__",
+]

@@ -1,0 +1,1 @@
+"""HDF5 CSR segment store (mvdb.storage): not built yet, see issue #3."""

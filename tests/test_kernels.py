@@ -1,0 +1,339 @@
+"""Parity of the fused MaxSim kernels against an fp64 reference, edge cases and bad input.
+
+On the CPU the Triton code itself runs under TRITON_INTERPRET=1 (tiny shapes); on a GPU the same
+tests run compiled (marked ``gpu``).
+"""
+
+import math
+import zlib
+
+import pytest
+import torch
+
+from conftest import TRITON_DEVICES
+from mvdb import DeviceMismatchError, InvalidInputError, InvalidTypeError, MvdbError
+from mvdb.kernels import dequantize_int8, maxsim, maxsim_candidates, maxsim_varlen, quantize_int8
+from mvdb.kernels.maxsim import naive
+
+FLOATS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _gen(*key) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
+
+
+def _packed(lengths, dim, g, device, dtype=torch.float32):
+    x = torch.randn(sum(lengths), dim, generator=g).to(dtype).to(device)
+    cu = torch.tensor([0] + list(torch.tensor(lengths, dtype=torch.long).cumsum(0)), dtype=torch.int32)
+    return x, cu.to(device)
+
+
+def _poison(shape, device):
+    return torch.full(shape, float("nan"), dtype=torch.float32, device=device)
+
+
+def _check_close(got, ref, torch_same_dtype=None, rtol=0.0):
+    """got within 2x the error of the same-dtype torch computation (plus a rounding floor)."""
+    assert not torch.isnan(got).any(), "NaN in output: an element was never written"
+    ref = ref.double().cpu()
+    got = got.double().cpu()
+    finite = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(got), finite), (got, ref)
+    assert torch.equal(got[~finite], ref[~finite])
+    err = (got[finite] - ref[finite]).abs().max().item() if finite.any() else 0.0
+    floor = 1e-5 * max(1.0, ref[finite].abs().max().item() if finite.any() else 1.0)
+    bound = floor + rtol * (ref[finite].abs().max().item() if finite.any() else 0.0)
+    if torch_same_dtype is not None:
+        base = (torch_same_dtype.double().cpu()[finite] - ref[finite]).abs().max().item()
+        bound += 2 * base
+    assert err <= bound, f"max error {err:.3g} > bound {bound:.3g}"
+
+
+def _torch_same_dtype_csr(q, cu_q, d, cu_d, cand=None):
+    """The naive computation carried out in the inputs' own dtype (what the kernel must beat)."""
+    return naive.maxsim_csr(q.cpu(), cu_q.cpu(), d.cpu(), cu_d.cpu().long(), None if cand is None else cand.cpu(),
+                            dtype=q.dtype)
+
+
+DOC_LENGTHS = [1, 3, 63, 113, 0, 17]
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("dim", [48, 96, 128])
+@pytest.mark.parametrize("dtype", list(FLOATS), ids=list(FLOATS))
+def test_varlen_parity(device, dim, dtype):
+    g = _gen("varlen", dim, dtype)
+    dt = FLOATS[dtype]
+    q, cu_q = _packed([3, 1, 32], dim, g, device, dt)
+    d, cu_d = _packed(DOC_LENGTHS, dim, g, device, dt)
+    out = _poison((3, len(DOC_LENGTHS)), device)
+    got = maxsim_varlen(q, cu_q, d, cu_d, out=out, backend="triton")
+    assert got.data_ptr() == out.data_ptr()
+    ref = naive.maxsim_csr(q.double().cpu(), cu_q.cpu(), d.double().cpu(), cu_d.cpu())
+    _check_close(got, ref, _torch_same_dtype_csr(q, cu_q, d, cu_d))
+    assert torch.all(got[:, 4] == 0), "an empty document scores 0"
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("dim", [48, 128])
+def test_varlen_int8_parity(device, dim):
+    g = _gen("varlen-int8", dim)
+    q, cu_q = _packed([5, 2], dim, g, device)
+    d, cu_d = _packed(DOC_LENGTHS, dim, g, device)
+    tok, sc = quantize_int8(d)
+    got = maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, out=_poison((2, len(DOC_LENGTHS)), device), backend="triton")
+    # The dequantized reference: both sides quantized per token, then exact fp64 arithmetic.
+    ref = naive.maxsim_csr(q.cpu(), cu_q.cpu(), tok.cpu(), cu_d.cpu().long(), None, sc.cpu(), dtype=torch.float64)
+    _check_close(got, ref, rtol=1e-6)
+    exact = naive.maxsim_csr(q.double().cpu(), cu_q.cpu(), d.double().cpu(), cu_d.cpu())
+    assert (got.cpu().double() - exact).abs().max() < 0.05 * exact.abs().max(), "int8 far from the float scores"
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32", "int8"])
+def test_candidates_parity(device, dtype):
+    g = _gen("cand", dtype)
+    dim = 96
+    lengths = [7, 1, 63, 30, 113, 2, 9, 40]
+    q, cu_q = _packed([4, 1, 9], dim, g, device)
+    d, cu_d = _packed(lengths, dim, g, device)
+    offsets = cu_d.long()
+    cand = torch.tensor([[7, 2, -1, 2], [-1, -1, -1, -1], [0, 4, 3, 5]], device=device)
+    if dtype == "int8":
+        tok, sc = quantize_int8(d)
+        ref = naive.maxsim_csr(q.cpu(), cu_q.cpu(), tok.cpu(), offsets.cpu(), cand.cpu(), sc.cpu(), dtype=torch.float64)
+        same = None
+    else:
+        tok, sc = d.to(FLOATS[dtype]), None
+        qd = q.to(FLOATS[dtype])
+        ref = naive.maxsim_csr(qd.double().cpu(), cu_q.cpu(), tok.double().cpu(), offsets.cpu(), cand.cpu())
+        same = _torch_same_dtype_csr(qd, cu_q, tok, offsets, cand)
+        q = qd
+    got = maxsim_candidates(q, cu_q, tok, offsets, cand, sc, out=_poison((3, 4), device), backend="triton")
+    _check_close(got, ref, same, rtol=1e-6 if dtype == "int8" else 0.0)
+    assert torch.isinf(got[1]).all() and (got[1] < 0).all(), "padding candidates score -inf"
+    assert got[0, 1] == got[0, 3], "the same document scores the same"
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_padded_cross_with_masks(device, dtype):
+    g = _gen("padded", dtype)
+    dt = FLOATS[dtype]
+    Q = torch.randn(3, 11, 48, generator=g).to(dt).to(device)
+    D = torch.randn(5, 13, 48, generator=g).to(dt).to(device)
+    q_mask = (torch.rand(3, 11, generator=g) > 0.3).to(device)
+    q_mask[2] = False  # a fully masked query scores 0 everywhere
+    d_mask = (torch.rand(5, 13, generator=g) > 0.4).to(device)
+    d_mask[1] = False  # a fully masked document scores 0
+    got = maxsim(Q, D, q_mask, d_mask, out=_poison((3, 5), device), backend="triton")
+    ref = naive.maxsim_padded(Q.double().cpu(), D.double().cpu(), q_mask.cpu(), d_mask.cpu())
+    same = naive.maxsim_padded(Q.cpu(), D.cpu(), q_mask.cpu(), d_mask.cpu(), dtype=dt)
+    _check_close(got, ref, same)
+    assert torch.all(got[:, 1] == 0) and torch.all(got[2] == 0)
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+def test_padded_masked_positions_never_win(device):
+    """A masked doc token that would be the best match must not count."""
+    Q = torch.ones(1, 2, 32, device=device)
+    D = torch.full((1, 4, 32), -1.0, device=device)
+    D[0, 3] = 10.0
+    d_mask = torch.tensor([[True, True, True, False]], device=device)
+    got = maxsim(Q, D, d_mask=d_mask, backend="triton")
+    assert got.item() == pytest.approx(2 * -32.0)
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("dtype", ["bf16", "int8"])
+def test_padded_per_query_candidates(device, dtype):
+    g = _gen("perq", dtype)
+    Q = torch.randn(2, 7, 64, generator=g).to(device)
+    D = torch.randn(2, 3, 9, 64, generator=g).to(device)
+    d_mask = (torch.rand(2, 3, 9, generator=g) > 0.2).to(device)
+    if dtype == "int8":
+        D, sc = quantize_int8(D)
+        ref = naive.maxsim_padded(Q.cpu(), D.cpu(), None, d_mask.cpu(), sc.cpu(), dtype=torch.float64)
+        got = maxsim(Q, D, d_mask=d_mask, d_scales=sc, out=_poison((2, 3), device), backend="triton")
+        _check_close(got, ref, rtol=1e-6)
+    else:
+        Q, D = Q.bfloat16(), D.bfloat16()
+        ref = naive.maxsim_padded(Q.double().cpu(), D.double().cpu(), None, d_mask.cpu())
+        same = naive.maxsim_padded(Q.cpu(), D.cpu(), None, d_mask.cpu(), dtype=torch.bfloat16)
+        got = maxsim(Q, D, d_mask=d_mask, out=_poison((2, 3), device), backend="triton")
+        _check_close(got, ref, same)
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+def test_single_query_2d(device):
+    g = _gen("single")
+    Q = torch.randn(5, 32, generator=g).to(device)
+    D = torch.randn(4, 6, 32, generator=g).to(device)
+    got = maxsim(Q, D, backend="triton")
+    assert got.shape == (4,)
+    _check_close(got, naive.maxsim_padded(Q[None].double().cpu(), D.double().cpu())[0])
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+def test_long_query_is_chunked_exactly(device):
+    """Lq > 512 is split into blocks and summed: same as the reference."""
+    g = _gen("long")
+    q, cu_q = _packed([530], 32, g, device, torch.float16)
+    d, cu_d = _packed([5, 20], 32, g, device, torch.float16)
+    got = maxsim_varlen(q, cu_q, d, cu_d, out=_poison((1, 2), device), backend="triton")
+    ref = naive.maxsim_csr(q.double().cpu(), cu_q.cpu(), d.double().cpu(), cu_d.cpu())
+    _check_close(got, ref, _torch_same_dtype_csr(q, cu_q, d, cu_d))
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+def test_empty_inputs(device):
+    q, cu_q = _packed([3], 32, _gen("e"), device)
+    empty_q = torch.zeros(0, 32, device=device)
+    d, cu_d = _packed([2, 4], 32, _gen("e2"), device)
+    assert maxsim_varlen(q, cu_q, d[:0], torch.zeros(1, dtype=torch.int32, device=device)).shape == (1, 0)
+    zero_len = maxsim_varlen(empty_q, torch.zeros(2, dtype=torch.int32, device=device), d, cu_d, backend="triton")
+    assert torch.equal(zero_len.cpu(), torch.zeros(1, 2)), "an empty query scores 0"
+    cand = torch.zeros(1, 0, dtype=torch.long, device=device)
+    assert maxsim_candidates(q, cu_q, d, cu_d.long(), cand).shape == (1, 0)
+
+
+# The pure-torch fallback (what CPU tensors use without TRITON_INTERPRET).
+
+
+@pytest.mark.parametrize("budget", [1 << 24, 7], ids=["one-chunk", "tiny-chunks"])
+def test_torch_backend_matches_reference_in_any_chunking(budget, monkeypatch):
+    g = _gen("torch", budget)
+    q, cu_q = _packed([4, 9], 48, g, "cpu")
+    d, cu_d = _packed(DOC_LENGTHS, 48, g, "cpu")
+    ref = naive.maxsim_csr(q.double(), cu_q, d.double(), cu_d)
+    monkeypatch.setattr(naive, "DEFAULT_BUDGET", budget)
+    got = maxsim_varlen(q, cu_q, d, cu_d, backend="torch")
+    _check_close(got, ref)
+    cand = torch.tensor([[5, -1, 0], [3, 3, 4]])
+    got = maxsim_candidates(q, cu_q, d, cu_d.long(), cand, backend="torch")
+    _check_close(got, naive.maxsim_csr(q.double(), cu_q, d.double(), cu_d.long(), cand))
+    Q, D = torch.randn(2, 5, 48, generator=g), torch.randn(3, 4, 48, generator=g)
+    _check_close(maxsim(Q, D, backend="torch"), naive.maxsim_padded(Q.double(), D.double()))
+
+
+def test_torch_reference_by_brute_force():
+    """The reference itself against a literal double loop."""
+    g = _gen("brute")
+    q, cu_q = _packed([2, 3], 8, g, "cpu", torch.float64)
+    d, cu_d = _packed([1, 4, 0], 8, g, "cpu", torch.float64)
+    ref = naive.maxsim_csr(q, cu_q, d, cu_d)
+    for i in range(2):
+        for j in range(3):
+            qi, dj = q[cu_q[i] : cu_q[i + 1]], d[cu_d[j] : cu_d[j + 1]]
+            want = sum(max((a * b).sum().item() for b in dj) for a in qi) if len(dj) else 0.0
+            assert math.isclose(ref[i, j].item(), want, rel_tol=1e-6, abs_tol=1e-9)
+
+
+def test_quantize_int8_roundtrip():
+    g = _gen("quant")
+    x = torch.randn(50, 96, generator=g) * torch.rand(50, 1, generator=g) * 10
+    x[3] = 0
+    q, s = quantize_int8(x)
+    assert q.dtype == torch.int8 and s.dtype == torch.float32 and s.shape == (50,)
+    assert s[3] == 1 and torch.all(q[3] == 0), "an all-zero token gets scale 1"
+    assert q.abs().max() == 127
+    err = (dequantize_int8(q, s) - x).abs()
+    assert torch.all(err <= s[:, None] / 2 + 1e-6)
+
+
+# Bad input: each raises the right error class and names the argument.
+
+
+def _good(device="cpu"):
+    q, cu_q = _packed([2, 3], 32, _gen("good"), device)
+    d, cu_d = _packed([2, 4, 1], 32, _gen("good2"), device)
+    return q, cu_q, d, cu_d
+
+
+@pytest.mark.parametrize(
+    "mutate, error, message",
+    [
+        (lambda a: {**a, "d": a["d"][:, :16]}, InvalidInputError, "d: expected last dim 32"),
+        (lambda a: {**a, "q": a["q"].long()}, InvalidTypeError, "q: expected dtype float16/bfloat16/float32, got int64"),
+        (lambda a: {**a, "d": a["d"].double()}, InvalidTypeError, "d: expected dtype"),
+        (lambda a: {**a, "cu_d": a["cu_d"].long()}, InvalidTypeError, "cu_d: expected dtype int32, got int64"),
+        (lambda a: {**a, "cu_d": torch.tensor([0, 4, 2, 7], dtype=torch.int32)}, InvalidInputError,
+         "cu_d: expected non-decreasing offsets, got a decrease of 2"),
+        (lambda a: {**a, "cu_d": torch.tensor([0, 2, 6, 9], dtype=torch.int32)}, InvalidInputError,
+         "cu_d: expected last entry 7 (the token count), got 9"),
+        (lambda a: {**a, "cu_q": torch.tensor([1, 2, 5], dtype=torch.int32)}, InvalidInputError,
+         "cu_q: expected first entry 0, got 1"),
+        (lambda a: {**a, "d": quantize_int8(a["d"])[0]}, InvalidInputError, "scales: expected float32 per-token scales"),
+        (lambda a: {**a, "d_scales": torch.ones(7)}, InvalidInputError, "scales: expected None for float32 d"),
+        (lambda a: {**a, "q": a["q"].numpy()}, InvalidTypeError, "q: expected a torch.Tensor, got ndarray"),
+        (lambda a: {**a, "q": a["q"][None]}, InvalidInputError, "q: expected a 2-D tensor, got shape (1, 5, 32)"),
+        (lambda a: {**a, "backend": "cuda"}, InvalidInputError, "backend: expected one of"),
+        (lambda a: {**a, "out": torch.empty(2, 2)}, InvalidInputError, "out: expected shape (2, 3), got (2, 2)"),
+    ],
+    ids=["dim", "q-dtype", "d-dtype", "cu-dtype", "non-monotonic", "cu-end", "cu-start", "int8-no-scales",
+         "float-with-scales", "numpy", "ndim", "backend", "out-shape"],
+)
+def test_varlen_bad_input(mutate, error, message):
+    q, cu_q, d, cu_d = _good()
+    args = mutate({"q": q, "cu_q": cu_q, "d": d, "cu_d": cu_d})
+    with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
+        maxsim_varlen(**args)
+
+
+def test_candidates_bad_input():
+    q, cu_q, d, cu_d = _good()
+    off = cu_d.long()
+    with pytest.raises(InvalidInputError, match=r"cand: expected document indices in \[0, 3\) or -1 for padding, got 3"):
+        maxsim_candidates(q, cu_q, d, off, torch.tensor([[0, 3], [1, 2]]))
+    with pytest.raises(InvalidInputError, match="got -2"):
+        maxsim_candidates(q, cu_q, d, off, torch.tensor([[0, -2], [1, 2]]))
+    with pytest.raises(InvalidTypeError, match="offsets: expected dtype int64, got int32"):
+        maxsim_candidates(q, cu_q, d, cu_d, torch.tensor([[0, 1], [1, 2]]))
+    with pytest.raises(InvalidTypeError, match="cand: expected dtype int64, got int32"):
+        maxsim_candidates(q, cu_q, d, off, torch.tensor([[0, 1], [1, 2]], dtype=torch.int32))
+    with pytest.raises(InvalidInputError, match="cand: expected 2 rows"):
+        maxsim_candidates(q, cu_q, d, off, torch.tensor([[0, 1]]))
+    with pytest.raises(InvalidInputError, match=r"offsets: expected non-decreasing"):
+        maxsim_candidates(q, cu_q, d, torch.tensor([0, 5, 2, 7]), torch.tensor([[0, 1], [1, 2]]))
+    with pytest.raises(InvalidInputError, match="tokens: expected last dim 32"):
+        maxsim_candidates(q, cu_q, d[:, :8], off, torch.tensor([[0, 1], [1, 2]]))
+
+
+def test_padded_bad_input():
+    Q, D = torch.randn(2, 3, 16), torch.randn(4, 5, 16)
+    with pytest.raises(InvalidInputError, match="D: expected last dim 16"):
+        maxsim(Q, torch.randn(4, 5, 8))
+    with pytest.raises(InvalidInputError, match=r"d_mask: expected shape \(4, 5\), got \(4, 4\)"):
+        maxsim(Q, D, d_mask=torch.ones(4, 4, dtype=torch.bool))
+    with pytest.raises(InvalidTypeError, match="q_mask: expected dtype bool, got float32"):
+        maxsim(Q, D, q_mask=torch.ones(2, 3))
+    with pytest.raises(InvalidInputError, match="D: expected 2 query rows for per-query candidates"):
+        maxsim(Q, torch.randn(3, 4, 5, 16))
+    with pytest.raises(InvalidInputError, match="Q: expected a 2-D or 3-D tensor"):
+        maxsim(Q[None, None], D)
+    with pytest.raises(InvalidInputError, match=r"scales: expected a 2-D tensor, got shape \(20,\)"):
+        maxsim(Q, quantize_int8(D)[0], d_scales=torch.ones(20))
+
+
+def test_errors_share_a_base_and_the_builtin():
+    q, cu_q, d, cu_d = _good()
+    with pytest.raises(MvdbError):
+        maxsim_varlen(q, cu_q, d[:, :3], cu_d)
+    with pytest.raises(ValueError):
+        maxsim_varlen(q, cu_q, d[:, :3], cu_d)
+    with pytest.raises(TypeError):
+        maxsim_varlen(q.long(), cu_q, d, cu_d)
+
+
+@pytest.mark.gpu
+def test_different_devices_rejected():
+    q, cu_q, d, cu_d = _good()
+    with pytest.raises(DeviceMismatchError, match="d: expected a tensor on cuda:0"):
+        maxsim_varlen(q.cuda(), cu_q.cuda(), d, cu_d.cuda())
+
+
+def test_different_devices_rejected_cpu_meta():
+    """Device mismatch without a GPU: the meta device stands in for a second device."""
+    q, cu_q, d, cu_d = _good()
+    with pytest.raises(DeviceMismatchError, match="cu_d: expected a tensor on cpu"):
+        maxsim_varlen(q, cu_q, d, cu_d.to("meta"))
