@@ -69,11 +69,12 @@ def cases(dtype: torch.dtype, dim: int, g: torch.Generator):
     yield "fm_int8_dense", QUANT, lambda: peers.fm_int8_dense(Q, *peers.fm_prepare_int8(D)), dense
     prep = lambda: peers.fm_prepare_int8_varlen(tokens, cu_d, max_len)  # noqa: E731
     yield "fm_int8_varlen_1q", QUANT, lambda: peers.fm_int8_varlen_1q(Q[0], *prep()), varlen[0]
-    yield "fm_candidates*", EXACT, lambda: peers.fm_candidates(Q, tokens, offsets, cand, max_len), varlen.gather(1, cand)
+    picked = varlen.gather(1, cand)  # [Nq, K]
+    yield "fm_candidates*", EXACT, lambda: peers.fm_candidates(Q, tokens, offsets, cand, max_len), picked
     yield "lik_varlen_1q", EXACT, lambda: peers.lik_varlen_1q(Q[0], tokens, cu_d, max_len), varlen[0]
     yield "lik_dense", EXACT, lambda: peers.lik_dense(Q, D), dense
     yield "lik_fp8_dense*", QUANT, lambda: peers.lik_fp8_dense(Q, *peers.lik_prepare_fp8(D)), dense
-    yield "lik_candidates", EXACT, lambda: peers.lik_candidates(Q, tokens, cu_d, cand, max_len), varlen.gather(1, cand)
+    yield "lik_candidates", EXACT, lambda: peers.lik_candidates(Q, tokens, cu_d, cand, max_len), picked
 
 
 def main() -> int:

@@ -5,10 +5,12 @@ imports its peer lazily, so this module imports without them. Timed functions (n
 lik_*) do only what the peer's API needs around its kernel; prepare_* / *_prepare_* functions do
 the once-per-corpus work (padding, quantizing, casting offsets) and belong outside the timed region.
 
-Inputs the peers want, or they copy or convert on every call: fp16 tokens (flash-maxsim casts
-anything else to fp16, a copy of the whole corpus), contiguous rows, int32 cu_seqlens / offsets
-(both peers cast other dtypes on every call), d a power of two >= 16 (flash_maxsim_packed
-zero-pads every token to the next one, a copy of the corpus).
+Inputs the peers want, or they copy or convert on every call: contiguous fp16 tokens (every
+flash-maxsim path but fm_dense casts bf16 / fp32 to fp16, a copy of the whole corpus; lik takes
+fp16 / bf16 as is and rounds fp32 tiles to fp16 in the kernel), int32 cu_seqlens / offsets (both
+peers cast other dtypes on every call), d a power of two >= 16 (flash_maxsim_packed zero-pads every
+token to the next one, a copy of the corpus). fm_candidates, lik_varlen_1q and lik_candidates
+address tokens with int32 arithmetic: keep T * d < 2**31.
 """
 
 from __future__ import annotations
@@ -87,7 +89,8 @@ def fm_varlen_1q(q: torch.Tensor, tokens: torch.Tensor, cu_d: torch.Tensor, max_
 def fm_dense(Q: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
     """flash_maxsim_batched(Q, D, shared_docs=True) -> [Nq, Nd]; Q [Nq, Lq, d], D [Nd, Ld, d].
 
-    The peer zero-pads Q to Lq in {32, 64, 128} on each call, and chunks Lq > 128.
+    The peer zero-pads Q to Lq in {32, 64, 128} on each call and chunks Lq > 128 into 128s. It
+    computes in the input dtype (fp16, bf16; fp32 runs a tf32 dot), unlike its other entry points.
     """
     from flash_maxsim import flash_maxsim_batched
 
@@ -117,7 +120,9 @@ def fm_prepare_int8_varlen(tokens: torch.Tensor, cu_d: torch.Tensor, max_len: in
     return (*fm_prepare_int8(D), (cu_d[1:] - cu_d[:-1]).to(torch.int32))
 
 
-def fm_int8_varlen_1q(q: torch.Tensor, D_int8: torch.Tensor, d_scales: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def fm_int8_varlen_1q(
+    q: torch.Tensor, D_int8: torch.Tensor, d_scales: torch.Tensor, lengths: torch.Tensor
+) -> torch.Tensor:
     """flash_maxsim_int8x8(q, D_int8, d_scales, doc_lengths=lengths) -> [n].
 
     Docs are stored padded (the peer has no packed int8 layout) and every doc walks the whole
@@ -128,7 +133,9 @@ def fm_int8_varlen_1q(q: torch.Tensor, D_int8: torch.Tensor, d_scales: torch.Ten
     return flash_maxsim_int8x8(q, D_int8, d_scales, doc_lengths=lengths)
 
 
-def fm_candidates(Q: torch.Tensor, tokens: torch.Tensor, offsets: torch.Tensor, cand: torch.Tensor, max_len: int) -> torch.Tensor:
+def fm_candidates(
+    Q: torch.Tensor, tokens: torch.Tensor, offsets: torch.Tensor, cand: torch.Tensor, max_len: int
+) -> torch.Tensor:
     """flash_maxsim_rerank_direct(Q[i], tokens, start[i], length[i], max_len) per query i -> [Nq, K].
 
     start = offsets[cand], length = offsets[cand + 1] - start (int32, gathered in the timed region).
@@ -182,10 +189,11 @@ def lik_prepare_fp8(D: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def lik_fp8_dense(Q: torch.Tensor, D_fp8: torch.Tensor, d_scales: torch.Tensor) -> torch.Tensor:
-    """maxsim_inference_fp8(*quantize_fp8_per_token(Q), D_fp8, d_scales) -> [Nq, Nd].
+    """maxsim_inference_fp8(Q_fp8, D_fp8, scale_Q=q_scales, scale_D=d_scales) -> [Nq, Nd].
 
-    Query quantized per token in the timed region; per-token scales on both sides keep the peer
-    from syncing. Needs sm90+ (H100): elsewhere the peer silently dequantizes to bf16 and warns.
+    (Q_fp8, q_scales) = fp8.quantize_fp8_per_token(Q), in the timed region. Per-token scales on
+    both sides keep the peer from syncing (per-tensor scales cost it a .item()). Needs sm90+ (H100):
+    elsewhere the peer dequantizes to bf16 and runs its bf16 kernel, with a one-time warning.
     """
     from late_interaction_kernels.fp8 import maxsim_inference_fp8, quantize_fp8_per_token
 
@@ -193,10 +201,12 @@ def lik_fp8_dense(Q: torch.Tensor, D_fp8: torch.Tensor, d_scales: torch.Tensor) 
     return maxsim_inference_fp8(Q_fp8, D_fp8, scale_Q=q_scales, scale_D=d_scales)
 
 
-def lik_candidates(Q: torch.Tensor, tokens: torch.Tensor, offsets: torch.Tensor, cand: torch.Tensor, max_len: int) -> torch.Tensor:
+def lik_candidates(
+    Q: torch.Tensor, tokens: torch.Tensor, offsets: torch.Tensor, cand: torch.Tensor, max_len: int
+) -> torch.Tensor:
     """score_pairs.score_pairs_packed over the Nq*K (query, cand) pairs -> [Nq, K].
 
-    Called as score_pairs_packed(Q.reshape(Nq*Lq, d), tokens, cu_q, offsets, pair_q, cand.view(-1),
+    Called as score_pairs_packed(Q.reshape(Nq*Lq, d), tokens, cu_q, offsets, pair_q, cand.reshape(-1),
     max_seqlen_q=Lq, max_seqlen_d=max_len), cu_q = [0, Lq, 2Lq, ...], pair_q = [0]*K + [1]*K + ...
     (cached). offsets should be int32 (prepare_packed): the peer casts others on every call and
     checks max_len against all of them on the device. cand: valid doc ids, no -1 padding.

@@ -54,9 +54,10 @@ def maxsim_padded(
     d_scales: torch.Tensor | None = None,
     *,
     dtype: torch.dtype | None = None,
-    budget: int = DEFAULT_BUDGET,
+    budget: int | None = None,
 ) -> torch.Tensor:
     """Q [Nq, Lq, d]; D [Nd, Ld, d] -> [Nq, Nd] or D [Nq, K, Ld, d] -> [Nq, K]."""
+    budget = DEFAULT_BUDGET if budget is None else budget
     ct = _compute_dtype(dtype, Q.dtype)
     nq, lq, _ = Q.shape
     per_query = D.dim() == 4
@@ -85,15 +86,31 @@ def maxsim_padded(
     return out
 
 
-def _pad_docs(tokens, scales, starts, lens, ct):
-    """Gather documents starts[i]:starts[i]+lens[i] into a padded [C, Lmax, d] tile and its mask."""
-    lmax = int(lens.max()) if lens.numel() else 0
-    pos = torch.arange(lmax, device=tokens.device)
-    ok = pos[None, :] < lens[:, None]  # [C, Lmax]
-    idx = torch.where(ok, starts[:, None] + pos[None, :], torch.zeros_like(starts)[:, None])
-    d = tokens[idx]  # [C, Lmax, d]
-    s = None if scales is None else scales[idx]
-    return _docs_for(d, s, ct), ok
+def _best_per_token(qv, tokens, scales, starts, lens, ct) -> torch.Tensor:
+    """For documents starts[c]:starts[c]+lens[c]: best similarity of each query row -> [Lq, C] (0 if empty)."""
+    c = lens.numel()
+    total = int(lens.sum())
+    base = torch.zeros_like(lens)
+    base[1:] = lens.cumsum(0)[:-1]
+    idx = torch.repeat_interleave(starts - base, lens) + torch.arange(total, device=lens.device)
+    d = _docs_for(tokens[idx], None if scales is None else scales[idx], ct)  # [S, d]
+    sim = qv @ d.T  # [Lq, S]
+    owner = torch.repeat_interleave(torch.arange(c, device=lens.device), lens)
+    best = torch.full((qv.shape[0], c), float("-inf"), dtype=ct, device=qv.device)
+    best.scatter_reduce_(1, owner[None].expand(qv.shape[0], -1), sim, "amax")
+    return torch.where(torch.isinf(best), torch.zeros_like(best), best)
+
+
+def _chunks(lens: torch.Tensor, rows: int, budget: int):
+    """Split documents into runs whose similarity tile (rows x their tokens) fits the budget."""
+    cum = lens.cumsum(0).tolist()
+    start, used = 0, 0
+    for i, end in enumerate(cum):
+        if i > start and (end - used) * rows > budget:
+            yield start, i
+            start, used = i, cum[i - 1]
+    if start < len(cum):
+        yield start, len(cum)
 
 
 def maxsim_csr(
@@ -105,44 +122,30 @@ def maxsim_csr(
     scales: torch.Tensor | None = None,
     *,
     dtype: torch.dtype | None = None,
-    budget: int = DEFAULT_BUDGET,
+    budget: int | None = None,
 ) -> torch.Tensor:
     """Packed queries vs a CSR store: every document ([Nq, n_docs]) or per-query ``cand`` ([Nq, K])."""
+    budget = DEFAULT_BUDGET if budget is None else budget
     ct = _compute_dtype(dtype, q.dtype)
     cu_q = cu_q.long()
     offsets = offsets.long()
     nq = cu_q.numel() - 1
     qv = _queries_for(q, tokens.dtype == torch.int8, ct)  # [Tq, d]
-    q_of_token = torch.repeat_interleave(torch.arange(nq, device=q.device), cu_q[1:] - cu_q[:-1])
-    n_docs = offsets.numel() - 1
     if cand is None:
-        out = torch.empty(nq, n_docs, dtype=torch.float32, device=q.device)
-        lens = offsets[1:] - offsets[:-1]
-        lmax = max(1, int(lens.max())) if n_docs else 1
-        step = max(1, budget // max(1, qv.shape[0] * lmax))
-        for c0 in range(0, n_docs, step):
-            c1 = min(n_docs, c0 + step)
-            d, ok = _pad_docs(tokens, scales, offsets[c0:c1], lens[c0:c1], ct)
-            sim = torch.einsum("td,cjd->ctj", qv, d)  # [C, Tq, Lmax]
-            best = _reduce(sim, ok[:, None, :])  # [C, Tq]
-            acc = torch.zeros(c1 - c0, nq, dtype=ct, device=q.device)
-            acc.index_add_(1, q_of_token, best)
-            out[:, c0:c1] = acc.T.float()
+        starts, lens = offsets[:-1], offsets[1:] - offsets[:-1]
+        q_of_token = torch.repeat_interleave(torch.arange(nq, device=q.device), cu_q[1:] - cu_q[:-1])
+        out = torch.empty(nq, lens.numel(), dtype=torch.float32, device=q.device)
+        for c0, c1 in _chunks(lens, qv.shape[0], budget):
+            best = _best_per_token(qv, tokens, scales, starts[c0:c1], lens[c0:c1], ct)  # [Tq, C]
+            acc = torch.zeros(nq, c1 - c0, dtype=ct, device=q.device)
+            out[:, c0:c1] = acc.index_add_(0, q_of_token, best).float()
         return out
-    k = cand.shape[1]
-    out = torch.empty(nq, k, dtype=torch.float32, device=q.device)
+    out = torch.empty(nq, cand.shape[1], dtype=torch.float32, device=q.device)
     for i in range(nq):
         qi = qv[cu_q[i] : cu_q[i + 1]]  # [Lq, d]
-        docs = cand[i]
-        valid = docs >= 0
-        safe = docs.clamp(min=0)
+        safe = cand[i].clamp(min=0)
         starts, lens = offsets[safe], offsets[safe + 1] - offsets[safe]
-        lmax = max(1, int(lens.max())) if k else 1
-        step = max(1, budget // max(1, qi.shape[0] * lmax))
-        for c0 in range(0, k, step):
-            c1 = min(k, c0 + step)
-            d, ok = _pad_docs(tokens, scales, starts[c0:c1], lens[c0:c1], ct)
-            sim = torch.einsum("id,cjd->cij", qi, d)  # [C, Lq, Lmax]
-            out[i, c0:c1] = _reduce(sim, ok[:, None, :]).sum(-1).float()
-        out[i, ~valid] = float("-inf")
+        for c0, c1 in _chunks(lens, qi.shape[0], budget):
+            out[i, c0:c1] = _best_per_token(qi, tokens, scales, starts[c0:c1], lens[c0:c1], ct).sum(0).float()
+        out[i, cand[i] < 0] = float("-inf")
     return out
