@@ -337,3 +337,71 @@ def test_different_devices_rejected_cpu_meta():
     q, cu_q, d, cu_d = _good()
     with pytest.raises(DeviceMismatchError, match="cu_d: expected a tensor on cpu"):
         maxsim_varlen(q, cu_q, d, cu_d.to("meta"))
+
+
+@pytest.mark.gpu
+def test_new_batch_or_corpus_size_does_not_recompile(monkeypatch):
+    """Autotune keys on (Lq bucket, dim, dtype, layout): new batch and corpus sizes reuse the binaries."""
+    from mvdb.kernels.maxsim import fused
+
+    monkeypatch.setenv("MVDB_AUTOTUNE", "1")
+
+    def call(nq, nd, lq):
+        g = _gen("recompile", nq, nd, lq)
+        q, cu_q = _packed([lq] * nq, 128, g, "cuda", torch.float16)
+        d, cu_d = _packed(list(torch.randint(1, 200, (nd,), generator=g)), 128, g, "cuda", torch.float16)
+        maxsim_varlen(q, cu_q, d, cu_d)
+        cand = torch.randint(0, nd, (nq, 37), generator=g).cuda()
+        maxsim_candidates(q, cu_q, d, cu_d.long(), cand)
+        torch.cuda.synchronize()
+
+    call(3, 100, 32)
+    before = fused.compiled_variants()
+    assert before > 0
+    for nq, nd, lq in [(1, 7, 32), (17, 1000, 30), (64, 33, 25), (2, 12_345, 32)]:
+        call(nq, nd, lq)
+    assert fused.compiled_variants() == before, "a new batch/corpus size compiled a new kernel"
+    call(2, 50, 100)  # a new Lq bucket may compile
+    assert fused.compiled_variants() >= before
+
+
+@pytest.mark.gpu
+def test_warmup_compiles_ahead(monkeypatch):
+    from mvdb.kernels import warmup
+    from mvdb.kernels.maxsim import fused
+
+    monkeypatch.setenv("MVDB_AUTOTUNE", "1")
+
+    warmup(dtypes=(torch.float16, torch.int8), query_lengths=(32,))
+    before = fused.compiled_variants()
+    q, cu_q = _packed([32, 32], 128, _gen("w"), "cuda", torch.float16)
+    d, cu_d = _packed([5, 300, 64], 128, _gen("w2"), "cuda", torch.float16)
+    maxsim_candidates(q, cu_q, d, cu_d.long(), torch.tensor([[0, 1], [2, -1]], device="cuda"))
+    tok, sc = quantize_int8(d)
+    maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc)
+    torch.cuda.synchronize()
+    assert fused.compiled_variants() == before, "the first query after warmup() compiled"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "int8"])
+def test_gpu_top10_agreement_realistic_shapes(dtype):
+    """fp16: top-10 identical to the fp32 reference; int8: >= 99% overlap."""
+    g = _gen("top10", dtype)
+    lengths = list(torch.randint(64, 301, (3000,), generator=g))
+    d, cu_d = _packed(lengths, 128, g, "cuda")
+    d = torch.nn.functional.normalize(d, dim=-1)
+    src = d[cu_d[5] : cu_d[5] + 32]
+    q = torch.nn.functional.normalize(src + 0.5 * torch.randn_like(src), dim=-1)
+    cu_q = torch.tensor([0, 32], dtype=torch.int32, device="cuda")
+    ref = naive.maxsim_csr(q, cu_q, d, cu_d.long(), dtype=torch.float32)[0]
+    if dtype == "fp16":
+        got = maxsim_varlen(q.half(), cu_q, d.half(), cu_d)[0]
+        ref = naive.maxsim_csr(q.half().float(), cu_q, d.half().float(), cu_d.long(), dtype=torch.float32)[0]
+        need = 1.0
+    else:
+        tok, sc = quantize_int8(d)
+        got = maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc)[0]
+        need = 0.99
+    overlap = len(set(got.topk(10).indices.tolist()) & set(ref.topk(10).indices.tolist())) / 10
+    assert overlap >= need

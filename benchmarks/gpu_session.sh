@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One call on the lent GPU machine: install this tree and the peer wheels, then run the steps named.
+#   bash benchmarks/gpu_session.sh tests bench:a,b,c sweep:b
+# Logs and JSON go to $OUT (the device tool brings them back).
+set -uo pipefail
+OUT=${OUT:-/tmp/mvdb-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
+for step in "$@"; do
+    echo "=== $step ($(date +%T))"
+    case "$step" in
+        tests) MVDB_AUTOTUNE=0 timeout 300 python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/tests.log" | tail -15 ;;
+        bench:*) timeout 480 python3 benchmarks/kernels.py --cases "${step#bench:}" --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
+        sweep:*) timeout 480 python3 benchmarks/kernels.py --sweep --no-peers --cases "${step#sweep:}" --out "$OUT" 2>&1 | tee -a "$OUT/sweep.log" ;;
+        *) echo "unknown step $step" ;;
+    esac
+done
+echo "=== done ($(date +%T))"
