@@ -14,11 +14,11 @@ import torch
 import triton
 import triton.language as tl
 
-# Doc layouts (constexpr D_LAYOUT).
-PADDED_CROSS = 0  # D [Nd, Ld, d]: doc k starts at k * Ld
-PADDED_PER_QUERY = 1  # D [Nq, K, Ld, d]: doc (i, k) starts at (i * K + k) * Ld
-CSR_CROSS = 2  # tokens [T, d] + offsets: every doc for every query
-CSR_CAND = 3  # tokens [T, d] + offsets + cand [Nq, K]: doc cand[i, k], -1 = padding
+# Doc layouts (constexpr D_LAYOUT; globals a kernel reads must be tl.constexpr).
+PADDED_CROSS = tl.constexpr(0)  # D [Nd, Ld, d]: doc k starts at k * Ld
+PADDED_PER_QUERY = tl.constexpr(1)  # D [Nq, K, Ld, d]: doc (i, k) starts at (i * K + k) * Ld
+CSR_CROSS = tl.constexpr(2)  # tokens [T, d] + offsets: every doc for every query
+CSR_CAND = tl.constexpr(3)  # tokens [T, d] + offsets + cand [Nq, K]: doc cand[i, k], -1 = padding
 
 LQ_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)
 
@@ -38,7 +38,7 @@ def interpreting() -> bool:
 def _configs():
     """Candidate launch configs; the prune filter keeps the ones that fit the query bucket."""
     out = []
-    for bq in (32, 64, 128):
+    for bq in (32, 64, 128, 256):
         for bd in (32, 64, 128):
             for warps in (4, 8):
                 for stages in (2, 3, 4):
@@ -58,7 +58,7 @@ def _prune(configs, nargs, **kwargs):
             # The measured short list (benchmarks/kernels.py --sweep on an H100).
             if lq <= 64 and not (bq == max(32, lq) and bd in (64, 128) and c.num_stages in (2, 3)):
                 continue
-            if lq > 64 and not (bq in (64, 128) and bd in (64, 128) and c.num_stages in (2, 3) and c.num_warps == 8):
+            if lq > 64 and not (bq >= 64 and bd in (64, 128) and c.num_stages in (2, 3) and c.num_warps == 8):
                 continue
         keep.append(c)
     return keep or configs[:1]
@@ -245,7 +245,7 @@ def launch(
         DIM=dim,
         BLOCK_DIM=max(32, triton.next_power_of_2(dim)),
         Q_VARLEN=cu_q is not None,
-        D_LAYOUT=layout,
+        D_LAYOUT=int(getattr(layout, "value", layout)),
         HAS_QMASK=q_mask is not None,
         HAS_DMASK=d_mask is not None,
         INT8=d.dtype == torch.int8,
