@@ -87,6 +87,17 @@ def peak_extra_mb(fn) -> float | None:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
+def host_us(fn, n: int = 50) -> float:
+    """Wall microseconds per call of n back-to-back calls (launch overhead when the GPU is faster)."""
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t = time.perf_counter() - t0
+    _sync()
+    return t / n * 1e6
+
+
 def ceilings() -> dict:
     """Measured HBM copy bandwidth and tensor-core rates (the roofline ceilings)."""
     if not torch.cuda.is_available():
@@ -140,6 +151,7 @@ def run(case: str, impl: str, fn, ref: torch.Tensor, *, nbytes: float, flops: fl
     if row["correct"]:
         row["ms"] = bench(fn)
         row["peak_extra_mb"] = peak_extra_mb(fn)
+        row["host_us"] = host_us(fn)
         rate = ceil["int8_tops"] if int8 else ceil["bf16_tflops"]
         floor_mem = nbytes / (ceil["hbm_gbps"] * 1e9) * 1e3
         floor_mma = flops / (rate * 1e12) * 1e3
@@ -150,6 +162,7 @@ def run(case: str, impl: str, fn, ref: torch.Tensor, *, nbytes: float, flops: fl
     ms = f"{row['ms']:.3f} ms" if "ms" in row else "   (not timed: wrong)"
     pct = f"{row['pct_of_roofline']:5.1f}% roof" if "ms" in row else ""
     mem = f"{row['peak_extra_mb']:.1f} MB extra" if row.get("peak_extra_mb") is not None else ""
+    mem += f" host {row['host_us']:.0f} us" if "host_us" in row else ""
     print(f"{case:>14} {impl:<28} {ms:>12} {pct:>12} err {row['max_rel_err']:.1e} top10 {row['top10_agreement']:.3f} {mem}",
           flush=True)
     return row

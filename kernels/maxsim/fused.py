@@ -56,12 +56,52 @@ def _prune(configs, nargs, **kwargs):
             continue
         if not full:
             # The measured short list (benchmarks/kernels.py --sweep on an H100).
-            if lq <= 64 and not (bq == max(32, lq) and bd in (64, 128) and c.num_stages in (2, 3)):
+            if lq <= 64 and not (bq == max(32, lq) and bd in (64, 128)):
                 continue
             if lq > 64 and not (bq >= 64 and bd in (64, 128) and c.num_stages in (2, 3) and c.num_warps == 8):
                 continue
         keep.append(c)
     return keep or configs[:1]
+
+
+@triton.jit
+def _tile_max(best, qk, D, DS, DM, d_start, cols, d_n, offs_c, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr,
+              HAS_DMASK: tl.constexpr, INT8: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+              TAIL: tl.constexpr):
+    """best[i] = max(best[i], max over valid doc tokens j in cols of <q_i, d_j>)."""
+    d_ptrs = D + (d_start + cols)[None, :] * DIM + offs_c[:, None]  # [BDIM, BD]
+    dim_ok = offs_c < DIM
+    if TAIL:
+        d_ok = cols < d_n
+        if BLOCK_DIM == DIM:
+            dt = tl.load(d_ptrs, mask=d_ok[None, :], other=0)
+        else:
+            dt = tl.load(d_ptrs, mask=dim_ok[:, None] & d_ok[None, :], other=0)
+    elif BLOCK_DIM == DIM:
+        dt = tl.load(d_ptrs)
+    else:
+        dt = tl.load(d_ptrs, mask=dim_ok[:, None], other=0)
+    if INT8:
+        if TAIL:
+            scale = tl.load(DS + d_start + cols, mask=d_ok, other=0.0)
+        else:
+            scale = tl.load(DS + d_start + cols)
+        s = tl.dot(qk, dt, out_dtype=tl.int32).to(tl.float32) * scale[None, :]  # [BQ, BD]
+    elif UPCAST:
+        s = tl.dot(qk.to(tl.float32), dt.to(tl.float32), input_precision="ieee")
+    elif IEEE:
+        s = tl.dot(qk, dt, input_precision="ieee")
+    else:
+        s = tl.dot(qk, dt)
+    if HAS_DMASK:
+        if TAIL:
+            valid = d_ok & (tl.load(DM + d_start + cols, mask=d_ok, other=0) != 0)
+        else:
+            valid = tl.load(DM + d_start + cols) != 0
+        s = tl.where(valid[None, :], s, float("-inf"))
+    elif TAIL:
+        s = tl.where(d_ok[None, :], s, float("-inf"))
+    return tl.maximum(best, tl.max(s, axis=1))
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "q_len", "d_len"])
@@ -129,7 +169,7 @@ def _maxsim_fwd_kernel(
     offs_q = tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, BLOCK_D)
     offs_c = tl.arange(0, BLOCK_DIM)
-    c_ok = offs_c < DIM
+    c_ok = offs_c < DIM  # [BDIM]; all True when DIM is a power of two
 
     total = tl.zeros([1], dtype=tl.float32)
     # Long queries are scored BLOCK_Q tokens at a time and summed: exact, bounded registers.
@@ -152,27 +192,14 @@ def _maxsim_fwd_kernel(
         else:
             qk = q.to(D.dtype.element_ty)
         best = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
-        for db in range(0, d_n, BLOCK_D):
-            cols = db + offs_d
-            d_ok = cols < d_n
-            d_ptrs = D + (d_start + cols)[None, :] * DIM + offs_c[:, None]
-            if BLOCK_DIM == DIM:
-                dt = tl.load(d_ptrs, mask=d_ok[None, :], other=0)  # [BDIM, BD]
-            else:
-                dt = tl.load(d_ptrs, mask=c_ok[:, None] & d_ok[None, :], other=0)
-            if INT8:
-                s = tl.dot(qk, dt, out_dtype=tl.int32).to(tl.float32)  # [BQ, BD]
-                s = s * tl.load(DS + d_start + cols, mask=d_ok, other=0.0)[None, :]
-            elif UPCAST:
-                s = tl.dot(qk.to(tl.float32), dt.to(tl.float32), input_precision="ieee")
-            elif IEEE:
-                s = tl.dot(qk, dt, input_precision="ieee")
-            else:
-                s = tl.dot(qk, dt)
-            if HAS_DMASK:
-                d_ok = d_ok & (tl.load(DM + d_start + cols, mask=d_ok, other=0) != 0)
-            s = tl.where(d_ok[None, :], s, float("-inf"))
-            best = tl.maximum(best, tl.max(s, axis=1))
+        # Whole tiles need no bounds mask (the hot loop of long documents); one masked tail follows.
+        n_full = (d_n // BLOCK_D) * BLOCK_D
+        for db in range(0, n_full, BLOCK_D):
+            best = _tile_max(best, qk, D, DS, DM, d_start, db + offs_d, d_n, offs_c, DIM, BLOCK_DIM,
+                             HAS_DMASK, INT8, IEEE, UPCAST, False)
+        if n_full < d_n:
+            best = _tile_max(best, qk, D, DS, DM, d_start, n_full + offs_d, d_n, offs_c, DIM, BLOCK_DIM,
+                             HAS_DMASK, INT8, IEEE, UPCAST, True)
         if INT8:
             best = best * q_scale
         # A row with no valid doc token (empty or fully masked doc) adds 0, as do masked rows.
@@ -254,20 +281,29 @@ def launch(
         UPCAST=d.dtype == torch.bfloat16 and interpreting(),
     )
     grid = (n,)
-    with torch.cuda.device(out.device) if out.is_cuda else _nullctx():
-        if autotuning():
-            _tuned[grid](*args, **meta)
-        else:
-            _maxsim_fwd_kernel[grid](*args, **meta, **default_config(meta["LQ_BUCKET"]))
+    if out.is_cuda and out.device.index != torch.cuda.current_device():
+        with torch.cuda.device(out.device):
+            _run(grid, args, meta, out.device, q.dtype, d.dtype)
+    else:
+        _run(grid, args, meta, out.device, q.dtype, d.dtype)
     return out
 
 
-class _nullctx:
-    def __enter__(self):
-        return None
+_BEST: dict[tuple, dict] = {}  # autotune winners, launched directly (skips the autotuner's per-call work)
 
-    def __exit__(self, *exc):
-        return False
+
+def _run(grid, args, meta, device, q_dtype, d_dtype) -> None:
+    if not autotuning():
+        _maxsim_fwd_kernel[grid](*args, **meta, **default_config(meta["LQ_BUCKET"]))
+        return
+    key = (device, q_dtype, d_dtype, *(meta[k] for k in _KEY))
+    best = _BEST.get(key)
+    if best is None:
+        _tuned[grid](*args, **meta)
+        cfg = _tuned.best_config
+        _BEST[key] = cfg.all_kwargs()
+    else:
+        _maxsim_fwd_kernel[grid](*args, **meta, **best)
 
 
 def compiled_variants() -> int:
