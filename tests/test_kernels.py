@@ -75,7 +75,7 @@ def test_varlen_parity(device, dim, dtype):
 
 
 @pytest.mark.parametrize("device", TRITON_DEVICES)
-@pytest.mark.parametrize("dim", [48, 128])
+@pytest.mark.parametrize("dim", [48, 128, 320], ids=["48", "128", "320-exact-i2f"])
 def test_varlen_int8_parity(device, dim):
     g = _gen("varlen-int8", dim)
     q, cu_q = _packed([5, 2], dim, g, device)
