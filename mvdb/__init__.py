@@ -6,14 +6,31 @@ on top of them.
 
 from __future__ import annotations
 
-from mvdb.errors import DeviceMismatchError, InvalidInputError, InvalidTypeError, MvdbError
+from mvdb.errors import (
+    CorruptionError,
+    DatabaseLockedError,
+    DeviceMismatchError,
+    DuplicateIdError,
+    FormatError,
+    InvalidInputError,
+    InvalidTypeError,
+    MvdbError,
+    ReadOnlyError,
+    UnknownIdError,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CorruptionError",
+    "DatabaseLockedError",
     "DeviceMismatchError",
+    "DuplicateIdError",
+    "FormatError",
     "InvalidInputError",
     "InvalidTypeError",
     "MvdbError",
+    "ReadOnlyError",
+    "UnknownIdError",
     "__version__",
 ]

@@ -17,3 +17,30 @@ class InvalidTypeError(MvdbError, TypeError):
 
 class DeviceMismatchError(InvalidInputError):
     """Tensors that must share a device do not."""
+
+
+class DatabaseLockedError(MvdbError, RuntimeError):
+    """Another process holds the database's single-writer lock."""
+
+
+class ReadOnlyError(MvdbError, PermissionError):
+    """A write was attempted on a database opened read-only."""
+
+
+class FormatError(MvdbError, ValueError):
+    """The path is not an mvdb database of a format this version can read."""
+
+
+class DuplicateIdError(InvalidInputError):
+    """An id appears twice in a batch, or is already live in the database."""
+
+
+class UnknownIdError(MvdbError, KeyError):
+    """An id that is not live in the database was asked for."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class CorruptionError(MvdbError, RuntimeError):
+    """Stored data failed a checksum or consistency check."""

@@ -1,1 +1,11 @@
-"""HDF5 CSR segment store (mvdb.storage): not built yet, see issue #3."""
+"""Crash-safe HDF5 segment store (mvdb.storage): CSR-packed float16 / int8 documents, stable ids.
+
+    from mvdb.storage import Store
+    with Store("my.mvdb", dim=128) as st:
+        ids = st.add([doc0, doc1], metadata=[{"lang": "en"}, None])
+        packed = st.gather(ids)          # tokens / offsets / scales, in request order
+"""
+
+from mvdb.storage.store import Packed, Store, VerifyReport
+
+__all__ = ["Packed", "Store", "VerifyReport"]

@@ -1,0 +1,67 @@
+"""Durable file operations: fsync'd atomic replace, directory fsync, the single-writer lock."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+
+from mvdb.errors import DatabaseLockedError
+
+
+def fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    """Write data to path so that a crash leaves either the old or the new content: temp, fsync, rename, fsync dir."""
+    directory = os.path.dirname(path) or "."
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    fsync_dir(directory)
+
+
+class WriterLock:
+    """An exclusive, non-blocking fcntl lock on ``<db>/LOCK``, released by close() or process death."""
+
+    def __init__(self, db_path: str):
+        self.path = os.path.join(db_path, "LOCK")
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(self._fd)
+            self._fd = None
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise DatabaseLockedError(
+                    f"{db_path}: another process holds the writer lock ({self.path}); "
+                    f"open it with read_only=True or close the other writer"
+                ) from None
+            raise
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,187 @@
+"""Checks and conversion of a batch of documents, ids and metadata before anything is written."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from mvdb.errors import DuplicateIdError, InvalidInputError, InvalidTypeError
+
+FP16_MAX = 65504.0
+
+
+@dataclass
+class Batch:
+    tokens: np.ndarray  # [T, dim] float16 or int8
+    scales: np.ndarray | None  # [T] float32 (int8 only)
+    lengths: np.ndarray  # [n] int64
+    ids: np.ndarray  # [n] int64, or bytes (utf-8) for str ids
+    id_type: str
+    metadata: list[str] | None  # JSON per document
+
+
+def _to_numpy(x, where: str) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return x
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        import torch
+
+        t = x.detach().cpu()
+        if t.dtype == torch.bfloat16:
+            t = t.float()
+        return t.numpy()
+    raise InvalidTypeError(f"{where}: expected a 2-D numpy array or torch tensor, got {type(x).__name__}")
+
+
+def _numeric(a: np.ndarray, where: str) -> None:
+    if a.dtype.kind not in "fiu":
+        raise InvalidTypeError(f"{where}: expected a numeric (float or int) array, got dtype {a.dtype}")
+
+
+def documents(docs, dim: int | None) -> tuple[np.ndarray, np.ndarray, int]:
+    """docs (list of [L_i, dim], or one [n, L, dim] array) -> (float tokens [T, dim], lengths [n], dim)."""
+    if isinstance(docs, (list, tuple)):
+        arrays = [_to_numpy(d, f"document {i}") for i, d in enumerate(docs)]
+    else:
+        whole = _to_numpy(docs, "docs")
+        if whole.ndim != 3:
+            raise InvalidInputError(
+                f"docs: expected a list of [L, dim] arrays or one [n, L, dim] array, got shape {whole.shape}"
+            )
+        arrays = list(whole)
+    for i, a in enumerate(arrays):
+        if a.ndim != 2:
+            raise InvalidInputError(f"document {i}: expected a 2-D [tokens, dim] array, got shape {a.shape}")
+        _numeric(a, f"document {i}")
+        if dim is None:
+            dim = a.shape[1]
+        if a.shape[1] != dim:
+            raise InvalidInputError(f"document {i}: expected dim {dim}, got {a.shape[1]}")
+        if a.shape[0] == 0:
+            raise InvalidInputError(f"document {i}: empty (0 tokens); every document needs at least one token")
+    if dim is not None and dim <= 0:
+        raise InvalidInputError(f"docs: expected a positive embedding dim, got {dim}")
+    lengths = np.array([a.shape[0] for a in arrays], dtype=np.int64)
+    tokens = np.concatenate(arrays) if arrays else np.zeros((0, dim or 0), np.float32)
+    return tokens, lengths, dim or 0
+
+
+def packed(tokens, lengths, dim: int | None) -> tuple[np.ndarray, np.ndarray, int]:
+    """Packed tokens [T, dim] + lengths [n] (every length >= 1, summing to T)."""
+    tokens = _to_numpy(tokens, "tokens")
+    lengths = _to_numpy(lengths, "lengths") if not isinstance(lengths, (list, tuple)) else np.asarray(lengths)
+    if tokens.ndim != 2:
+        raise InvalidInputError(f"tokens: expected a 2-D [T, dim] array, got shape {tokens.shape}")
+    _numeric(tokens, "tokens")
+    if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
+        raise InvalidTypeError(f"lengths: expected a 1-D integer array, got {lengths.dtype} of shape {lengths.shape}")
+    dim = tokens.shape[1] if dim is None else dim
+    if tokens.shape[1] != dim:
+        raise InvalidInputError(f"tokens: expected dim {dim}, got {tokens.shape[1]}")
+    if len(lengths) and lengths.min() < 1:
+        i = int(np.argmin(lengths))
+        raise InvalidInputError(f"document {i}: empty (0 tokens); every document needs at least one token")
+    if int(lengths.sum()) != tokens.shape[0]:
+        raise InvalidInputError(f"lengths: expected a sum of {tokens.shape[0]} (the token count), got {int(lengths.sum())}")
+    return tokens, lengths.astype(np.int64), dim
+
+
+def _doc_of_row(lengths: np.ndarray, row: int) -> tuple[int, int]:
+    ends = np.cumsum(lengths)
+    doc = int(np.searchsorted(ends, row, side="right"))
+    return doc, row - int(ends[doc] - lengths[doc])
+
+
+def convert(tokens: np.ndarray, lengths: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """Check finiteness and convert to the stored dtype (float16, or int8 + per-token scales)."""
+    bad = ~np.isfinite(tokens).all(axis=1) if tokens.dtype.kind == "f" else None
+    if bad is not None and bad.any():
+        doc, tok = _doc_of_row(lengths, int(np.argmax(bad)))
+        raise InvalidInputError(f"document {doc}: contains NaN or Inf (token {tok})")
+    if dtype == "float16":
+        if tokens.size and np.abs(tokens).max() > FP16_MAX:
+            row = int(np.argmax(np.abs(tokens).max(axis=1) > FP16_MAX))
+            doc, tok = _doc_of_row(lengths, row)
+            raise InvalidInputError(
+                f"document {doc}: value {float(np.abs(tokens[row]).max()):.4g} at token {tok} overflows float16 "
+                f"(max {FP16_MAX:g}); scale the embeddings or store them as int8"
+            )
+        return np.ascontiguousarray(tokens, dtype=np.float16), None
+    import torch
+
+    from mvdb.kernels.quant import quantize_int8
+
+    q, s = quantize_int8(torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.float32)))
+    return q.numpy(), s.numpy()
+
+
+def ids(given, n: int, id_type: str | None, next_id: int) -> tuple[np.ndarray, str]:
+    """Resolve ids for n new documents -> (array, id_type); auto ids are next_id, next_id + 1, ..."""
+    if given is None:
+        if id_type == "str":
+            raise InvalidInputError("ids: this database uses str ids; pass ids= (auto ids are ints)")
+        return np.arange(next_id, next_id + n, dtype=np.int64), "int"
+    if isinstance(given, np.ndarray):
+        values = given.tolist()
+    elif type(given).__module__.startswith("torch"):
+        values = given.tolist()
+    elif isinstance(given, (list, tuple)):
+        values = list(given)
+    else:
+        raise InvalidTypeError(f"ids: expected a list of int or str ids, got {type(given).__name__}")
+    if len(values) != n:
+        raise InvalidInputError(f"ids: expected {n} ids (one per document), got {len(values)}")
+    kinds = set()
+    for i, v in enumerate(values):
+        if isinstance(v, (bool, np.bool_)):
+            raise InvalidTypeError(f"ids[{i}]: expected int or str, got bool")
+        if isinstance(v, (int, np.integer)):
+            kinds.add("int")
+        elif isinstance(v, str):
+            if "\x00" in v:
+                raise InvalidInputError(f"ids[{i}]: NUL characters are not allowed in str ids")
+            kinds.add("str")
+        else:
+            raise InvalidTypeError(f"ids[{i}]: expected int or str, got {type(v).__name__}")
+    if len(kinds) > 1:
+        raise InvalidTypeError("ids: expected all int or all str ids, got a mix")
+    kind = kinds.pop() if kinds else (id_type or "int")
+    if id_type is not None and kind != id_type:
+        raise InvalidTypeError(f"ids: this database uses {id_type} ids, got {kind}")
+    if kind == "int":
+        try:
+            arr = np.array(values, dtype=np.int64)
+        except OverflowError:
+            raise InvalidInputError("ids: int ids must fit in 64 bits") from None
+    else:
+        arr = np.array([v.encode() for v in values], dtype=bytes)
+    uniq, counts = np.unique(arr, return_counts=True)
+    if len(uniq) != len(arr):
+        dup = [decode_id(x) for x in uniq[counts > 1][:5]]
+        raise DuplicateIdError(f"ids: duplicate ids within the batch: {dup}")
+    return arr, kind
+
+
+def decode_id(x):
+    return x.decode() if isinstance(x, bytes) else int(x)
+
+
+def metadata(given, n: int) -> list[str] | None:
+    if given is None:
+        return None
+    if not isinstance(given, (list, tuple)):
+        raise InvalidTypeError(f"metadata: expected a list of dicts (one per document), got {type(given).__name__}")
+    if len(given) != n:
+        raise InvalidInputError(f"metadata: expected {n} entries (one per document), got {len(given)}")
+    out = []
+    for i, m in enumerate(given):
+        if m is not None and not isinstance(m, dict):
+            raise InvalidTypeError(f"metadata[{i}]: expected a dict or None, got {type(m).__name__}")
+        try:
+            out.append(json.dumps(m, allow_nan=False, separators=(",", ":")))
+        except (TypeError, ValueError) as e:
+            raise InvalidInputError(f"metadata[{i}]: not JSON-serialisable ({e})") from None
+    return out

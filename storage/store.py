@@ -1,0 +1,629 @@
+"""The segment store: immutable HDF5 segments + an atomically replaced manifest.
+
+Nothing committed is ever modified: ``add`` writes new segments, ``delete`` writes a new manifest,
+``compact`` writes new segments and a manifest that drops the old ones. A crash at any instant
+leaves the last committed manifest valid; the next writer removes the orphans. One writer at a
+time (an fcntl lock); readers take no lock and work on a manifest snapshot until ``refresh()``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mvdb.errors import (
+    CorruptionError,
+    DuplicateIdError,
+    FormatError,
+    InvalidInputError,
+    ReadOnlyError,
+    UnknownIdError,
+)
+from mvdb.storage import _validate
+from mvdb.storage._io import WriterLock, fsync_dir
+from mvdb.storage.manifest import MANIFEST, new_manifest, read_manifest, write_manifest
+from mvdb.storage.segment import SegmentReader, write_segment
+
+DTYPES = ("float16", "int8")
+SEGMENTS = "segments"
+TMP_PREFIX = ".tmp-"
+
+
+@dataclass
+class Packed:
+    """Documents in CSR form: tokens [T, dim], offsets [n+1] int64, scales [T] (int8 only), ids [n]."""
+
+    tokens: object
+    offsets: object
+    scales: object = None
+    ids: list = field(default_factory=list)
+
+    def to_torch(self, device=None, pin: bool = False) -> "Packed":
+        """The arrays as torch tensors on ``device`` (pinned host memory when ``pin`` and no device)."""
+        import torch
+
+        def conv(a):
+            if a is None:
+                return None
+            t = torch.from_numpy(np.ascontiguousarray(a))
+            if pin and (device is None or torch.device(device).type == "cpu"):
+                return t.pin_memory()
+            return t.to(device) if device is not None else t
+
+        return Packed(conv(self.tokens), conv(self.offsets), conv(self.scales), self.ids)
+
+
+@dataclass
+class VerifyReport:
+    """What verify() found; ``ok`` when nothing."""
+
+    problems: list[str]
+    n_docs: int
+    n_segments: int
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __str__(self) -> str:
+        head = f"{self.n_docs} documents in {self.n_segments} segments: "
+        return head + ("OK" if self.ok else f"{len(self.problems)} problem(s)\n  " + "\n  ".join(self.problems))
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, s + l) for each (s, l), vectorised."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    base = np.repeat(starts - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
+    return base + np.arange(total, dtype=np.int64)
+
+
+class _Snapshot:
+    """One committed manifest and its opened segments, with id lookup built on first use."""
+
+    def __init__(self, manifest: dict, readers: list[SegmentReader]):
+        self.manifest = manifest
+        self.readers = readers
+        counts = [r.n_docs for r in readers]
+        self.doc_start = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        self.live = np.ones(int(self.doc_start[-1]), dtype=bool)
+        for i, seg in enumerate(manifest["segments"]):
+            if seg["deleted"]:
+                self.live[self.doc_start[i] + np.asarray(seg["deleted"], dtype=np.int64)] = False
+        self.n_live = int(self.live.sum())
+        self._keys = None
+
+    def _index(self):
+        if self._keys is None:
+            rows = np.flatnonzero(self.live)
+            keys = np.concatenate([r.ids for r in self.readers]) if self.readers else np.zeros(0, np.int64)
+            keys = keys[rows]
+            order = np.argsort(keys, kind="stable")
+            self._keys, self._rows = keys[order], rows[order]
+        return self._keys, self._rows
+
+    def find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Global rows of live ids (and a found mask)."""
+        sorted_keys, rows = self._index()
+        if len(sorted_keys) == 0 or len(keys) == 0:
+            return np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
+        if sorted_keys.dtype.kind != np.asarray(keys).dtype.kind:
+            return np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
+        pos = np.searchsorted(sorted_keys, keys).clip(max=len(sorted_keys) - 1)
+        found = sorted_keys[pos] == keys
+        return rows[pos], found
+
+    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        seg = np.searchsorted(self.doc_start, rows, side="right") - 1
+        return seg, rows - self.doc_start[seg]
+
+    def close(self) -> None:
+        for r in self.readers:
+            r.close()
+
+
+class Store:
+    """A directory of immutable CSR segments and a manifest. See the module docstring."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        dim: int | None = None,
+        dtype: str | None = None,
+        read_only: bool = False,
+        segment_tokens: int = 1 << 22,
+    ):
+        self.path = os.fspath(path)
+        self.read_only = read_only
+        self.segment_tokens = segment_tokens
+        if dtype is not None and dtype not in DTYPES:
+            raise InvalidInputError(f"dtype: expected one of {DTYPES}, got {dtype!r}")
+        self._lock = None
+        self._snap = None
+        self._prepare_directory(read_only)
+        try:
+            if not read_only:
+                self._lock = WriterLock(self.path)
+            if not os.path.exists(os.path.join(self.path, MANIFEST)):
+                os.makedirs(os.path.join(self.path, SEGMENTS), exist_ok=True)
+                write_manifest(self.path, dict(new_manifest(dim, dtype or "float16"), generation=-1))
+            manifest = read_manifest(self.path)
+            if dim is not None and manifest["dim"] is not None and dim != manifest["dim"]:
+                raise InvalidInputError(f"dim: the database at {self.path} stores dim {manifest['dim']}, got {dim}")
+            if dtype is not None and dtype != manifest["dtype"]:
+                raise InvalidInputError(f"dtype: the database at {self.path} stores {manifest['dtype']}, got {dtype!r}")
+            if not read_only:
+                self._remove_orphans(manifest)
+            self._snap = self._open_snapshot(manifest)
+        except BaseException:
+            self.close()
+            raise
+
+    def _prepare_directory(self, read_only: bool) -> None:
+        p = self.path
+        if os.path.isfile(p):
+            raise FormatError(f"{p}: is a file; expected an mvdb database directory")
+        if os.path.isdir(p):
+            if os.path.exists(os.path.join(p, MANIFEST)):
+                return
+            if any(not name.startswith(".") and name not in ("LOCK", SEGMENTS) for name in os.listdir(p)):
+                raise FormatError(f"{p}: holds other files and no {MANIFEST}; not an mvdb database")
+        elif read_only:
+            raise FileNotFoundError(f"{p}: no database here (read_only=True does not create one)")
+        if read_only:
+            raise FileNotFoundError(f"{p}: no {MANIFEST} here (read_only=True does not create one)")
+        os.makedirs(p, exist_ok=True)
+
+    def _open_snapshot(self, manifest: dict) -> _Snapshot:
+        """Open every segment of ``manifest``, reusing the ones already open."""
+        old = {r.path: r for r in self._snap.readers} if self._snap is not None else {}
+        for attempt in range(5):
+            readers, opened = [], []
+            try:
+                for seg in manifest["segments"]:
+                    path = os.path.join(self.path, SEGMENTS, seg["name"])
+                    if path in old:
+                        readers.append(old[path])
+                    else:
+                        r = SegmentReader(path)
+                        opened.append(r)
+                        readers.append(r)
+                return _Snapshot(manifest, readers)
+            except FileNotFoundError:
+                # A writer compacted between our manifest read and the open: read the new manifest.
+                for r in opened:
+                    r.close()
+                if attempt == 4:
+                    raise
+                manifest = read_manifest(self.path)
+        raise AssertionError("unreachable")
+
+    def _remove_orphans(self, manifest: dict) -> None:
+        """Temp files and segments no manifest names: leftovers of a crashed writer (writer only)."""
+        seg_dir = os.path.join(self.path, SEGMENTS)
+        os.makedirs(seg_dir, exist_ok=True)
+        live = {s["name"] for s in manifest["segments"]}
+        removed = False
+        for name in os.listdir(seg_dir):
+            if name.startswith(TMP_PREFIX) or (name.endswith(".h5") and name not in live):
+                os.unlink(os.path.join(seg_dir, name))
+                removed = True
+        for name in os.listdir(self.path):
+            if name.startswith(MANIFEST + ".tmp"):
+                os.unlink(os.path.join(self.path, name))
+                removed = True
+        if removed:
+            fsync_dir(seg_dir)
+
+    # ---- properties
+
+    @property
+    def manifest(self) -> dict:
+        return self._snap.manifest
+
+    @property
+    def dim(self) -> int | None:
+        return self._snap.manifest["dim"]
+
+    @property
+    def dtype(self) -> str:
+        return self._snap.manifest["dtype"]
+
+    @property
+    def generation(self) -> int:
+        return self._snap.manifest["generation"]
+
+    def __len__(self) -> int:
+        return self._snap.n_live
+
+    def __contains__(self, doc_id) -> bool:
+        key = self._keys([doc_id], check_type=False)
+        return bool(key is not None and self._snap.find(key)[1].all())
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._snap is not None:
+            self._snap.close()
+            self._snap = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def refresh(self) -> bool:
+        """Move to the latest committed state; True when it changed."""
+        manifest = read_manifest(self.path)
+        if manifest["generation"] == self.generation:
+            return False
+        old = self._snap
+        self._snap = self._open_snapshot(manifest)
+        keep = {id(r) for r in self._snap.readers}
+        for r in old.readers:
+            if id(r) not in keep:
+                r.close()
+        return True
+
+    # ---- writes
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise ReadOnlyError(f"{self.path}: opened read-only")
+        if self._snap is None:
+            raise InvalidInputError(f"{self.path}: the store is closed")
+
+    def add(self, docs, ids=None, metadata=None) -> list:
+        """Store documents (list of [L_i, dim] arrays/tensors, or one [n, L, dim]); returns their ids.
+
+        Everything is checked before anything is written: one bad document, id or metadata entry
+        and nothing is stored.
+        """
+        self._writable()
+        tokens, lengths, dim = _validate.documents(docs, self.dim)
+        return self._add(tokens, lengths, dim, ids, metadata)
+
+    def add_packed(self, tokens, lengths, ids=None, metadata=None) -> list:
+        """Store packed documents: tokens [T, dim] and lengths [n] (each >= 1)."""
+        self._writable()
+        tokens, lengths, dim = _validate.packed(tokens, lengths, self.dim)
+        return self._add(tokens, lengths, dim, ids, metadata)
+
+    def _add(self, tokens, lengths, dim, ids, metadata) -> list:
+        m = self.manifest
+        n = len(lengths)
+        id_arr, id_type = _validate.ids(ids, n, m["id_type"], m["next_id"])
+        meta = _validate.metadata(metadata, n)
+        if n == 0:
+            return []
+        _, found = self._snap.find(id_arr)
+        if found.any():
+            dup = [_validate.decode_id(x) for x in id_arr[found][:5]]
+            raise DuplicateIdError(f"ids: already in the database: {dup}")
+        stored, scales = _validate.convert(tokens, lengths, m["dtype"])
+        new = dict(m, dim=dim, id_type=id_type, segments=list(m["segments"]))
+        if id_type == "int":
+            new["next_id"] = max(m["next_id"], int(id_arr.max()) + 1)
+        offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+        pieces = self._split(offsets)
+        written = []
+        try:
+            for d0, d1 in pieces:
+                t0, t1 = int(offsets[d0]), int(offsets[d1])
+                written.append(
+                    self._write_segment(
+                        new, stored[t0:t1], None if scales is None else scales[t0:t1], offsets[d0 : d1 + 1] - t0,
+                        id_arr[d0:d1], None if meta is None else meta[d0:d1],
+                    )
+                )
+            self._commit(new, [w["name"] for w in written])
+        except BaseException:
+            self._discard([w["name"] for w in written])
+            raise
+        return [_validate.decode_id(x) for x in id_arr]
+
+    def _split(self, offsets: np.ndarray) -> list[tuple[int, int]]:
+        """Document ranges of at most segment_tokens tokens each (a longer document gets its own)."""
+        out, d0 = [], 0
+        n = len(offsets) - 1
+        while d0 < n:
+            d1 = int(np.searchsorted(offsets, offsets[d0] + self.segment_tokens, side="right")) - 1
+            d1 = min(max(d1, d0 + 1), n)
+            out.append((d0, d1))
+            d0 = d1
+        return out
+
+    def _write_segment(self, new: dict, tokens, scales, offsets, ids, meta) -> dict:
+        new["segment_counter"] += 1
+        name = f"seg-{new['segment_counter']:08d}-{uuid.uuid4().hex[:8]}.h5"
+        seg_dir = os.path.join(self.path, SEGMENTS)
+        tmp = os.path.join(seg_dir, TMP_PREFIX + name)
+        try:
+            size = write_segment(tmp, tokens, scales, offsets, ids, meta)
+            os.replace(tmp, os.path.join(seg_dir, name))
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        info = {"name": name, "n_docs": len(ids), "n_tokens": int(offsets[-1]), "file_size": size, "deleted": []}
+        new["segments"].append(info)
+        return info
+
+    def _commit(self, new: dict, added: list[str], removed: list[str] = ()) -> None:
+        """Make ``new`` the committed state (the manifest rename), then open it."""
+        if added:
+            fsync_dir(os.path.join(self.path, SEGMENTS))
+        committed = write_manifest(self.path, new)
+        self._snap_swap(committed)
+        for name in removed:
+            os.unlink(os.path.join(self.path, SEGMENTS, name))
+        if removed:
+            fsync_dir(os.path.join(self.path, SEGMENTS))
+
+    def _snap_swap(self, manifest: dict) -> None:
+        old = self._snap
+        self._snap = self._open_snapshot(manifest)
+        keep = {id(r) for r in self._snap.readers}
+        for r in old.readers:
+            if id(r) not in keep:
+                r.close()
+
+    def _discard(self, names: list[str]) -> None:
+        for name in names:
+            path = os.path.join(self.path, SEGMENTS, name)
+            if os.path.exists(path):
+                os.unlink(path)
+
+    def delete(self, ids) -> None:
+        """Delete live documents by id (UnknownIdError, and nothing deleted, if any is not live)."""
+        self._writable()
+        rows = np.unique(self._rows(ids))
+        if not len(rows):
+            return
+        m = self.manifest
+        new = dict(m, segments=[dict(s) for s in m["segments"]])
+        seg, local = self._snap.locate(rows)
+        for s in np.unique(seg):
+            entry = new["segments"][s]
+            entry["deleted"] = sorted(set(entry["deleted"]) | set(local[seg == s].tolist()))
+        self._commit(new, [])
+
+    def compact(self, min_segment_tokens: int | None = None) -> int:
+        """Rewrite segments that hold deleted documents, and merge small ones; returns segments rewritten."""
+        self._writable()
+        small = self.segment_tokens // 4 if min_segment_tokens is None else min_segment_tokens
+        m = self.manifest
+        segs = m["segments"]
+        small_idx = [i for i, s in enumerate(segs) if s["n_tokens"] < small]
+        rewrite = sorted({i for i, s in enumerate(segs) if s["deleted"]} | (set(small_idx) if len(small_idx) > 1 else set()))
+        if not rewrite:
+            return 0
+        new = dict(m, segments=[])
+        written = []
+        try:
+            for i, s in enumerate(segs):
+                if i == rewrite[0]:
+                    self._rewrite(new, rewrite, written)
+                if i not in rewrite:
+                    new["segments"].append(dict(s))
+            self._commit(new, written, removed=[segs[i]["name"] for i in rewrite])
+        except BaseException:
+            self._discard(written)
+            raise
+        return len(rewrite)
+
+    def _rewrite(self, new: dict, seg_indices: list[int], written: list[str]) -> None:
+        """Write the live documents of the given segments, in order, as new bounded segments."""
+        snap = self._snap
+        rows = np.concatenate([snap.doc_start[i] + np.arange(snap.readers[i].n_docs) for i in seg_indices])
+        rows = rows[snap.live[rows]]
+        with_meta = any(snap.readers[i].has_metadata for i in seg_indices)
+        lengths = self._row_lengths(*snap.locate(rows))
+        for d0, d1 in self._split(np.concatenate(([0], np.cumsum(lengths)))):
+            part = self._gather_rows(rows[d0:d1])
+            meta = self._metadata_rows(part.rows) if with_meta else None
+            info = self._write_segment(new, part.tokens, part.scales, part.offsets, part.keys, meta)
+            written.append(info["name"])
+
+    # ---- reads
+
+    def _keys(self, ids, check_type: bool = True) -> np.ndarray | None:
+        """User ids -> the stored key representation (int64, or utf-8 bytes)."""
+        if isinstance(ids, (str, int, np.integer)):
+            ids = [ids]
+        values = list(ids.tolist() if hasattr(ids, "tolist") else ids)
+        id_type = self.manifest["id_type"]
+        if not values:
+            return np.zeros(0, np.int64)
+        if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+            return np.array(values, dtype=np.int64) if id_type != "str" else (None if not check_type else self._wrong(values))
+        if all(isinstance(v, str) for v in values):
+            return np.array([v.encode() for v in values], dtype=bytes) if id_type == "str" else (
+                None if not check_type else self._wrong(values))
+        if not check_type:
+            return None
+        raise UnknownIdError(f"ids: expected int or str ids, got {[type(v).__name__ for v in values[:3]]}")
+
+    def _wrong(self, values):
+        raise UnknownIdError(f"ids: this database uses {self.manifest['id_type'] or 'no'} ids; unknown ids {values[:5]}")
+
+    def _rows(self, ids) -> np.ndarray:
+        keys = self._keys(ids)
+        rows, found = self._snap.find(keys)
+        if not found.all():
+            missing = [_validate.decode_id(x) for x in keys[~found][:5]]
+            raise UnknownIdError(f"ids: not in the database: {missing}" + (" ..." if (~found).sum() > 5 else ""))
+        return rows
+
+    def _row_lengths(self, seg: np.ndarray, local: np.ndarray) -> np.ndarray:
+        lengths = np.zeros(len(seg), np.int64)
+        for s in np.unique(seg):
+            sel = seg == s
+            off = self._snap.readers[s].offsets
+            lengths[sel] = off[local[sel] + 1] - off[local[sel]]
+        return lengths
+
+    def _gather_rows(self, rows: np.ndarray):
+        """Packed tokens of global rows, in the order given."""
+        snap = self._snap
+        seg, local = snap.locate(rows)
+        lengths = self._row_lengths(seg, local)
+        out_off = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+        dim = self.dim
+        tok_dtype = np.int8 if self.dtype == "int8" else np.float16
+        tokens = np.empty((int(out_off[-1]), dim), dtype=tok_dtype)
+        scales = np.empty(int(out_off[-1]), dtype=np.float32) if self.dtype == "int8" else None
+        keys = None
+        for s in np.unique(seg):
+            sel = np.flatnonzero(seg == s)
+            r = snap.readers[s]
+            src = _ranges(r.offsets[local[sel]], lengths[sel])
+            dst = _ranges(out_off[sel], lengths[sel])
+            tokens[dst] = r.tokens[src]
+            if scales is not None:
+                scales[dst] = r.scales[src]
+            k = r.ids[local[sel]]
+            if keys is None:
+                keys = np.empty(len(rows), dtype=k.dtype if k.dtype.kind != "S" else object)
+            keys[sel] = k
+        if keys is None:
+            keys = np.zeros(0, np.int64)
+        elif keys.dtype == object:
+            keys = keys.astype(bytes)
+        packed = Packed(tokens, out_off, scales, [_validate.decode_id(x) for x in keys])
+        packed.rows, packed.keys = rows, keys
+        return packed
+
+    def gather(self, ids) -> Packed:
+        """The documents of ``ids`` packed in request order (tokens as stored: float16, or int8 + scales)."""
+        return self._gather_rows(self._rows(ids))
+
+    def get(self, ids) -> list[np.ndarray]:
+        """Each document as a float32 [L, dim] array (int8 dequantized)."""
+        p = self.gather(ids)
+        tokens = p.tokens.astype(np.float32)
+        if p.scales is not None:
+            tokens *= p.scales[:, None]
+        return [tokens[p.offsets[i] : p.offsets[i + 1]] for i in range(len(p.offsets) - 1)]
+
+    def _metadata_rows(self, rows: np.ndarray) -> list[str]:
+        import json
+
+        seg, local = self._snap.locate(rows)
+        out = [None] * len(rows)
+        for s in np.unique(seg):
+            sel = np.flatnonzero(seg == s)
+            for i, v in zip(sel, self._snap.readers[s].metadata(local[sel])):
+                out[i] = v if v is not None else json.dumps(None)
+        return out
+
+    def metadata(self, ids) -> list:
+        """Each document's metadata dict (None where none was given)."""
+        import json
+
+        return [json.loads(v) for v in self._metadata_rows(self._rows(ids))]
+
+    def ids(self) -> list:
+        """Live ids in storage order."""
+        snap = self._snap
+        if not snap.readers:
+            return []
+        keys = np.concatenate([r.ids for r in snap.readers])[snap.live]
+        return [_validate.decode_id(x) for x in keys]
+
+    def iter_batches(self, max_tokens: int = 1 << 20):
+        """Stream every live document in storage order as Packed batches of at most ~max_tokens tokens."""
+        snap = self._snap
+        for s, r in enumerate(snap.readers):
+            rows = snap.doc_start[s] + np.flatnonzero(snap.live[snap.doc_start[s] : snap.doc_start[s + 1]])
+            lens = (r.offsets[1:] - r.offsets[:-1])[rows - snap.doc_start[s]]
+            ends = np.cumsum(lens)
+            d0 = 0
+            while d0 < len(rows):
+                d1 = int(np.searchsorted(ends, (ends[d0 - 1] if d0 else 0) + max_tokens, side="right"))
+                d1 = min(max(d1, d0 + 1), len(rows))
+                yield self._gather_rows(rows[d0:d1])
+                d0 = d1
+
+    def load_all(self, device=None, pin: bool = False) -> Packed:
+        """Every live document in one contiguous buffer (storage order), with offsets and ids.
+
+        ``device`` (e.g. "cuda") copies through pinned staging buffers, overlapping disk reads with
+        host-to-device copies; ``pin=True`` without a device returns pinned host tensors.
+        """
+        snap = self._snap
+        if device is None and not pin:
+            parts = list(self.iter_batches(self.segment_tokens))
+            if not parts:
+                return Packed(np.zeros((0, self.dim or 0), np.float16), np.zeros(1, np.int64), None, [])
+            return _concat(parts)
+        from mvdb.storage._load import load_to_device
+
+        return load_to_device(self, device, pin)
+
+    # ---- checks
+
+    def verify(self) -> VerifyReport:
+        """Check the manifest, every segment's checksums and offsets, and id uniqueness; changes nothing."""
+        problems = []
+        try:
+            manifest = read_manifest(self.path)
+        except (CorruptionError, FormatError, OSError) as e:
+            return VerifyReport([f"manifest: {e}"], 0, 0)
+        seg_dir = os.path.join(self.path, SEGMENTS)
+        all_keys, n_docs = [], 0
+        for seg in manifest["segments"]:
+            path = os.path.join(seg_dir, seg["name"])
+            if not os.path.exists(path):
+                problems.append(f"{seg['name']}: missing")
+                continue
+            if os.path.getsize(path) != seg["file_size"]:
+                problems.append(f"{seg['name']}: size {os.path.getsize(path)} != {seg['file_size']} in the manifest")
+                continue
+            try:
+                r = SegmentReader(path)
+            except Exception as e:  # noqa: BLE001 - any failure to open is a finding
+                problems.append(f"{seg['name']}: cannot be opened ({type(e).__name__}: {e})")
+                continue
+            try:
+                problems += r.checksum_problems()
+                off = r.offsets
+                if off[0] != 0 or (np.diff(off) < 1).any() or off[-1] != r.n_tokens:
+                    problems.append(f"{seg['name']}: offsets are not increasing from 0 to the token count")
+                if r.n_docs != seg["n_docs"] or r.n_tokens != seg["n_tokens"]:
+                    problems.append(f"{seg['name']}: {r.n_docs} docs / {r.n_tokens} tokens, manifest says "
+                                    f"{seg['n_docs']} / {seg['n_tokens']}")
+                if r.tokens.ndim != 2 or (manifest["dim"] is not None and r.tokens.shape[1] != manifest["dim"]):
+                    problems.append(f"{seg['name']}: token shape {r.tokens.shape} does not match dim {manifest['dim']}")
+                want = np.int8 if manifest["dtype"] == "int8" else np.float16
+                if r.tokens.dtype != want or (manifest["dtype"] == "int8") != (r.scales is not None):
+                    problems.append(f"{seg['name']}: stored as {r.tokens.dtype}, manifest says {manifest['dtype']}")
+                deleted = np.asarray(seg["deleted"], dtype=np.int64)
+                if len(deleted) and (deleted.min() < 0 or deleted.max() >= r.n_docs):
+                    problems.append(f"{seg['name']}: deleted rows out of range")
+                live = np.ones(r.n_docs, bool)
+                live[deleted[(deleted >= 0) & (deleted < r.n_docs)]] = False
+                all_keys.append(r.ids[live])
+                n_docs += int(live.sum())
+            finally:
+                r.close()
+        if all_keys:
+            keys = np.concatenate(all_keys)
+            if len(np.unique(keys)) != len(keys):
+                problems.append("ids: a live id appears more than once")
+        return VerifyReport(problems, n_docs, len(manifest["segments"]))
+
+
+def _concat(parts: list[Packed]) -> Packed:
+    tokens = np.concatenate([p.tokens for p in parts])
+    scales = np.concatenate([p.scales for p in parts]) if parts[0].scales is not None else None
+    lens = np.concatenate([np.diff(p.offsets) for p in parts])
+    offsets = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
+    return Packed(tokens, offsets, scales, [i for p in parts for i in p.ids])
