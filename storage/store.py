@@ -147,6 +147,8 @@ class Store:
         self._snap = None
         self._prepare_directory(read_only)
         try:
+            if os.path.exists(os.path.join(self.path, MANIFEST)):
+                read_manifest(self.path)  # another format or a newer version: refuse before writing anything
             if not read_only:
                 self._lock = WriterLock(self.path)
             if not os.path.exists(os.path.join(self.path, MANIFEST)):
@@ -224,6 +226,8 @@ class Store:
 
     @property
     def manifest(self) -> dict:
+        if self._snap is None:
+            raise InvalidInputError(f"{self.path}: the store is closed")
         return self._snap.manifest
 
     @property
