@@ -1,0 +1,31 @@
+"""Crash-test writer: runs planned operations on a store, journaling each one that returned.
+
+    python tests/crash_writer.py DB SEED JOURNAL
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from crash_plan import plan, run  # noqa: E402
+
+from mvdb.storage import Store  # noqa: E402
+
+
+def main(db: str, seed: int, journal: str) -> None:
+    store = Store(db, dim=16)
+    ops = plan(seed, store.ids(), store.manifest["next_id"])
+    with open(journal, "a") as j:
+        j.write("ready\n")
+        j.flush()
+        for i, op in enumerate(ops):
+            run(store, op)
+            j.write(f"{i}\n")
+            j.flush()
+            os.fsync(j.fileno())
+    store.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
