@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: install this tree and the peer wheels, then run the steps named.
-#   bash benchmarks/gpu_session.sh tests bench:a,b,c sweep:b
+#   bash benchmarks/gpu_session.sh tests bench:a,b,c sweep:b storage:1000000
 # Logs and JSON go to $OUT (the device tool brings them back).
 set -uo pipefail
 OUT=${OUT:-/tmp/mvdb-out}
@@ -18,6 +18,8 @@ for step in "$@"; do
         tests) MVDB_AUTOTUNE=0 timeout 300 python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/tests.log" | tail -15 ;;
         bench:*) timeout 480 python3 benchmarks/kernels.py --cases "${step#bench:}" --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
         sweep:*) timeout 480 python3 benchmarks/kernels.py --sweep --no-peers --cases "${step#sweep:}" --out "$OUT" 2>&1 | tee -a "$OUT/sweep.log" ;;
+        storage:*) df -h /tmp | tail -1; timeout 540 python3 benchmarks/storage.py --docs "${step#storage:}" \
+                       --path /tmp/mvdb-bench.mvdb --out "$OUT" 2>&1 | tee -a "$OUT/storage.log" ;;
         *) echo "unknown step $step" ;;
     esac
 done

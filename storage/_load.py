@@ -30,6 +30,7 @@ def load_to_device(store, device, pin: bool):
     dim = store.dim or 0
     tdtype = torch.int8 if store.dtype == "int8" else torch.float16
     on_gpu = device.type == "cuda"
+    pin = pin and torch.cuda.is_available()  # page-locked memory needs a CUDA driver
     tokens = torch.empty((n_tokens, dim), dtype=tdtype, device=device, pin_memory=pin and not on_gpu)
     scales = None
     if store.dtype == "int8":

@@ -95,21 +95,37 @@ def _doc_of_row(lengths: np.ndarray, row: int) -> tuple[int, int]:
     return doc, row - int(ends[doc] - lengths[doc])
 
 
-def convert(tokens: np.ndarray, lengths: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """Check finiteness and convert to the stored dtype (float16, or int8 + per-token scales)."""
-    bad = ~np.isfinite(tokens).all(axis=1) if tokens.dtype.kind == "f" else None
-    if bad is not None and bad.any():
-        doc, tok = _doc_of_row(lengths, int(np.argmax(bad)))
-        raise InvalidInputError(f"document {doc}: contains NaN or Inf (token {tok})")
+def _nonfinite_rows(chunk: np.ndarray) -> np.ndarray:
+    """Rows holding NaN or Inf (float16 checked on its exponent bits: no float conversion)."""
+    if chunk.dtype == np.float16:
+        return ((chunk.view(np.uint16) & 0x7C00) == 0x7C00).any(axis=1)
+    return ~np.isfinite(chunk).all(axis=1)
+
+
+def convert(tokens: np.ndarray, lengths: np.ndarray, dtype: str, chunk: int = 1 << 18) -> tuple[np.ndarray, np.ndarray | None]:
+    """Check finiteness and convert to the stored dtype (float16, or int8 + per-token scales), in chunks."""
+    if tokens.dtype.kind == "f":
+        for r0 in range(0, tokens.shape[0], chunk):
+            bad = _nonfinite_rows(tokens[r0 : r0 + chunk])
+            if bad.any():
+                doc, tok = _doc_of_row(lengths, r0 + int(np.argmax(bad)))
+                raise InvalidInputError(f"document {doc}: contains NaN or Inf (token {tok})")
     if dtype == "float16":
-        if tokens.size and np.abs(tokens).max() > FP16_MAX:
-            row = int(np.argmax(np.abs(tokens).max(axis=1) > FP16_MAX))
-            doc, tok = _doc_of_row(lengths, row)
-            raise InvalidInputError(
-                f"document {doc}: value {float(np.abs(tokens[row]).max()):.4g} at token {tok} overflows float16 "
-                f"(max {FP16_MAX:g}); scale the embeddings or store them as int8"
-            )
-        return np.ascontiguousarray(tokens, dtype=np.float16), None
+        if tokens.dtype == np.float16:
+            return np.ascontiguousarray(tokens), None
+        out = np.empty(tokens.shape, dtype=np.float16)
+        for r0 in range(0, tokens.shape[0], chunk):
+            part = tokens[r0 : r0 + chunk]
+            big = np.abs(part).max(axis=1) > FP16_MAX if part.size else np.zeros(0, bool)
+            if big.any():
+                row = r0 + int(np.argmax(big))
+                doc, tok = _doc_of_row(lengths, row)
+                raise InvalidInputError(
+                    f"document {doc}: value {float(np.abs(tokens[row]).max()):.4g} at token {tok} overflows float16 "
+                    f"(max {FP16_MAX:g}); scale the embeddings or store them as int8"
+                )
+            out[r0 : r0 + chunk] = part
+        return out, None
     import torch
 
     from mvdb.kernels.quant import quantize_int8

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import h5py
 import numpy as np
@@ -17,6 +18,7 @@ import numpy as np
 from mvdb.storage._io import fsync_file
 
 SEGMENT_VERSION = 1
+_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="mvdb-crc")
 _ARRAYS = ("tokens", "scales", "offsets", "ids")
 
 
@@ -32,14 +34,19 @@ def write_segment(
     ids: np.ndarray,
     metadata: list[str] | None,
 ) -> int:
-    """Write a complete segment to ``path`` and fsync it; returns the file size. The caller renames it."""
+    """Write a complete segment to ``path`` and fsync it; returns the file size. The caller renames it.
+
+    Checksums are computed on a second thread while HDF5 writes (zlib releases the GIL).
+    """
+    arrays = {n: a for n, a in (("tokens", tokens), ("scales", scales), ("offsets", offsets), ("ids", ids))
+              if a is not None}
     with h5py.File(path, "w", libver="latest", locking=False) as f:
         f.attrs["mvdb_segment_version"] = SEGMENT_VERSION
-        for name, arr in (("tokens", tokens), ("scales", scales), ("offsets", offsets), ("ids", ids)):
-            if arr is None:
-                continue
+        crcs = {n: _POOL.submit(crc32, a) for n, a in arrays.items()}
+        for name, arr in arrays.items():
             f.create_dataset(name, data=arr)  # contiguous, uncompressed: readers memory-map it
-            f.attrs[f"crc32_{name}"] = crc32(arr)
+        for name, fut in crcs.items():
+            f.attrs[f"crc32_{name}"] = fut.result()
         if metadata is not None:
             f.create_dataset("metadata", data=np.array(metadata, dtype=object), dtype=h5py.string_dtype("utf-8"))
             f.attrs["crc32_metadata"] = zlib.crc32("\n".join(metadata).encode())

@@ -49,7 +49,7 @@ class Packed:
             if a is None:
                 return None
             t = torch.from_numpy(np.ascontiguousarray(a))
-            if pin and (device is None or torch.device(device).type == "cpu"):
+            if pin and torch.cuda.is_available() and (device is None or torch.device(device).type == "cpu"):
                 return t.pin_memory()
             return t.to(device) if device is not None else t
 
@@ -560,7 +560,8 @@ class Store:
         """Every live document in one contiguous buffer (storage order), with offsets and ids.
 
         ``device`` (e.g. "cuda") copies through pinned staging buffers, overlapping disk reads with
-        host-to-device copies; ``pin=True`` without a device returns pinned host tensors.
+        host-to-device copies; ``pin=True`` without a device returns pinned host tensors (plain host
+        tensors where there is no CUDA driver). Without either, numpy arrays.
         """
         snap = self._snap
         if device is None and not pin:

@@ -414,3 +414,23 @@ def test_orphans_removed_by_next_writer_not_by_readers(db):
         names = [s["name"] for s in w.manifest["segments"]]
     assert sorted(os.listdir(seg_dir)) == sorted(names)
     assert "MANIFEST.json.tmp-123" not in os.listdir(path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_load_all_to_gpu_matches_host(tmp_path, dtype, monkeypatch):
+    import torch
+
+    from mvdb.storage import _load
+
+    monkeypatch.setattr(_load, "CHUNK_TOKENS", 37)  # many staging round trips
+    with Store(tmp_path / "db", dim=DIM, dtype=dtype, segment_tokens=120) as st:
+        st.add(_docs(np.random.default_rng(20), 40))
+        st.delete([3, 17, 30])
+        host = st.load_all()
+        gpu = st.load_all(device="cuda")
+        assert gpu.tokens.is_cuda and gpu.ids == host.ids
+        assert torch.equal(gpu.tokens.cpu(), torch.from_numpy(host.tokens))
+        assert torch.equal(gpu.offsets.cpu(), torch.from_numpy(host.offsets))
+        if dtype == "int8":
+            assert torch.equal(gpu.scales.cpu(), torch.from_numpy(host.scales))
