@@ -43,6 +43,19 @@ def main():
     res = {"docs": args.docs, "dim": args.dim, "tokens": int(lengths.sum()), "machine": platform.node(),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
+    # The disk's own ceiling for ingest: 2 GiB written with pwrite, then fsync.
+    probe = args.path + ".probe"
+    block = memoryview(pool[: 1 << 22].view(np.uint8).reshape(-1))[: 1 << 30]
+    t0 = time.perf_counter()
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for i in range(2):
+        os.pwrite(fd, block, i * len(block))
+    os.fsync(fd)
+    os.close(fd)
+    res["disk_write_fsync_gbps"] = 2 * len(block) / (time.perf_counter() - t0) / 1e9
+    os.unlink(probe)
+    print(f"disk: 2 GiB pwrite + fsync at {res['disk_write_fsync_gbps']:.2f} GB/s", flush=True)
+
     t_add, nbytes = 0.0, 0
     with Store(args.path, dim=args.dim, dtype="float16") as st:
         for b0 in range(0, args.docs, args.batch):

@@ -5,8 +5,12 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 from mvdb.errors import DatabaseLockedError
+
+# Threads for work that releases the GIL: checksums, pwrite, numpy checks over chunks.
+POOL = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2) + 1, thread_name_prefix="mvdb-io")
 
 
 def fsync_file(path: str) -> None:

@@ -8,16 +8,37 @@ import torch
 CHUNK_TOKENS = 1 << 18  # rows per staging copy (64 MiB at dim 128, fp16)
 
 
+class _Whole:
+    """A whole segment as a source: rows are read with pread (no page faults on a memory map)."""
+
+    def __init__(self, reader):
+        self.r, self.shape = reader, reader.tokens.shape
+
+    def read(self, name: str, out: np.ndarray, t0: int, t1: int) -> None:
+        one = np.ones(1, np.int64)
+        self.r.read_runs(name, out, one * t0, one * 0, one * (t1 - t0))
+
+
+class _Gathered:
+    """Live documents of a segment with deletions, gathered into memory first."""
+
+    def __init__(self, part):
+        self.p, self.shape = part, part.tokens.shape
+
+    def read(self, name: str, out: np.ndarray, t0: int, t1: int) -> None:
+        out[: t1 - t0] = (self.p.tokens if name == "tokens" else self.p.scales)[t0:t1]
+
+
 def _sources(store):
-    """(token array, scales array, row slice) pieces in storage order: whole segments stay memory-mapped."""
+    """(source, scales-or-None flag, offsets, ids or None, segment) in storage order."""
     snap = store._snap
     for s, r in enumerate(snap.readers):
         live = snap.live[snap.doc_start[s] : snap.doc_start[s + 1]]
         if live.all():
-            yield r.tokens, r.scales, r.offsets, None, s
+            yield _Whole(r), r.offsets, None, s
         elif live.any():
             part = store._gather_rows(snap.doc_start[s] + np.flatnonzero(live))
-            yield part.tokens, part.scales, part.offsets, part.ids, s
+            yield _Gathered(part), part.offsets, part.ids, s
 
 
 def load_to_device(store, device, pin: bool):
@@ -39,8 +60,8 @@ def load_to_device(store, device, pin: bool):
     done = [None, None]
     lens, ids = [], []
     dst, k = 0, 0
-    for tok, sc, off, piece_ids, s in pieces:
-        n = int(tok.shape[0])
+    for src, off, piece_ids, s in pieces:
+        n = int(src.shape[0])
         for t0 in range(0, n, CHUNK_TOKENS):
             t1 = min(n, t0 + CHUNK_TOKENS)
             if on_gpu:
@@ -48,15 +69,17 @@ def load_to_device(store, device, pin: bool):
                 if done[slot] is not None:
                     done[slot].synchronize()  # the copy that last used this staging buffer has finished
                 buf = staging[slot][: t1 - t0]
-                np.copyto(buf.numpy(), tok[t0:t1])  # disk / page cache -> pinned host
+                src.read("tokens", buf.numpy(), t0, t1)  # disk / page cache -> pinned host
                 tokens[dst + t0 : dst + t1].copy_(buf, non_blocking=True)
                 done[slot] = torch.cuda.Event()
                 done[slot].record()
                 k += 1
             else:
-                np.copyto(tokens[dst + t0 : dst + t1].numpy(), tok[t0:t1])
+                src.read("tokens", tokens[dst + t0 : dst + t1].numpy(), t0, t1)
         if scales is not None:
-            scales[dst : dst + n].copy_(torch.from_numpy(np.array(sc)))
+            host = np.empty(n, np.float32)
+            src.read("scales", host, 0, n)
+            scales[dst : dst + n].copy_(torch.from_numpy(host))
         lens.append(np.diff(np.asarray(off)))
         if piece_ids is None:
             r = snap.readers[s]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mvdb.errors import DuplicateIdError, InvalidInputError, InvalidTypeError
+from mvdb.storage._io import POOL
 
 FP16_MAX = 65504.0
 
@@ -105,8 +106,9 @@ def _nonfinite_rows(chunk: np.ndarray) -> np.ndarray:
 def convert(tokens: np.ndarray, lengths: np.ndarray, dtype: str, chunk: int = 1 << 18) -> tuple[np.ndarray, np.ndarray | None]:
     """Check finiteness and convert to the stored dtype (float16, or int8 + per-token scales), in chunks."""
     if tokens.dtype.kind == "f":
-        for r0 in range(0, tokens.shape[0], chunk):
-            bad = _nonfinite_rows(tokens[r0 : r0 + chunk])
+        starts = range(0, tokens.shape[0], chunk)
+        found = POOL.map(lambda r0: _nonfinite_rows(tokens[r0 : r0 + chunk]), starts)  # numpy releases the GIL
+        for r0, bad in zip(starts, found):
             if bad.any():
                 doc, tok = _doc_of_row(lengths, r0 + int(np.argmax(bad)))
                 raise InvalidInputError(f"document {doc}: contains NaN or Inf (token {tok})")

@@ -73,13 +73,15 @@ class VerifyReport:
         return head + ("OK" if self.ok else f"{len(self.problems)} problem(s)\n  " + "\n  ".join(self.problems))
 
 
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenation of arange(s, s + l) for each (s, l), vectorised."""
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    base = np.repeat(starts - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
-    return base + np.arange(total, dtype=np.int64)
+def _runs(src: np.ndarray, dst: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Merge copies (src[i] -> dst[i], n[i] rows) that continue each other on both sides into runs."""
+    if len(src) == 0:
+        return src, dst, n
+    cont = np.zeros(len(src), bool)
+    cont[1:] = (src[1:] == src[:-1] + n[:-1]) & (dst[1:] == dst[:-1] + n[:-1])
+    head = np.flatnonzero(~cont)
+    total = np.add.reduceat(n, head)
+    return src[head], dst[head], total
 
 
 class _Snapshot:
@@ -488,11 +490,10 @@ class Store:
         for s in np.unique(seg):
             sel = np.flatnonzero(seg == s)
             r = snap.readers[s]
-            src = _ranges(r.offsets[local[sel]], lengths[sel])
-            dst = _ranges(out_off[sel], lengths[sel])
-            tokens[dst] = r.tokens[src]
+            src, dst, n = _runs(r.offsets[local[sel]], out_off[sel], lengths[sel])
+            r.read_runs("tokens", tokens, src, dst, n)
             if scales is not None:
-                scales[dst] = r.scales[src]
+                r.read_runs("scales", scales, src, dst, n)
             k = r.ids[local[sel]]
             if keys is None:
                 keys = np.empty(len(rows), dtype=k.dtype if k.dtype.kind != "S" else object)
