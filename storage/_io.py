@@ -11,6 +11,8 @@ from mvdb.errors import DatabaseLockedError
 
 # Threads for work that releases the GIL: checksums, pwrite, numpy checks over chunks.
 POOL = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2) + 1, thread_name_prefix="mvdb-io")
+# Reads wait on the disk more than on a core: more in flight than there are cores.
+READ_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="mvdb-read")
 
 
 def fsync_file(path: str) -> None:

@@ -14,7 +14,7 @@ import zlib
 import h5py
 import numpy as np
 
-from mvdb.storage._io import POOL
+from mvdb.storage._io import POOL, READ_POOL
 from mvdb.storage._io import fsync_file
 
 SEGMENT_VERSION = 1
@@ -135,11 +135,11 @@ class SegmentReader:
                         raise OSError(f"{self.path}: short read at byte {pos}")
                     view, pos = view[got:], pos + got
 
-        step = 128
+        step = 64
         if len(src) <= step:
             work(0, len(src))
         else:
-            for f in [POOL.submit(work, lo, lo + step) for lo in range(0, len(src), step)]:
+            for f in [READ_POOL.submit(work, lo, lo + step) for lo in range(0, len(src), step)]:
                 f.result()
 
     def metadata(self, rows: np.ndarray) -> list:

@@ -270,12 +270,7 @@ class Store:
         manifest = read_manifest(self.path)
         if manifest["generation"] == self.generation:
             return False
-        old = self._snap
-        self._snap = self._open_snapshot(manifest)
-        keep = {id(r) for r in self._snap.readers}
-        for r in old.readers:
-            if id(r) not in keep:
-                r.close()
+        self._snap_swap(manifest)
         return True
 
     # ---- writes
@@ -374,6 +369,7 @@ class Store:
             fsync_dir(os.path.join(self.path, SEGMENTS))
 
     def _snap_swap(self, manifest: dict) -> None:
+        """Open ``manifest``'s snapshot and close the segments it no longer names."""
         old = self._snap
         self._snap = self._open_snapshot(manifest)
         keep = {id(r) for r in self._snap.readers}
