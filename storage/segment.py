@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 
 from mvdb.storage._io import POOL, READ_POOL
-from mvdb.storage._io import fsync_file
+from mvdb.storage._io import fsync_file, start_writeback
 
 SEGMENT_VERSION = 1
 _WRITE_CHUNK = 64 << 20
@@ -38,9 +38,11 @@ def _empty_contiguous(f: h5py.File, name: str, arr: np.ndarray) -> int:
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    start, size = offset, len(data)
     while data:
         n = os.pwrite(fd, data, offset)
         data, offset = data[n:], offset + n
+    start_writeback(fd, start, size)
 
 
 def write_segment(
