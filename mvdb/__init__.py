@@ -21,7 +21,13 @@ from mvdb.errors import (
 
 __version__ = "0.1.0"
 
+from mvdb.database import Database, Hit, open, rerank  # noqa: E402,A004
+
 __all__ = [
+    "Database",
+    "Hit",
+    "open",
+    "rerank",
     "CorruptionError",
     "DatabaseLockedError",
     "DeviceMismatchError",
