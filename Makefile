@@ -3,13 +3,16 @@ PYTHON ?= python3
 # torch==2.13.0 is a CPU build on the dev/CI machines; elsewhere any torch >= 2.4 works.
 TORCH ?= torch==2.13.0
 
-.PHONY: install demo test test-gpu bench-kernels
+.PHONY: install install-demo demo test test-gpu bench-kernels
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
 	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev]"
 
-demo: install
+install-demo: install
+	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev,demo]"
+
+demo: install-demo
 	$(PYTHON) -m mvdb demo
 
 test: install

@@ -15,16 +15,22 @@ def main() -> None:
 
 @main.command()
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, or auto (cuda when present).")
-@click.option("--docs", default=2000, show_default=True, help="Documents in the corpus of the varlen demo.")
-@click.option("--seed", default=0, show_default=True)
-def demo(device: str, docs: int, seed: int) -> None:
-    """Score realistic shapes with the fused MaxSim kernels and print timings.
+@click.option("--docs", default=300, show_default=True, help="Man pages to index (at most 300).")
+@click.option("--path", default=None, help="Database directory to build (default: a temporary one).")
+@click.option("--kernels", is_flag=True, help="Run the kernel-only demo instead (synthetic shapes).")
+def demo(device: str, docs: int, path: str | None, kernels: bool) -> None:
+    """Embed man pages with MiniLM, build a database, search it, and check recall.
 
-    Example: mvdb demo --docs 5000
+    Example: mvdb demo --docs 100
     """
-    from mvdb.demo import run_kernel_demo
+    if kernels:
+        from mvdb.demo import run_kernel_demo
 
-    run_kernel_demo(device=device, n_docs=docs, seed=seed, echo=click.echo)
+        run_kernel_demo(device=device, echo=click.echo)
+        return
+    from mvdb.demo import run_demo
+
+    run_demo(path=path, n_docs=docs, device=device, echo=click.echo)
 
 
 if __name__ == "__main__":
