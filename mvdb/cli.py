@@ -2,15 +2,163 @@
 
 from __future__ import annotations
 
+import json
+import sys
+import time
+
 import click
+import numpy as np
 
 from mvdb import __version__
+from mvdb.errors import MvdbError
+
+QUIET = click.option("--quiet", "-q", is_flag=True, help="No progress bars or summaries.")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mvdb")
 def main() -> None:
     """mvdb: multi-vector (late-interaction) retrieval with fused MaxSim kernels."""
+
+
+def _fail(e: Exception) -> None:
+    click.echo(f"Error: {e}", err=True)
+    sys.exit(1)
+
+
+@main.command()
+@click.argument("db")
+@click.argument("sources", nargs=-1, required=True)
+@click.option("--dtype", type=click.Choice(["float16", "int8"]), default=None,
+              help="Storage dtype of a new database (default float16).")
+@click.option("--batch", default=10_000, show_default=True, help="Documents per committed batch.")
+@QUIET
+def ingest(db: str, sources: tuple[str, ...], dtype: str | None, batch: int, quiet: bool) -> None:
+    """Add document embeddings from files to DB (created if missing).
+
+    SOURCES: packed X.npy + X.lengths.npy, .npz / .safetensors / .h5 with 'tokens' and 'lengths'
+    (optional 'ids'), or a directory of per-document .npy files. Documents whose id is already
+    stored are skipped, so an interrupted ingest can be re-run.
+
+    Example: mvdb ingest my.mvdb docs.npz more_docs/
+    """
+    from mvdb.ingest import read_source
+    from mvdb.storage import Store
+
+    try:
+        with Store(db, dtype=dtype) as st:
+            added = skipped = tokens_added = 0
+            t0 = time.perf_counter()
+            for src in sources:
+                n, batches = read_source(src, batch)
+                rate = {"text": ""}
+                with click.progressbar(length=n, label=src, show_pos=True, file=sys.stderr,
+                                       item_show_func=lambda _: rate["text"], hidden=quiet) as bar:
+                    for ids, toks, lens in batches:
+                        keep = ~st.contains(ids)
+                        if keep.any():
+                            st.add_packed(toks[np.repeat(keep, lens)], lens[keep], ids=[i for i, k in zip(ids, keep) if k])
+                        added += int(keep.sum())
+                        skipped += int((~keep).sum())
+                        tokens_added += int(lens[keep].sum())
+                        dt = max(time.perf_counter() - t0, 1e-9)
+                        rate["text"] = f"{added / dt:,.0f} docs/s, {tokens_added / dt:,.0f} tokens/s"
+                        bar.update(len(ids))
+            if not quiet:
+                dt = time.perf_counter() - t0
+                click.echo(f"ingested {added} documents ({tokens_added:,} tokens) in {dt:.1f} s; "
+                           f"skipped {skipped} already stored; {len(st)} in {db}")
+    except (MvdbError, OSError) as e:
+        _fail(e)
+
+
+@main.command()
+@click.argument("db")
+@click.argument("queries")
+@click.option("-k", default=10, show_default=True, help="Hits per query.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON list of [id, score] per query.")
+def search(db: str, queries: str, k: int, as_json: bool) -> None:
+    """Search DB with query embeddings from a .npy file ([Lq, dim] or [Nq, Lq, dim]).
+
+    Example: mvdb search my.mvdb query.npy -k 5
+    """
+    import mvdb
+
+    try:
+        q = np.load(queries)
+        with mvdb.open(db, read_only=True) as d:
+            hits = d.search(q, k=k)
+    except (MvdbError, OSError, ValueError) as e:
+        _fail(e)
+    batch = hits if q.ndim == 3 else [hits]
+    for i, row in enumerate(batch):
+        if as_json:
+            click.echo(json.dumps([[h.id, h.score] for h in row]))
+        else:
+            click.echo(f"query {i}: " + ", ".join(f"{h.id} ({h.score:.4f})" for h in row))
+
+
+@main.command()
+@click.argument("db")
+@click.option("--json", "as_json", is_flag=True)
+def info(db: str, as_json: bool) -> None:
+    """Show what DB holds.
+
+    Example: mvdb info my.mvdb
+    """
+    from mvdb.storage import Store
+
+    try:
+        with Store(db, read_only=True) as st:
+            m = st.manifest
+            out = {"path": db, "documents": len(st), "dim": m["dim"], "dtype": m["dtype"], "id_type": m["id_type"],
+                   "segments": len(m["segments"]), "tokens": sum(s["n_tokens"] for s in m["segments"]),
+                   "deleted": sum(len(s["deleted"]) for s in m["segments"]), "generation": m["generation"],
+                   "bytes": sum(s["file_size"] for s in m["segments"])}
+    except (MvdbError, OSError) as e:
+        _fail(e)
+    if as_json:
+        click.echo(json.dumps(out))
+    else:
+        for key, value in out.items():
+            click.echo(f"{key}: {value}")
+
+
+@main.command()
+@click.argument("db")
+def verify(db: str) -> None:
+    """Check every checksum, offset and the manifest of DB; changes nothing. Exit 1 on problems.
+
+    Example: mvdb verify my.mvdb
+    """
+    from mvdb.storage import Store
+
+    try:
+        with Store(db, read_only=True) as st:
+            report = st.verify()
+    except (MvdbError, OSError) as e:
+        _fail(e)
+    click.echo(str(report))
+    sys.exit(0 if report.ok else 1)
+
+
+@main.command()
+@click.argument("db")
+@QUIET
+def compact(db: str, quiet: bool) -> None:
+    """Rewrite segments without deleted documents and merge small ones (ids are kept).
+
+    Example: mvdb compact my.mvdb
+    """
+    from mvdb.storage import Store
+
+    try:
+        with Store(db) as st:
+            n = st.compact()
+            if not quiet:
+                click.echo(f"rewrote {n} segments; {len(st)} documents in {len(st.manifest['segments'])} segments")
+    except (MvdbError, OSError) as e:
+        _fail(e)
 
 
 @main.command()

@@ -251,6 +251,13 @@ class Store:
         key = self._keys([doc_id], check_type=False)
         return bool(key is not None and self._snap.find(key)[1].all())
 
+    def contains(self, ids) -> np.ndarray:
+        """Bool mask: which of ``ids`` are live (ids of the other type are simply absent)."""
+        keys = self._keys(ids, check_type=False)
+        if keys is None:
+            return np.zeros(len(list(ids)), bool)
+        return self._snap.find(keys)[1]
+
     def __enter__(self) -> "Store":
         return self
 
