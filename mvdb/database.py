@@ -13,6 +13,7 @@ query are scored exactly by ``maxsim_candidates`` over the resident CSR store.
 
 from __future__ import annotations
 
+from json import loads as json_loads
 from typing import NamedTuple
 
 import numpy as np
@@ -251,12 +252,33 @@ class Database:
             "generation": m["generation"],
         }
 
+    def _allowed(self, where: dict) -> torch.Tensor:
+        """Rows whose metadata match ``where`` ({field: value} or {field: {"$in": [...]}}, all must hold)."""
+        if not isinstance(where, dict) or not where:
+            raise InvalidTypeError(f"where: expected a non-empty dict of field conditions, got {where!r}")
+        conds = []
+        for field, cond in where.items():
+            if isinstance(cond, dict):
+                if set(cond) != {"$in"} or not isinstance(cond["$in"], (list, tuple)):
+                    raise InvalidInputError(f"where[{field!r}]: expected a value or {{'$in': [values]}}, got {cond!r}")
+                conds.append((field, list(cond["$in"])))
+            else:
+                conds.append((field, [cond]))
+        if getattr(self, "_meta_gen", None) != self._generation:
+            n = int(self._row_ids.shape[0])
+            self._meta = [json_loads(m) for m in self.store._metadata_rows(np.arange(n))] if n else []
+            self._meta_gen = self._generation
+        ok = [isinstance(m, dict) and all(f in m and m[f] in vals for f, vals in conds) for m in self._meta]
+        return torch.tensor(ok, dtype=torch.bool, device=self.device) & self._live
+
     def search(self, queries, k: int = 10, where=None, *, n_candidates: int | None = None,
                k_tokens: int | None = None):
-        """Top-k documents by exact MaxSim among the token index's candidates."""
+        """Top-k documents by exact MaxSim among the token index's candidates.
+
+        ``where`` filters on metadata: {"lang": "en"} or {"lang": {"$in": ["en", "fr"]}}; when the
+        candidates hold fewer than k matches but more exist, matching documents are scored exactly.
+        """
         _check_k(k)
-        if where is not None:
-            raise NotImplementedError("where= filters are not implemented yet (issue #4)")
         if not len(self.store):
             q, cu, single = _queries(queries, self.dim or 0, self.device) if self.dim else (None, None, True)
             return [] if single else [[] for _ in range(cu.numel() - 1)]
@@ -267,9 +289,20 @@ class Database:
         sims, pos = self._index.search(q, kk)
         rows = torch.searchsorted(self._row_offsets, pos.to(self.device), right=True) - 1
         rows = torch.where(pos >= 0, rows, torch.full_like(rows, -1))
-        cand = approximate_candidates(sims.to(self.device), rows, self._live, cu_q, n_cand)
+        live = self._live if where is None else self._allowed(where)
+        cand = approximate_candidates(sims.to(self.device), rows, live, cu_q, n_cand)
         scores = maxsim_candidates(q, cu_q, self._tokens, self._row_offsets, cand, self._scales, check=False)
         hits = _hits(scores, cand, self._row_ids, k)
+        n_match = int(live.sum())
+        short = [i for i, h in enumerate(hits) if len(h) < min(k, n_match)]
+        if short:
+            # Filters can leave too few candidates: score every matching document for those queries.
+            allowed = torch.nonzero(live).flatten()
+            for i in short:
+                qi = q[int(cu_q[i]) : int(cu_q[i + 1])]
+                cu = torch.tensor([0, qi.shape[0]], dtype=torch.int32, device=self.device)
+                s = maxsim_candidates(qi, cu, self._tokens, self._row_offsets, allowed[None], self._scales, check=False)
+                hits[i] = _hits(s, allowed[None], self._row_ids, k)[0]
         return hits[0] if single else hits
 
     def rerank(self, queries, candidate_ids, k: int | None = None):

@@ -159,3 +159,22 @@ def test_reader_refresh_sees_new_documents(db, tmp_path):
 
 def test_empty_database_search(db):
     assert db.search(np.ones((2, DIM), np.float32)) == []
+
+
+def test_where_filters_return_k_hits_when_k_match(db):
+    docs = _corpus(120)
+    langs = ["en", "fr", "de"]
+    db.add(docs, metadata=[{"lang": langs[i % 3], "n": i} if i != 5 else None for i in range(120)])
+    q = _query(docs[0], np.random.default_rng(7))
+    hits = db.search(q, k=10, where={"lang": "fr"})
+    assert len(hits) == 10 and all(h.id % 3 == 1 for h in hits)
+    hits = db.search(q, k=10, where={"lang": {"$in": ["de", "fr"]}})
+    assert len(hits) == 10 and all(h.id % 3 != 0 for h in hits)
+    # a rare value: only 2 documents match, far from the query: both are still returned
+    hits = db.search(q, k=10, where={"n": {"$in": [77, 101]}})
+    assert sorted(h.id for h in hits) == [77, 101]
+    assert db.search(q, k=3, where={"lang": "xx"}) == []
+    with pytest.raises(InvalidInputError, match=r"where\['lang'\]: expected a value or"):
+        db.search(q, where={"lang": {"$regex": "e"}})
+    with pytest.raises(InvalidTypeError, match="where: expected a non-empty dict"):
+        db.search(q, where=["lang"])
