@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: install this tree and the peer wheels, then run the steps named.
 #   bash benchmarks/gpu_session.sh tests bench:a,b,c sweep:b storage:1000000
-# Logs and JSON go to $OUT (the device tool brings them back).
+# Logs and JSON go to $OUT (the device tool brings them back). FAISS GPU: carry .gpu and run
+#   source .gpu/env.sh && bash benchmarks/gpu_session.sh dbtests e2e:100000
 set -uo pipefail
 OUT=${OUT:-/tmp/mvdb-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site
+        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
@@ -18,6 +19,8 @@ for step in "$@"; do
         tests) MVDB_AUTOTUNE=0 timeout 300 python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/tests.log" | tail -15 ;;
         bench:*) timeout 480 python3 benchmarks/kernels.py --cases "${step#bench:}" --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
         sweep:*) timeout 480 python3 benchmarks/kernels.py --sweep --no-peers --cases "${step#sweep:}" --out "$OUT" 2>&1 | tee -a "$OUT/sweep.log" ;;
+        dbtests) timeout 400 python3 -m pytest -q tests/test_database.py tests/test_cli.py 2>&1 | tee "$OUT/dbtests.log" | tail -15 ;;
+        e2e:*) timeout 400 python3 benchmarks/e2e.py --docs "${step#e2e:}" --out "$OUT" 2>&1 | tee -a "$OUT/e2e.log" ;;
         storage:*) df -h /tmp | tail -1; timeout 540 python3 benchmarks/storage.py --docs "${step#storage:}" \
                        --path /tmp/mvdb-bench.mvdb --out "$OUT" 2>&1 | tee -a "$OUT/storage.log" ;;
         *) echo "unknown step $step" ;;

@@ -27,7 +27,7 @@ from mvdb.storage._validate import decode_id
 
 
 # Defaults chosen so that nobody needs to tune them (see tests/test_database.py recall test).
-DEFAULT_K_TOKENS = 128  # nearest stored tokens per query token
+DEFAULT_K_TOKENS = 512  # nearest stored tokens per query token (128 gave recall@10 0.83 on the synthetic corpus)
 DEFAULT_CANDIDATES = 256  # documents reranked exactly per query
 
 
