@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from mvdb.errors import InvalidInputError, InvalidTypeError
-from mvdb.index import TokenIndex, approximate_candidates
+from mvdb.index import DEFAULT_NPROBE, TokenIndex, approximate_candidates
 from mvdb.kernels import maxsim_candidates, maxsim_varlen
 from mvdb.storage import Store
 from mvdb.storage._validate import decode_id
@@ -105,8 +105,11 @@ def _hits(scores: torch.Tensor, rows: torch.Tensor, ids: np.ndarray, k: int | No
 class Database:
     """See the module docstring; create with :func:`mvdb.open`."""
 
-    def __init__(self, path, *, dim=None, dtype="float16", device="auto", read_only=False):
+    def __init__(self, path, *, dim=None, dtype="float16", device="auto", read_only=False, index="auto"):
         self.device = _device(device)
+        if index not in ("auto", "flat", "ivf"):
+            raise InvalidInputError(f"index: expected 'auto', 'flat' or 'ivf', got {index!r}")
+        self.index_kind = index
         self.store = Store(path, dim=dim, dtype=None if dtype is None else dtype, read_only=read_only)
         try:
             self._build()
@@ -131,7 +134,7 @@ class Database:
         n_tokens = sum(r.n_tokens for r in readers)
         self._tokens = torch.empty((n_tokens, dim), dtype=tdtype, device=self.device)
         self._scales = torch.empty(n_tokens, dtype=torch.float32, device=self.device) if tdtype == torch.int8 else None
-        self._index = TokenIndex(dim, self.device) if dim else None
+        self._index = None
         lens, t0 = [], 0
         for r in readers:
             self._append_segment(r, t0)
@@ -142,6 +145,7 @@ class Database:
         self._row_ids = np.concatenate([r.ids for r in readers]) if readers else np.zeros(0, np.int64)
         self._live = torch.from_numpy(snap.live.copy()).to(self.device)
         self._generation = self.store.generation
+        self._index = TokenIndex.build(self._tokens, self._scales, self.device, self.index_kind)
 
     def _append_segment(self, r, t0: int) -> None:
         host = np.empty(r.tokens.shape, dtype=r.tokens.dtype)
@@ -153,10 +157,6 @@ class Database:
             sc = np.empty(r.n_tokens, np.float32)
             r.read_runs("scales", sc, one * 0, one * 0, one * r.n_tokens)
             self._scales[t0 : t0 + r.n_tokens] = torch.from_numpy(sc).to(self.device)
-            tokens = tokens.float() * torch.from_numpy(sc)[:, None]
-        if self._index is None:
-            self._index = TokenIndex(r.tokens.shape[1], self.device)
-        self._index.add(tokens)
 
     def _sync(self) -> None:
         if self.store.generation != self._generation:
@@ -200,11 +200,12 @@ class Database:
         self._tokens = torch.cat([self._tokens, self._tokens.new_empty((extra, self._tokens.shape[1]))])
         if self._scales is not None:
             self._scales = torch.cat([self._scales, self._scales.new_empty(extra)])
-        lens = []
+        lens, first_new = [], t0
         for r in new:
             self._append_segment(r, t0)
             t0 += r.n_tokens
             lens.append(np.diff(r.offsets))
+        self._index.add_stored(self._tokens, self._scales, start=first_new)  # no retraining
         ends = self._row_offsets[-1] + torch.from_numpy(np.cumsum(np.concatenate(lens))).to(self.device)
         self._row_offsets = torch.cat([self._row_offsets, ends])
         self._row_ids = np.concatenate([self._row_ids] + [r.ids for r in new])
@@ -248,7 +249,7 @@ class Database:
             "segments": len(m["segments"]),
             "deleted": sum(len(s["deleted"]) for s in m["segments"]),
             "device": str(self.device),
-            "index": "flat",
+            "index": self._index.kind if self._index is not None else None,
             "generation": m["generation"],
         }
 
@@ -272,7 +273,7 @@ class Database:
         return torch.tensor(ok, dtype=torch.bool, device=self.device) & self._live
 
     def search(self, queries, k: int = 10, where=None, *, n_candidates: int | None = None,
-               k_tokens: int | None = None):
+               k_tokens: int | None = None, nprobe: int | None = None):
         """Top-k documents by exact MaxSim among the token index's candidates.
 
         ``where`` filters on metadata: {"lang": "en"} or {"lang": {"$in": ["en", "fr"]}}; when the
@@ -286,6 +287,7 @@ class Database:
         q, cu_q, single = _queries(queries, self.dim, self.device)
         n_cand = n_candidates or max(DEFAULT_CANDIDATES, 8 * k)
         kk = min(k_tokens or DEFAULT_K_TOKENS, self._index.ntotal)
+        self._index.nprobe = nprobe or DEFAULT_NPROBE
         sims, pos = self._index.search(q, kk)
         rows = torch.searchsorted(self._row_offsets, pos.to(self.device), right=True) - 1
         rows = torch.where(pos >= 0, rows, torch.full_like(rows, -1))
@@ -325,9 +327,10 @@ class Database:
         return hits[0] if single else hits
 
 
-def open(path, *, dim=None, dtype="float16", device="auto", read_only=False) -> Database:  # noqa: A001
-    """Open (or create) a database directory. ``dtype``: "float16" or "int8" for new databases."""
-    return Database(path, dim=dim, dtype=dtype, device=device, read_only=read_only)
+def open(path, *, dim=None, dtype="float16", device="auto", read_only=False, index="auto") -> Database:  # noqa: A001
+    """Open (or create) a database directory. ``dtype``: "float16" or "int8" for new databases;
+    ``index``: "flat" (exact), "ivf", or "auto" (flat below 4M tokens)."""
+    return Database(path, dim=dim, dtype=dtype, device=device, read_only=read_only, index=index)
 
 
 def rerank(query, docs, k: int | None = None) -> list[Hit]:

@@ -2,8 +2,8 @@
 
 Token positions in the index follow the store's row order (every row of every segment, deleted
 ones included, masked at query time), so a hit's token position maps to its document row through
-the row offsets. Derived data: it can always be rebuilt from the segments, and is persisted next
-to them so that opening neither retrains nor re-adds.
+the row offsets. Derived data: it is rebuilt from the resident tokens when a database opens
+(persisting it with the manifest is still to do).
 """
 
 from __future__ import annotations
@@ -29,62 +29,96 @@ def gpu_available() -> bool:
     return faiss is not None and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
-class TokenIndex:
-    """Exact inner-product index (IndexFlatIP) over float32 token vectors."""
+FLAT_MAX_TOKENS = 4_000_000  # exact search below this many tokens, IVF above
+DEFAULT_NPROBE = 32
 
-    def __init__(self, dim: int, device: torch.device):
+
+def _float_chunks(tokens: torch.Tensor, scales: torch.Tensor | None, start: int = 0, chunk: int = 1 << 20):
+    """float32 views of stored tokens (int8 dequantized), chunk by chunk, on the tokens' device."""
+    for t0 in range(start, tokens.shape[0], chunk):
+        x = tokens[t0 : t0 + chunk].float()
+        if scales is not None:
+            x = x * scales[t0 : t0 + chunk, None]
+        yield x.contiguous()
+
+
+def default_nlist(n_tokens: int) -> int:
+    """About 2 * sqrt(N) lists (a power of two, at most 65536, at least 39 tokens each): adding
+    costs N x nlist dot products, so more lists trade build time for search time."""
+    n = 1
+    while n < 2 * n_tokens**0.5 and n < 65536 and 2 * n * 39 <= n_tokens:
+        n *= 2
+    return n
+
+
+class TokenIndex:
+    """FAISS inner-product index over token vectors: exact (flat) while small, IVF with an fp16
+    scalar quantizer once large (trained on a sample). Lives on the GPU when faiss-gpu and CUDA are
+    present; token positions follow the order tokens were added in."""
+
+    def __init__(self, dim: int, device: torch.device, kind: str = "flat", nlist: int = 0):
         _require_faiss()
-        self.dim = dim
-        self.device = device
-        self._cpu = faiss.IndexFlatIP(dim)
-        self._gpu = None
+        self.dim, self.device, self.kind, self.nlist = dim, device, kind, nlist
+        self.nprobe = DEFAULT_NPROBE
         self._res = None
+        if kind == "flat":
+            cpu = faiss.IndexFlatIP(dim)
+        else:
+            cpu = faiss.index_factory(dim, f"IVF{nlist},SQfp16", faiss.METRIC_INNER_PRODUCT)
+        if device.type == "cuda" and gpu_available():
+            self._res = faiss.StandardGpuResources()
+            self.index = faiss.index_cpu_to_gpu(self._res, device.index or 0, cpu)
+        else:
+            self.index = cpu
+
+    @property
+    def on_gpu(self) -> bool:
+        return self._res is not None
 
     @property
     def ntotal(self) -> int:
-        return int(self._cpu.ntotal)
-
-    def _search_index(self):
-        if self.device.type == "cuda" and gpu_available():
-            if self._gpu is None:
-                self._res = faiss.StandardGpuResources()
-                self._gpu = faiss.index_cpu_to_gpu(self._res, self.device.index or 0, self._cpu)
-            return self._gpu
-        return self._cpu
-
-    def add(self, tokens: torch.Tensor) -> None:
-        """Append token vectors (any float dtype, any device) in row order."""
-        x = tokens.float().cpu().contiguous()
-        self._cpu.add(x)
-        if self._gpu is not None:
-            self._gpu.add(tokens.float().contiguous() if tokens.is_cuda else x)
-
-    def search(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(similarities [n, k], token positions [n, k]) for query tokens q [n, dim]."""
-        index = self._search_index()
-        k = min(k, self.ntotal)
-        if index is self._gpu:
-            return index.search(q.float().contiguous(), k)
-        sims, pos = index.search(q.float().cpu().contiguous(), k)
-        return sims.to(q.device), pos.to(q.device)
-
-    def save(self, path: str) -> None:
-        tmp = f"{path}.tmp-{os.getpid()}"
-        faiss.write_index(self._cpu, tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        return int(self.index.ntotal)
 
     @classmethod
-    def load(cls, path: str, dim: int, device: torch.device) -> "TokenIndex":
-        idx = cls(dim, device)
-        idx._cpu = faiss.read_index(path)
-        if idx._cpu.d != dim:
-            raise ValueError(f"{path}: index dim {idx._cpu.d} != {dim}")
+    def build(cls, tokens: torch.Tensor, scales: torch.Tensor | None, device: torch.device,
+              kind: str = "auto", nlist: int | None = None, seed: int = 0) -> "TokenIndex":
+        """Index every stored token (rows in order); IVF training uses a seeded sample."""
+        n, dim = tokens.shape
+        if kind == "auto":
+            kind = "flat" if n < FLAT_MAX_TOKENS else "ivf"
+        nlist = nlist or default_nlist(n)
+        idx = cls(dim, device, kind, nlist if kind == "ivf" else 0)
+        if kind == "ivf":
+            g = torch.Generator(device=tokens.device).manual_seed(seed)
+            take = torch.randperm(n, device=tokens.device, generator=g)[: min(n, 40 * nlist)]
+            sample = tokens[take].float()
+            if scales is not None:
+                sample = sample * scales[take, None]
+            idx.train(sample)
+        idx.add_stored(tokens, scales)
         return idx
+
+    def _arg(self, x: torch.Tensor) -> torch.Tensor:
+        return x.float().contiguous() if self.on_gpu and x.is_cuda else x.float().cpu().contiguous()
+
+    def train(self, sample: torch.Tensor) -> None:
+        self.index.train(self._arg(sample))
+
+    def add_stored(self, tokens: torch.Tensor, scales: torch.Tensor | None, start: int = 0) -> None:
+        """Append stored tokens[start:] (float16, or int8 with scales) in row order."""
+        for x in _float_chunks(tokens, scales, start):
+            self.index.add(self._arg(x))
+
+    def search(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(similarities [n, k], token positions [n, k], -1 where fewer were found) for q [n, dim]."""
+        k = min(k, self.ntotal, 2048)
+        if self.kind == "ivf":
+            if self.on_gpu:
+                self.index.nprobe = self.nprobe
+            else:
+                faiss.extract_index_ivf(self.index).nprobe = self.nprobe
+        sims, pos = self.index.search(self._arg(q), k)
+        return sims.to(q.device), pos.to(q.device)
 
 
 def approximate_candidates(
@@ -108,8 +142,11 @@ def approximate_candidates(
     if tq == 0 or kk == 0:
         return torch.full((nq, n_candidates), -1, dtype=torch.int64, device=device)
     query_of_token = torch.repeat_interleave(torch.arange(nq, device=device), (cu_q[1:] - cu_q[:-1]).long())
-    gain = (sims - sims[:, -1:]).clamp_min(0)  # [Tq, k']
-    ok = live[rows.clamp_min(0)] & (rows >= 0)
+    found = rows >= 0  # an IVF probe can return fewer than k' tokens (position -1)
+    kth = torch.where(found, sims, torch.full_like(sims, float("inf"))).amin(dim=1, keepdim=True)
+    kth = torch.where(torch.isinf(kth), torch.zeros_like(kth), kth)  # the imputed similarity per token
+    gain = torch.where(found, sims - kth, torch.zeros_like(sims)).clamp_min(0)  # [Tq, k']
+    ok = live[rows.clamp_min(0)] & found
     n_rows = live.numel()
     tok = torch.arange(tq, device=device)[:, None].expand(tq, kk)
     # best gain per (query token, row): several tokens of one document may be retrieved

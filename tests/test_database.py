@@ -178,3 +178,16 @@ def test_where_filters_return_k_hits_when_k_match(db):
         db.search(q, where={"lang": {"$regex": "e"}})
     with pytest.raises(InvalidTypeError, match="where: expected a non-empty dict"):
         db.search(q, where=["lang"])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_ivf_index_search_and_incremental_add(tmp_path, dtype):
+    docs = _corpus(300, seed=9)
+    rng = np.random.default_rng(10)
+    with mvdb.open(tmp_path / "db", dtype=dtype, index="ivf") as db:
+        db.add(docs[:200])
+        assert db.stats()["index"] == "ivf"
+        db.add(docs[200:])  # appended to the trained index, no retraining
+        assert db._index.ntotal == db.stats()["tokens"]
+        first = [db.search(_query(docs[i], rng), k=5, nprobe=64)[0].id == i for i in range(0, 300, 30)]
+        assert sum(first) >= 9
