@@ -1,0 +1,1 @@
+"""Adapters that let other libraries use mvdb (PyLate)."""

@@ -1,0 +1,56 @@
+"""The PyLate adapter, against the real pylate package (retrieve.ColBERT and rank.rerank)."""
+
+import numpy as np
+import pytest
+
+pylate = pytest.importorskip("pylate")
+from pylate import rank, retrieve  # noqa: E402
+
+from mvdb.integrations.pylate import MvdbIndex  # noqa: E402
+
+DIM = 24
+
+
+def _embeddings(n, seed):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        x = rng.standard_normal((int(rng.integers(3, 15)), DIM))
+        out.append((x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32))
+    return out
+
+
+def test_colbert_retriever_end_to_end(tmp_path):
+    docs = _embeddings(40, 0)
+    ids = [f"doc-{i}" for i in range(40)]
+    index = MvdbIndex(index_folder=str(tmp_path), index_name="t", override=True, device="cpu")
+    assert index.add_documents(documents_ids=ids, documents_embeddings=docs) is index
+    retriever = retrieve.ColBERT(index=index)
+    queries = [docs[3][:4], docs[17][:5]]
+    results = retriever.retrieve(queries_embeddings=queries, k=3)
+    assert [r[0]["id"] for r in results] == ["doc-3", "doc-17"]
+    assert all(set(r[0]) == {"id", "score"} for r in results)
+    # the same scores as PyLate's own exact reranking of those documents
+    want = rank.rerank(documents_ids=[["doc-3", "doc-17"]], queries_embeddings=[queries[0]],
+                       documents_embeddings=[[docs[3], docs[17]]], device="cpu")[0]
+    got = {r["id"]: r["score"] for r in index(queries[:1], k=40)[0]}
+    for w in want:
+        assert got[w["id"]] == pytest.approx(float(w["score"]), rel=2e-3)
+
+
+def test_subset_remove_and_embeddings(tmp_path):
+    docs = _embeddings(20, 1)
+    index = MvdbIndex(index_folder=str(tmp_path), index_name="t", override=True, device="cpu")
+    index.add_documents([str(i) for i in range(20)], docs)
+    q = docs[5][:3]
+    only = index([q], k=5, subset=["2", "9", "missing"])[0]
+    assert {r["id"] for r in only} == {"2", "9"}
+    per_query = index([q, q], k=5, subset=[["5"], ["1", "5"]])
+    assert [r["id"] for r in per_query[0]] == ["5"] and per_query[1][0]["id"] == "5"
+    index.remove_documents(["5"])
+    assert "5" not in [r["id"] for r in index([q], k=20)[0]]
+    emb = index.get_documents_embeddings([["3", "4"], []])
+    assert len(emb[0]) == 2 and emb[1] == []
+    np.testing.assert_allclose(emb[0][0], docs[3].astype(np.float16).astype(np.float32))
+    index.add_documents(["3"], [docs[0]])  # re-adding an id replaces the document
+    np.testing.assert_allclose(index.get_documents_embeddings([["3"]])[0][0], docs[0].astype(np.float16).astype(np.float32))
