@@ -130,33 +130,12 @@ class Database:
             self._live = torch.zeros(0, dtype=torch.bool, device=self.device)
             self._generation = self.store.generation
             return
-        tdtype = torch.int8 if self.store.dtype == "int8" else torch.float16
-        n_tokens = sum(r.n_tokens for r in readers)
-        self._tokens = torch.empty((n_tokens, dim), dtype=tdtype, device=self.device)
-        self._scales = torch.empty(n_tokens, dtype=torch.float32, device=self.device) if tdtype == torch.int8 else None
-        self._index = None
-        lens, t0 = [], 0
-        for r in readers:
-            self._append_segment(r, t0)
-            lens.append(np.diff(r.offsets))
-            t0 += r.n_tokens
-        lengths = np.concatenate(lens) if lens else np.zeros(0, np.int64)
-        self._row_offsets = torch.from_numpy(np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)).to(self.device)
+        whole = self.store.load_all(device=self.device, include_deleted=True)
+        self._tokens, self._scales, self._row_offsets = whole.tokens, whole.scales, whole.offsets
         self._row_ids = np.concatenate([r.ids for r in readers]) if readers else np.zeros(0, np.int64)
         self._live = torch.from_numpy(snap.live.copy()).to(self.device)
         self._generation = self.store.generation
         self._index = TokenIndex.build(self._tokens, self._scales, self.device, self.index_kind)
-
-    def _append_segment(self, r, t0: int) -> None:
-        host = np.empty(r.tokens.shape, dtype=r.tokens.dtype)
-        one = np.ones(1, np.int64)
-        r.read_runs("tokens", host, one * 0, one * 0, one * r.n_tokens)
-        tokens = torch.from_numpy(host)
-        self._tokens[t0 : t0 + r.n_tokens] = tokens.to(self.device)
-        if self._scales is not None:
-            sc = np.empty(r.n_tokens, np.float32)
-            r.read_runs("scales", sc, one * 0, one * 0, one * r.n_tokens)
-            self._scales[t0 : t0 + r.n_tokens] = torch.from_numpy(sc).to(self.device)
 
     def _sync(self) -> None:
         if self.store.generation != self._generation:
@@ -195,19 +174,13 @@ class Database:
         if self._tokens is None or self._tokens.shape[1] != self.store.dim or not new:
             self._build()
             return out
-        t0 = self._tokens.shape[0]
-        extra = sum(r.n_tokens for r in new)
-        self._tokens = torch.cat([self._tokens, self._tokens.new_empty((extra, self._tokens.shape[1]))])
+        first_new = self._tokens.shape[0]
+        more = self.store.load_all(device=self.device, include_deleted=True, from_segment=before)
+        self._tokens = torch.cat([self._tokens, more.tokens])
         if self._scales is not None:
-            self._scales = torch.cat([self._scales, self._scales.new_empty(extra)])
-        lens, first_new = [], t0
-        for r in new:
-            self._append_segment(r, t0)
-            t0 += r.n_tokens
-            lens.append(np.diff(r.offsets))
+            self._scales = torch.cat([self._scales, more.scales])
+        self._row_offsets = torch.cat([self._row_offsets, self._row_offsets[-1] + more.offsets[1:]])
         self._index.add_stored(self._tokens, self._scales, start=first_new)  # no retraining
-        ends = self._row_offsets[-1] + torch.from_numpy(np.cumsum(np.concatenate(lens))).to(self.device)
-        self._row_offsets = torch.cat([self._row_offsets, ends])
         self._row_ids = np.concatenate([self._row_ids] + [r.ids for r in new])
         self._live = torch.from_numpy(self.store._snap.live.copy()).to(self.device)
         self._generation = self.store.generation

@@ -29,24 +29,26 @@ class _Gathered:
         out[: t1 - t0] = (self.p.tokens if name == "tokens" else self.p.scales)[t0:t1]
 
 
-def _sources(store):
-    """(source, scales-or-None flag, offsets, ids or None, segment) in storage order."""
+def _sources(store, include_deleted: bool, from_segment: int):
+    """(source, offsets, ids or None, segment) in storage order."""
     snap = store._snap
     for s, r in enumerate(snap.readers):
+        if s < from_segment:
+            continue
         live = snap.live[snap.doc_start[s] : snap.doc_start[s + 1]]
-        if live.all():
+        if include_deleted or live.all():
             yield _Whole(r), r.offsets, None, s
         elif live.any():
             part = store._gather_rows(snap.doc_start[s] + np.flatnonzero(live))
             yield _Gathered(part), part.offsets, part.ids, s
 
 
-def load_to_device(store, device, pin: bool):
+def load_to_device(store, device, pin: bool, include_deleted: bool = False, from_segment: int = 0):
     from mvdb.storage.store import Packed
 
     snap = store._snap
     device = torch.device(device) if device is not None else torch.device("cpu")
-    pieces = list(_sources(store))
+    pieces = list(_sources(store, include_deleted, from_segment))
     n_tokens = sum(int(p[0].shape[0]) for p in pieces)
     dim = store.dim or 0
     tdtype = torch.int8 if store.dtype == "int8" else torch.float16

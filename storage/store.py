@@ -560,22 +560,25 @@ class Store:
                 yield self._gather_rows(rows[d0:d1])
                 d0 = d1
 
-    def load_all(self, device=None, pin: bool = False) -> Packed:
+    def load_all(self, device=None, pin: bool = False, *, include_deleted: bool = False,
+                 from_segment: int = 0) -> Packed:
         """Every live document in one contiguous buffer (storage order), with offsets and ids.
+
+        ``include_deleted`` keeps deleted documents too (every row of every segment, the row order
+        the database's token index uses); ``from_segment`` starts at that segment of the snapshot.
 
         ``device`` (e.g. "cuda") copies through pinned staging buffers, overlapping disk reads with
         host-to-device copies; ``pin=True`` without a device returns pinned host tensors (plain host
         tensors where there is no CUDA driver). Without either, numpy arrays.
         """
-        snap = self._snap
-        if device is None and not pin:
+        if device is None and not pin and not include_deleted and not from_segment:
             parts = list(self.iter_batches(self.segment_tokens))
             if not parts:
                 return Packed(np.zeros((0, self.dim or 0), np.float16), np.zeros(1, np.int64), None, [])
             return _concat(parts)
         from mvdb.storage._load import load_to_device
 
-        return load_to_device(self, device, pin)
+        return load_to_device(self, device, pin, include_deleted, from_segment)
 
     # ---- checks
 
