@@ -444,24 +444,30 @@ class Store:
     # ---- reads
 
     def _keys(self, ids, check_type: bool = True) -> np.ndarray | None:
-        """User ids -> the stored key representation (int64, or utf-8 bytes)."""
+        """User ids -> the stored key representation (int64, or utf-8 bytes).
+
+        Ids of the wrong kind for this database raise UnknownIdError, or give None when
+        ``check_type`` is False (membership tests: such ids are simply absent).
+        """
         if isinstance(ids, (str, int, np.integer)):
             ids = [ids]
         values = list(ids.tolist() if hasattr(ids, "tolist") else ids)
-        id_type = self.manifest["id_type"]
         if not values:
             return np.zeros(0, np.int64)
         if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
-            return np.array(values, dtype=np.int64) if id_type != "str" else (None if not check_type else self._wrong(values))
-        if all(isinstance(v, str) for v in values):
-            return np.array([v.encode() for v in values], dtype=bytes) if id_type == "str" else (
-                None if not check_type else self._wrong(values))
+            kind, keys = "int", lambda: np.array(values, dtype=np.int64)
+        elif all(isinstance(v, str) for v in values):
+            kind, keys = "str", lambda: np.array([v.encode() for v in values], dtype=bytes)
+        else:
+            kind, keys = None, None
+        stored = self.manifest["id_type"] or "int"
+        if kind == stored:
+            return keys()
         if not check_type:
             return None
-        raise UnknownIdError(f"ids: expected int or str ids, got {[type(v).__name__ for v in values[:3]]}")
-
-    def _wrong(self, values):
-        raise UnknownIdError(f"ids: this database uses {self.manifest['id_type'] or 'no'} ids; unknown ids {values[:5]}")
+        if kind is None:
+            raise UnknownIdError(f"ids: expected int or str ids, got {[type(v).__name__ for v in values[:3]]}")
+        raise UnknownIdError(f"ids: this database uses {stored} ids; unknown ids {values[:5]}")
 
     def _rows(self, ids) -> np.ndarray:
         keys = self._keys(ids)
