@@ -105,12 +105,12 @@ def _hits(scores: torch.Tensor, rows: torch.Tensor, ids: np.ndarray, k: int | No
 class Database:
     """See the module docstring; create with :func:`mvdb.open`."""
 
-    def __init__(self, path, *, dim=None, dtype="float16", device="auto", read_only=False, index="auto"):
+    def __init__(self, path, *, dim=None, dtype=None, device="auto", read_only=False, index="auto"):
         self.device = _device(device)
         if index not in ("auto", "flat", "ivf"):
             raise InvalidInputError(f"index: expected 'auto', 'flat' or 'ivf', got {index!r}")
         self.index_kind = index
-        self.store = Store(path, dim=dim, dtype=None if dtype is None else dtype, read_only=read_only)
+        self.store = Store(path, dim=dim, dtype=dtype, read_only=read_only)
         try:
             self._build()
         except BaseException:
@@ -254,8 +254,11 @@ class Database:
         """
         _check_k(k)
         if not len(self.store):
-            q, cu, single = _queries(queries, self.dim or 0, self.device) if self.dim else (None, None, True)
-            return [] if single else [[] for _ in range(cu.numel() - 1)]
+            if self.dim:
+                _, cu, single = _queries(queries, self.dim, self.device)
+                return [] if single else [[] for _ in range(cu.numel() - 1)]
+            batch = isinstance(queries, (list, tuple)) or getattr(queries, "ndim", 2) == 3
+            return [[] for _ in range(len(queries))] if batch else []
         self._sync()
         q, cu_q, single = _queries(queries, self.dim, self.device)
         n_cand = n_candidates or max(DEFAULT_CANDIDATES, 8 * k)
@@ -300,8 +303,9 @@ class Database:
         return hits[0] if single else hits
 
 
-def open(path, *, dim=None, dtype="float16", device="auto", read_only=False, index="auto") -> Database:  # noqa: A001
-    """Open (or create) a database directory. ``dtype``: "float16" or "int8" for new databases;
+def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index="auto") -> Database:  # noqa: A001
+    """Open (or create) a database directory. ``dtype``: "float16" (the default) or "int8" for a new
+    database; for an existing one, None or the stored dtype;
     ``index``: "flat" (exact), "ivf", or "auto" (flat below 4M tokens)."""
     return Database(path, dim=dim, dtype=dtype, device=device, read_only=read_only, index=index)
 

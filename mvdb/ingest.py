@@ -1,8 +1,8 @@
 """Reading document embeddings from files for ``mvdb ingest``.
 
 Every source yields batches of (ids, packed tokens [T, dim], lengths [n]). Ids come from the file
-when it has them, otherwise ``<file name>#<row>`` (directories: the file stem), so re-running an
-interrupted ingest skips what is already stored.
+when it has them, otherwise ``<path as given>#<row>`` (directories: the file stem), so re-running
+an interrupted ingest skips what is already stored, and two files of the same name do not collide.
 
 Formats:
 - ``X.npy`` packed tokens [T, dim] with ``X.lengths.npy`` beside it (optional ``X.ids.npy``)
@@ -67,7 +67,7 @@ def read_source(path: str, batch_docs: int = 10_000) -> tuple[int, Iterator[Batc
         return len(files), docs()
     if not p.exists():
         raise InvalidInputError(f"{path}: no such file or directory")
-    name = p.name
+    name = str(path)
     if name.endswith(".npy"):
         base = str(p)[: -len(".npy")]
         if not os.path.exists(base + ".lengths.npy"):
@@ -96,10 +96,22 @@ def read_source(path: str, batch_docs: int = 10_000) -> tuple[int, Iterator[Batc
 
         f = h5py.File(p, "r")
         if "tokens" not in f:
+            f.close()
             raise InvalidInputError(f"{path}: expected datasets 'tokens' and 'lengths', got {sorted(f)}")
         tokens = f["tokens"]
         lengths = _lengths(name, f["lengths"][()] if "lengths" in f else None, f["offsets"][()] if "offsets" in f else None)
         ids = f["ids"][()] if "ids" in f else None
+        if int(lengths.sum()) != tokens.shape[0]:
+            f.close()
+            raise InvalidInputError(f"{path}: lengths sum to {int(lengths.sum())}, but there are {tokens.shape[0]} tokens")
+
+        def closing():
+            try:
+                yield from _split(_ids(ids, len(lengths), name), tokens, lengths, batch_docs)
+            finally:
+                f.close()
+
+        return len(lengths), closing()
     else:
         raise InvalidInputError(f"{path}: unknown format (expected .npy, .npz, .safetensors, .h5 or a directory)")
     if int(lengths.sum()) != tokens.shape[0]:

@@ -82,6 +82,8 @@ def packed(tokens, lengths, dim: int | None) -> tuple[np.ndarray, np.ndarray, in
     dim = tokens.shape[1] if dim is None else dim
     if tokens.shape[1] != dim:
         raise InvalidInputError(f"tokens: expected dim {dim}, got {tokens.shape[1]}")
+    if dim <= 0:
+        raise InvalidInputError(f"tokens: expected a positive embedding dim, got {dim}")
     if len(lengths) and lengths.min() < 1:
         i = int(np.argmin(lengths))
         raise InvalidInputError(f"document {i}: empty (0 tokens); every document needs at least one token")
@@ -131,6 +133,9 @@ def convert(tokens: np.ndarray, lengths: np.ndarray, dtype: str, chunk: int = 1 
     import torch
 
     from mvdb.kernels.quant import quantize_int8
+
+    if tokens.dtype == np.float64 and tokens.size and np.abs(tokens).max() > np.finfo(np.float32).max:
+        raise InvalidInputError("docs: values beyond the float32 range cannot be quantized to int8")
 
     q, s = quantize_int8(torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.float32)))
     return q.numpy(), s.numpy()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import zlib
+from concurrent.futures import wait
 
 import h5py
 import numpy as np
@@ -69,15 +70,17 @@ def write_segment(
             f.create_dataset("metadata", data=np.array(metadata, dtype=object), dtype=h5py.string_dtype("utf-8"))
             f.attrs["crc32_metadata"] = zlib.crc32("\n".join(metadata).encode())
     fd = os.open(path, os.O_WRONLY)
+    jobs = []
     try:
-        jobs = []
         for name, arr in arrays.items():
             raw = memoryview(arr).cast("B")
             for c0 in range(0, len(raw), _WRITE_CHUNK):
                 jobs.append(POOL.submit(_pwrite_all, fd, raw[c0 : c0 + _WRITE_CHUNK], where[name] + c0))
+        wait(jobs)  # every write has finished (or failed) before the descriptor is closed
         for j in jobs:
             j.result()
     finally:
+        wait(jobs)
         os.close(fd)
     with h5py.File(path, "r+", locking=False) as f:
         for name, fut in crcs.items():

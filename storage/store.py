@@ -175,7 +175,8 @@ class Store:
         if os.path.isdir(p):
             if os.path.exists(os.path.join(p, MANIFEST)):
                 return
-            if any(not name.startswith(".") and name not in ("LOCK", SEGMENTS) for name in os.listdir(p)):
+            ours = ("LOCK", SEGMENTS)  # and a manifest temp file: a crash while creating the database
+            if any(not name.startswith((".", MANIFEST + ".tmp")) and name not in ours for name in os.listdir(p)):
                 raise FormatError(f"{p}: holds other files and no {MANIFEST}; not an mvdb database")
         elif read_only:
             raise FileNotFoundError(f"{p}: no database here (read_only=True does not create one)")
@@ -385,9 +386,19 @@ class Store:
                 r.close()
 
     def _discard(self, names: list[str]) -> None:
+        """After a failed write: remove the new segments that no committed manifest names.
+
+        The failure may have come after the manifest rename (a directory fsync, opening the new
+        snapshot, an interrupt): then the segments are committed and must stay. When the manifest
+        cannot be read, nothing is removed; the next writer removes true orphans.
+        """
+        try:
+            committed = {s["name"] for s in read_manifest(self.path)["segments"]}
+        except Exception:  # noqa: BLE001 - keep everything rather than guess
+            return
         for name in names:
             path = os.path.join(self.path, SEGMENTS, name)
-            if os.path.exists(path):
+            if name not in committed and os.path.exists(path):
                 os.unlink(path)
 
     def delete(self, ids) -> None:
@@ -455,6 +466,10 @@ class Store:
         if not values:
             return np.zeros(0, np.int64)
         if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+            if any(not -(2**63) <= int(v) < 2**63 for v in values):  # never stored: ids are int64
+                if not check_type:
+                    return None
+                raise UnknownIdError(f"ids: not in the database (outside int64): {values[:5]}")
             kind, keys = "int", lambda: np.array(values, dtype=np.int64)
         elif all(isinstance(v, str) for v in values):
             kind, keys = "str", lambda: np.array([v.encode() for v in values], dtype=bytes)

@@ -39,12 +39,32 @@ def test_ingest_every_format_and_rerun_is_idempotent(tmp_path):
     assert r.exit_code == 0, r.output
     with Store(db, read_only=True) as st:
         assert len(st) == 21
-        assert {"a.npz#0", "b.npy#5", "h3", "doc2"} <= set(st.ids())
-        p = st.gather(["a.npz#1"])
+        a, b = str(tmp_path / "a.npz"), str(tmp_path / "b.npy")
+        assert {f"{a}#0", f"{b}#5", "h3", "doc2"} <= set(st.ids())
+        p = st.gather([f"{a}#1"])
         assert np.array_equal(p.tokens, tokens[lengths[0] : lengths[0] + lengths[1]].astype(np.float16))
     r = run("ingest", db, tmp_path / "a.npz")
     assert r.exit_code == 0
     assert "ingested 0 documents (0 tokens)" in r.output and "skipped 6 already stored; 21 in" in r.output
+
+
+def test_same_file_name_in_two_folders_does_not_collide(tmp_path):
+    for sub, seed in (("x", 1), ("y", 2)):
+        (tmp_path / sub).mkdir()
+        tokens, lengths = _packed(2, seed)
+        np.savez(tmp_path / sub / "docs.npz", tokens=tokens, lengths=lengths)
+    r = run("ingest", tmp_path / "db", tmp_path / "x" / "docs.npz", tmp_path / "y" / "docs.npz")
+    assert "ingested 4 documents" in r.output and "skipped 0 already stored" in r.output
+
+
+def test_search_an_int8_database(tmp_path):
+    tokens, lengths = _packed(5, 3)
+    np.savez(tmp_path / "a.npz", tokens=tokens, lengths=lengths, ids=np.arange(5))
+    assert run("ingest", tmp_path / "db", tmp_path / "a.npz", "--dtype", "int8", "-q").exit_code == 0
+    np.save(tmp_path / "q.npy", tokens[: lengths[0]])
+    r = run("search", tmp_path / "db", tmp_path / "q.npy", "-k", 1, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)[0][0] == 0
 
 
 def test_ingest_bad_source_fails_cleanly(tmp_path):

@@ -54,3 +54,25 @@ def test_subset_remove_and_embeddings(tmp_path):
     np.testing.assert_allclose(emb[0][0], docs[3].astype(np.float16).astype(np.float32))
     index.add_documents(["3"], [docs[0]])  # re-adding an id replaces the document
     np.testing.assert_allclose(index.get_documents_embeddings([["3"]])[0][0], docs[0].astype(np.float16).astype(np.float32))
+
+
+def test_replacing_with_a_bad_document_keeps_the_old_one(tmp_path):
+    from mvdb import InvalidInputError
+
+    docs = _embeddings(3, 2)
+    index = MvdbIndex(index_folder=str(tmp_path), index_name="t", override=True, device="cpu")
+    index.add_documents(["a", "b", "c"], docs)
+    bad = np.full((3, DIM), np.nan, np.float32)
+    with pytest.raises(InvalidInputError, match="NaN"):
+        index.add_documents(["a"], [bad])
+    assert "a" in index.db
+
+
+def test_opens_an_existing_int8_database(tmp_path):
+    import mvdb
+
+    docs = _embeddings(3, 3)
+    with mvdb.open(tmp_path / "t.mvdb", dtype="int8") as db:
+        db.add(docs, ids=["x", "y", "z"])
+    index = MvdbIndex(index_folder=str(tmp_path), index_name="t", device="cpu")
+    assert index([docs[1]], k=1)[0][0]["id"] == "y"

@@ -434,3 +434,65 @@ def test_load_all_to_gpu_matches_host(tmp_path, dtype, monkeypatch):
         assert torch.equal(gpu.offsets.cpu(), torch.from_numpy(host.offsets))
         if dtype == "int8":
             assert torch.equal(gpu.scales.cpu(), torch.from_numpy(host.scales))
+
+
+def test_failure_after_the_commit_keeps_the_committed_segments(db, monkeypatch):
+    """If opening the new snapshot fails after the manifest rename, the new segment stays."""
+    real = store_mod.SegmentReader
+
+    def boom(path):
+        raise OSError(errno.EMFILE, "Too many open files (injected)")
+
+    monkeypatch.setattr(store_mod, "SegmentReader", boom)
+    with pytest.raises(OSError, match="Too many open files"):
+        db.add(_docs(np.random.default_rng(3), 2))
+    monkeypatch.setattr(store_mod, "SegmentReader", real)
+    with Store(db.path, read_only=True) as r:
+        assert r.verify().ok and len(r) == 4, "the committed add is intact"
+
+
+def test_parallel_write_failure_waits_for_every_chunk(tmp_path, monkeypatch):
+    from mvdb.storage import segment
+
+    calls = []
+    real = segment._pwrite_all
+
+    def flaky(fd, data, offset):
+        calls.append(offset)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        real(fd, data, offset)
+
+    monkeypatch.setattr(segment, "_WRITE_CHUNK", 64)
+    monkeypatch.setattr(segment, "_pwrite_all", flaky)
+    closed = []
+    real_close = os.close
+    monkeypatch.setattr(segment.os, "close", lambda fd: (closed.append(len(calls)), real_close(fd)))
+    with Store(tmp_path / "db", dim=DIM) as st:
+        with pytest.raises(OSError, match="No space left"):
+            st.add(_docs(np.random.default_rng(4), 5))
+        n_jobs = len(calls)
+        assert closed and closed[-1] == n_jobs, "the descriptor was closed while writes were still running"
+        assert len(st) == 0 and st.verify().ok
+
+
+def test_crash_while_creating_a_database(tmp_path):
+    p = tmp_path / "db"
+    (p / "segments").mkdir(parents=True)
+    (p / "LOCK").write_bytes(b"")
+    (p / "MANIFEST.json.tmp-1234").write_bytes(b'{"form')
+    with Store(p, dim=DIM) as st:
+        assert len(st) == 0
+    assert not (p / "MANIFEST.json.tmp-1234").exists()
+
+
+def test_ids_outside_int64_are_absent(db):
+    assert 2**64 not in db and not db.contains([2**64, 0]).tolist()[0]
+    with pytest.raises(UnknownIdError, match="outside int64"):
+        db.get([2**64])
+
+
+def test_packed_zero_dim_rejected(tmp_path):
+    with Store(tmp_path / "db") as st:
+        with pytest.raises(InvalidInputError, match="tokens: expected a positive embedding dim, got 0"):
+            st.add_packed(np.zeros((2, 0), np.float32), [1, 1])

@@ -2,7 +2,9 @@
 
 An end-to-end index (PyLate hands it the query embeddings and gets ranked results back): mvdb's
 token index finds the candidates and the fused kernel scores them exactly. Ids are strings, kept
-as given (never renumbered); adding an id that is already stored replaces that document.
+as given (never renumbered); adding an id that is already stored replaces that document (the new
+documents are checked first; the delete and the add are two commits, so a crash between them
+loses the replaced documents).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ except ImportError as e:  # pragma: no cover - the message says what to install
     raise ImportError(f"mvdb.integrations.pylate needs PyLate: pip install pylate ({e})") from None
 
 import mvdb
+from mvdb.storage import _validate
 
 
 def _arrays(embeddings) -> list[np.ndarray]:
@@ -38,7 +41,7 @@ class MvdbIndex(Base):
     is_end_to_end_index = True
 
     def __init__(self, index_folder: str = "indexes", index_name: str = "mvdb", override: bool = False,
-                 dtype: str = "float16", device: str = "auto"):
+                 dtype: str | None = None, device: str = "auto"):
         self.path = f"{index_folder}/{index_name}.mvdb"
         if override:
             shutil.rmtree(self.path, ignore_errors=True)
@@ -49,6 +52,9 @@ class MvdbIndex(Base):
         docs = _arrays(documents_embeddings)
         if len(ids) != len(docs):
             raise mvdb.InvalidInputError(f"documents_ids: expected {len(docs)} ids (one per embedding), got {len(ids)}")
+        # Check every document before the replaced ones are deleted: a bad batch must not lose them.
+        tokens, lengths, _ = _validate.documents(docs, self.db.store.dim)
+        _validate.convert(tokens, lengths, self.db.store.dtype)
         present = [i for i, there in zip(ids, self.db.store.contains(ids)) if there]
         if present:
             self.db.delete(present)
