@@ -8,9 +8,7 @@ the row offsets. Derived data: it is rebuilt from the resident tokens when a dat
 
 from __future__ import annotations
 
-import os
 
-import numpy as np
 import torch
 
 try:
