@@ -65,8 +65,9 @@ def main():
     res["build_s"] = res["ingest_s"] + res["open_and_index_s"]
     res["index"] = db.stats()["index"]
     res["nlist"] = db._index.nlist
+    res["open_breakdown_s"] = {"load_to_device": db.load_seconds, **db._index.build_seconds}
     print(f"build: ingest {res['ingest_s']:.1f} s + open/index {res['open_and_index_s']:.1f} s "
-          f"({res['index']}, nlist {res['nlist']})", flush=True)
+          f"({res['index']}, nlist {res['nlist']}; {res['open_breakdown_s']})", flush=True)
 
     q = Q.to(dev)
     # exhaustive fused MaxSim over every document: the reference, and the 'exhaustive' baseline

@@ -13,6 +13,7 @@ query are scored exactly by ``maxsim_candidates`` over the resident CSR store.
 
 from __future__ import annotations
 
+import time
 from json import loads as json_loads
 from typing import NamedTuple
 
@@ -130,7 +131,9 @@ class Database:
             self._live = torch.zeros(0, dtype=torch.bool, device=self.device)
             self._generation = self.store.generation
             return
+        t0 = time.perf_counter()
         whole = self.store.load_all(device=self.device, include_deleted=True)
+        self.load_seconds = time.perf_counter() - t0
         self._tokens, self._scales, self._row_offsets = whole.tokens, whole.scales, whole.offsets
         self._row_ids = np.concatenate([r.ids for r in readers]) if readers else np.zeros(0, np.int64)
         self._live = torch.from_numpy(snap.live.copy()).to(self.device)

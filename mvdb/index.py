@@ -8,6 +8,7 @@ the row offsets. Derived data: it is rebuilt from the resident tokens when a dat
 
 from __future__ import annotations
 
+import time
 
 import torch
 
@@ -38,6 +39,11 @@ def _float_chunks(tokens: torch.Tensor, scales: torch.Tensor | None, start: int 
         if scales is not None:
             x = x * scales[t0 : t0 + chunk, None]
         yield x.contiguous()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def default_nlist(n_tokens: int) -> int:
@@ -86,6 +92,7 @@ class TokenIndex:
             kind = "flat" if n < FLAT_MAX_TOKENS else "ivf"
         nlist = nlist or default_nlist(n)
         idx = cls(dim, device, kind, nlist if kind == "ivf" else 0)
+        t0 = time.perf_counter()
         if kind == "ivf":
             g = torch.Generator(device=tokens.device).manual_seed(seed)
             take = torch.randperm(n, device=tokens.device, generator=g)[: min(n, 40 * nlist)]
@@ -93,7 +100,11 @@ class TokenIndex:
             if scales is not None:
                 sample = sample * scales[take, None]
             idx.train(sample)
+        _sync(device)
+        t1 = time.perf_counter()
         idx.add_stored(tokens, scales)
+        _sync(device)
+        idx.build_seconds = {"train": t1 - t0, "add": time.perf_counter() - t1}
         return idx
 
     def _arg(self, x: torch.Tensor) -> torch.Tensor:
