@@ -136,9 +136,13 @@ class Database:
         self.load_seconds = time.perf_counter() - t0
         self._tokens, self._scales, self._row_offsets = whole.tokens, whole.scales, whole.offsets
         self._row_ids = np.concatenate([r.ids for r in readers]) if readers else np.zeros(0, np.int64)
-        self._live = torch.from_numpy(snap.live.copy()).to(self.device)
-        self._generation = self.store.generation
+        self._take_snapshot_state()
         self._index = TokenIndex.build(self._tokens, self._scales, self.device, self.index_kind)
+
+    def _take_snapshot_state(self) -> None:
+        """The live mask and generation of the store's current snapshot."""
+        self._live = torch.from_numpy(self.store._snap.live.copy()).to(self.device)
+        self._generation = self.store.generation
 
     def _sync(self) -> None:
         if self.store.generation != self._generation:
@@ -185,14 +189,12 @@ class Database:
         self._row_offsets = torch.cat([self._row_offsets, self._row_offsets[-1] + more.offsets[1:]])
         self._index.add_stored(self._tokens, self._scales, start=first_new)  # no retraining
         self._row_ids = np.concatenate([self._row_ids] + [r.ids for r in new])
-        self._live = torch.from_numpy(self.store._snap.live.copy()).to(self.device)
-        self._generation = self.store.generation
+        self._take_snapshot_state()
         return out
 
     def delete(self, ids) -> None:
         self.store.delete(ids)
-        self._live = torch.from_numpy(self.store._snap.live.copy()).to(self.device)
-        self._generation = self.store.generation
+        self._take_snapshot_state()
 
     def compact(self) -> int:
         n = self.store.compact()

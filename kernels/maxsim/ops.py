@@ -40,6 +40,16 @@ def _out(out: torch.Tensor | None, shape: tuple[int, int], device: torch.device)
     return out
 
 
+def _longest_query(check: bool, given: int | None, q, cu_q, offsets: list, cand=None) -> int:
+    """Validate the offsets (one sync) when ``check``, and return the longest query's length."""
+    if check:
+        max_lq = _checks.value_checks(offsets, cand)[0]
+        return given or max_lq
+    if given is not None:
+        return given
+    return int((cu_q[1:] - cu_q[:-1]).max()) if cu_q.numel() > 1 else 0
+
+
 def _contig(x: torch.Tensor | None) -> torch.Tensor | None:
     return None if x is None else x.contiguous()
 
@@ -129,11 +139,9 @@ def maxsim_varlen(
     _checks.scales("d", d, d_scales, (d.shape[0],))
     device = _checks.same_device(q=q, cu_q=cu_q, d=d, cu_d=cu_d, d_scales=d_scales)
     nq, nd = cu_q.numel() - 1, cu_d.numel() - 1
-    if check:
-        max_lq, _ = _checks.value_checks([("cu_q", cu_q, q.shape[0]), ("cu_d", cu_d, d.shape[0])])
-        max_seqlen_q = max_seqlen_q or max_lq
-    elif max_seqlen_q is None:
-        max_seqlen_q = int((cu_q[1:] - cu_q[:-1]).max()) if nq else 0
+    max_seqlen_q = _longest_query(
+        check, max_seqlen_q, q, cu_q, [("cu_q", cu_q, q.shape[0]), ("cu_d", cu_d, d.shape[0])]
+    )
     out = _out(out, (nq, nd), device)
     if _use_triton(device, backend):
         return fused.launch(
@@ -175,13 +183,10 @@ def maxsim_candidates(
     _checks.scales("tokens", tokens, scales, (tokens.shape[0],))
     device = _checks.same_device(q=q, cu_q=cu_q, tokens=tokens, offsets=offsets, cand=cand, scales=scales)
     n_docs = offsets.numel() - 1
-    if check:
-        max_lq, _ = _checks.value_checks(
-            [("cu_q", cu_q, q.shape[0]), ("offsets", offsets, tokens.shape[0])], (cand, n_docs)
-        )
-        max_seqlen_q = max_seqlen_q or max_lq
-    elif max_seqlen_q is None:
-        max_seqlen_q = int((cu_q[1:] - cu_q[:-1]).max()) if nq else 0
+    max_seqlen_q = _longest_query(
+        check, max_seqlen_q, q, cu_q, [("cu_q", cu_q, q.shape[0]), ("offsets", offsets, tokens.shape[0])],
+        (cand, n_docs),
+    )
     out = _out(out, (nq, cand.shape[1]), device)
     if _use_triton(device, backend):
         return fused.launch(
