@@ -3,6 +3,8 @@
 #   bash benchmarks/gpu_session.sh tests bench:a,b,c sweep:b storage:1000000
 # Logs and JSON go to $OUT (the device tool brings them back). FAISS GPU: carry .gpu and run
 #   source .gpu/env.sh && bash benchmarks/gpu_session.sh dbtests e2e:100000
+# fast-plaid (issue #4 comparison): carry .whl_fp (its wheels, see benchmarks/e2e_fastplaid.py) and run
+#   bash benchmarks/gpu_session.sh fastplaid:1000000
 set -uo pipefail
 OUT=${OUT:-/tmp/mvdb-out}
 mkdir -p "$OUT"
@@ -19,8 +21,12 @@ for step in "$@"; do
         tests) MVDB_AUTOTUNE=0 timeout 300 python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/tests.log" | tail -15 ;;
         bench:*) timeout 480 python3 benchmarks/kernels.py --cases "${step#bench:}" --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
         sweep:*) timeout 480 python3 benchmarks/kernels.py --sweep --no-peers --cases "${step#sweep:}" --out "$OUT" 2>&1 | tee -a "$OUT/sweep.log" ;;
-        dbtests) timeout 400 python3 -m pytest -q tests/test_database.py tests/test_cli.py 2>&1 | tee "$OUT/dbtests.log" | tail -15 ;;
-        e2e:*) timeout 400 python3 benchmarks/e2e.py --docs "${step#e2e:}" --out "$OUT" 2>&1 | tee -a "$OUT/e2e.log" ;;
+        dbtests) timeout ${DBTESTS_TIMEOUT:-400} python3 -m pytest -q tests/test_database.py tests/test_cli.py 2>&1 | tee "$OUT/dbtests.log" | tail -15 ;;
+        e2e:*) timeout ${E2E_TIMEOUT:-400} python3 benchmarks/e2e.py --docs "${step#e2e:}" --out "$OUT" ${E2E_ARGS:-} 2>&1 | tee -a "$OUT/e2e.log" ;;
+        fastplaid:*) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-fp \
+                         .whl_fp/*.whl || { echo "fast-plaid wheels did not install (carry .whl_fp)"; continue; }
+                     df -h /tmp | tail -1; PYTHONPATH=/tmp/site-fp${PYTHONPATH:+:$PYTHONPATH} timeout 570 python3 \
+                         benchmarks/e2e_fastplaid.py --docs "${step#fastplaid:}" --out "$OUT" 2>&1 | tee -a "$OUT/fastplaid.log" ;;
         storage:*) df -h /tmp | tail -1; timeout 540 python3 benchmarks/storage.py --docs "${step#storage:}" \
                        --path /tmp/mvdb-bench.mvdb --out "$OUT" 2>&1 | tee -a "$OUT/storage.log" ;;
         *) echo "unknown step $step" ;;
