@@ -5,30 +5,44 @@
     hits = db.search(q_embs, k=10)          # one query [Lq, dim] -> list[Hit]; a batch -> list[list[Hit]]
     hits = db.rerank(q_embs, candidate_ids) # exact MaxSim over stored documents
 
-Search is two stages in one batched pass: every query token asks the token index for its nearest
-stored tokens; tokens map to their documents on the device; documents get an approximate score
-(missing tokens imputed with that query token's k'-th similarity); the best ``n_candidates`` per
-query are scored exactly by ``maxsim_candidates`` over the resident CSR store.
+Search is two stages in one batched pass. Candidates come from the token index: on small
+corpora ("flat") every query token retrieves its nearest stored tokens, which map to their
+documents on the device, and documents get an approximate score (missing tokens imputed with that
+query token's k'-th similarity); on large ones ("ivf") every query token probes its best centroid
+lists and documents are credited with the best probed centroid they hold (see mvdb/index.py).
+The best ``n_candidates`` per query are scored exactly by ``maxsim_candidates`` over the resident
+CSR store. The IVF index (centroids and per-segment codes) is persisted with the manifest.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from json import loads as json_loads
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from mvdb.errors import InvalidInputError, InvalidTypeError
-from mvdb.index import DEFAULT_NPROBE, TokenIndex, approximate_candidates
+from mvdb.errors import CorruptionError, InvalidInputError, InvalidTypeError
+from mvdb.index import (
+    DEFAULT_LISTS_PROBE,
+    DEFAULT_NPROBE,
+    FLAT_MAX_TOKENS,
+    RETRAIN_GROWTH,
+    CentroidLists,
+    TokenIndex,
+    approximate_candidates,
+    default_nlist,
+    train_centroids,
+)
 from mvdb.kernels import maxsim_candidates, maxsim_varlen
 from mvdb.storage import Store
 from mvdb.storage._validate import decode_id
 
 
 # Defaults chosen so that nobody needs to tune them (see tests/test_database.py recall test).
-DEFAULT_K_TOKENS = 512  # nearest stored tokens per query token (128 gave recall@10 0.83 on the synthetic corpus)
+DEFAULT_K_TOKENS = 512  # flat index: nearest stored tokens per query token
 DEFAULT_CANDIDATES = 256  # documents reranked exactly per query
 
 
@@ -106,11 +120,13 @@ def _hits(scores: torch.Tensor, rows: torch.Tensor, ids: np.ndarray, k: int | No
 class Database:
     """See the module docstring; create with :func:`mvdb.open`."""
 
-    def __init__(self, path, *, dim=None, dtype=None, device="auto", read_only=False, index="auto"):
+    def __init__(self, path, *, dim=None, dtype=None, device="auto", read_only=False, index="auto", nlist=None):
         self.device = _device(device)
         if index not in ("auto", "flat", "ivf"):
             raise InvalidInputError(f"index: expected 'auto', 'flat' or 'ivf', got {index!r}")
-        self.index_kind = index
+        if nlist is not None and (isinstance(nlist, bool) or not isinstance(nlist, int) or nlist < 1):
+            raise InvalidInputError(f"nlist: expected a positive int or None, got {nlist!r}")
+        self.index_kind, self.nlist = index, nlist
         self.store = Store(path, dim=dim, dtype=dtype, read_only=read_only)
         try:
             self._build()
@@ -120,10 +136,11 @@ class Database:
 
     # ---- resident state: every row of the snapshot, in row order, plus the token index
 
-    def _build(self) -> None:
+    def _build(self, retrain: bool = False) -> None:
         snap = self.store._snap
         dim = self.store.dim or 0
         readers = snap.readers
+        self._segments = [seg["name"] for seg in snap.manifest["segments"]]
         if not dim:
             self._tokens, self._scales, self._index = None, None, None
             self._row_offsets = torch.zeros(1, dtype=torch.int64, device=self.device)
@@ -137,7 +154,115 @@ class Database:
         self._tokens, self._scales, self._row_offsets = whole.tokens, whole.scales, whole.offsets
         self._row_ids = np.concatenate([r.ids for r in readers]) if readers else np.zeros(0, np.int64)
         self._take_snapshot_state()
-        self._index = TokenIndex.build(self._tokens, self._scales, self.device, self.index_kind)
+        self._index = self._make_index(retrain)
+
+    def _kind(self) -> str:
+        if self.index_kind != "auto":
+            return self.index_kind
+        return "flat" if self._tokens.shape[0] < FLAT_MAX_TOKENS else "ivf"
+
+    def _make_index(self, retrain: bool = False):
+        if self._kind() == "flat":
+            return TokenIndex.build(self._tokens, self._scales, self.device, "flat")
+        return self._ivf(retrain)
+
+    # ---- the IVF index: centroids + per-segment codes, persisted as index files of the manifest
+
+    def _ivf(self, retrain: bool = False) -> CentroidLists:
+        """Load the persisted centroids and codes; train / assign what is missing (and persist it
+        when writable). Files that fail their checksum are recomputed: the segments are the record."""
+        t0 = time.perf_counter()
+        store, n = self.store, int(self._tokens.shape[0])
+        entries = store.manifest.get("index_files", [])
+        cent = next((e for e in entries if e.get("kind") == "centroids"), None)
+        centroids = None
+        if cent is not None and not retrain and self.nlist in (None, cent["nlist"]):
+            centroids = self._read_index(cent, (cent["nlist"], self.dim), np.float32)
+        if centroids is None:
+            nlist = self.nlist or default_nlist(n)
+            g = torch.Generator(device=self._tokens.device).manual_seed(0)
+            take = torch.randperm(n, device=self._tokens.device, generator=g)[: min(n, 40 * nlist)]
+            sample = self._tokens[take].float()
+            if self._scales is not None:
+                sample = sample * self._scales[take, None]
+            centroids = train_centroids(sample, nlist)
+            del sample
+            cent = {"kind": "centroids", "id": uuid.uuid4().hex[:12], "nlist": nlist, "trained_tokens": n}
+            if not store.read_only:
+                cent.update(store.write_index_file(f"centroids-{cent['id']}.npy", centroids.numpy()))
+        t1 = time.perf_counter()
+        lists = CentroidLists(centroids, torch.zeros(0, dtype=torch.int32), self._row_offsets[:1])
+        codes, written = self._codes(lists, cent, entries, 0)
+        lists.add(codes, self._row_offsets)
+        lists.trained_tokens, lists.entry = cent["trained_tokens"], cent
+        t2 = time.perf_counter()
+        if written or cent not in entries:
+            self._commit_index([cent] + [e for e in entries if e.get("kind") == "codes" and e["centroids"] == cent["id"]]
+                               + written)
+        lists.build_seconds = {"train": t1 - t0, "assign": t2 - t1}
+        return lists
+
+    def _read_index(self, entry: dict, shape: tuple, dtype) -> torch.Tensor | None:
+        try:
+            a = self.store.read_index_file(entry)
+        except (OSError, CorruptionError, ValueError):
+            return None
+        return torch.from_numpy(a) if a.shape == shape and a.dtype == dtype else None
+
+    def _codes(self, lists: CentroidLists, cent: dict, entries: list, first_segment: int):
+        """Codes of the snapshot's segments from ``first_segment`` on: read, else assigned (and
+        written when writable) -> (codes on the device, new manifest entries)."""
+        have = {e["segment"]: e for e in entries if e.get("kind") == "codes" and e["centroids"] == cent["id"]}
+        segs = self.store.manifest["segments"]
+        start = sum(s["n_tokens"] for s in segs[:first_segment])
+        out, written = [], []
+        for seg in segs[first_segment:]:
+            stop = start + seg["n_tokens"]
+            e = have.get(seg["name"])
+            c = self._read_index(e, (seg["n_tokens"],), np.int32) if e is not None else None
+            if c is None:
+                c = lists.assign(self._tokens[start:stop], None if self._scales is None else self._scales[start:stop])
+                if not self.store.read_only:
+                    stem = seg["name"].rsplit(".", 1)[0]
+                    e = {"kind": "codes", "centroids": cent["id"], "segment": seg["name"]}
+                    e.update(self.store.write_index_file(f"codes-{cent['id']}-{stem}.npy", c.cpu().numpy()))
+                    written.append(e)
+            out.append(c.to(self.device))
+            start = stop
+        return (torch.cat(out) if out else torch.zeros(0, dtype=torch.int32, device=self.device)), written
+
+    def _commit_index(self, entries: list) -> None:
+        """Name ``entries`` in a new manifest (codes of segments no longer stored are dropped)."""
+        if self.store.read_only:
+            return
+        names = {s["name"] for s in self.store.manifest["segments"]}
+        self.store.commit_index([e for e in entries if e.get("kind") != "codes" or e["segment"] in names])
+        self._generation = self.store.generation
+
+    def _append_segments(self, first: int) -> None:
+        """Bring the resident tokens and the index up to the snapshot, which appended segments
+        from index ``first`` on (no retraining)."""
+        new = self.store._snap.readers[first:]
+        first_new = self._tokens.shape[0]
+        more = self.store.load_all(device=self.device, include_deleted=True, from_segment=first)
+        self._tokens = torch.cat([self._tokens, more.tokens])
+        if self._scales is not None:
+            self._scales = torch.cat([self._scales, more.scales])
+        self._row_offsets = torch.cat([self._row_offsets, self._row_offsets[-1] + more.offsets[1:]])
+        self._row_ids = np.concatenate([self._row_ids] + [r.ids for r in new])
+        self._segments = [seg["name"] for seg in self.store.manifest["segments"]]
+        self._take_snapshot_state()
+        if isinstance(self._index, TokenIndex):
+            if self._kind() == "flat":
+                self._index.add_stored(self._tokens, self._scales, start=first_new)
+            else:  # grown past the flat index's range: train the IVF index now
+                self._index = self._make_index()
+            return
+        entries = self.store.manifest.get("index_files", [])
+        codes, written = self._codes(self._index, self._index.entry, entries, first)
+        self._index.add(codes, self._row_offsets)
+        if written:
+            self._commit_index(entries + written)
 
     def _take_snapshot_state(self) -> None:
         """The live mask and generation of the store's current snapshot."""
@@ -145,7 +270,17 @@ class Database:
         self._generation = self.store.generation
 
     def _sync(self) -> None:
-        if self.store.generation != self._generation:
+        """Follow the store's snapshot: deletes and index commits only refresh the live mask;
+        appended segments are loaded and indexed incrementally; anything else rebuilds."""
+        if self.store.generation == self._generation:
+            return
+        names = [seg["name"] for seg in self.store.manifest["segments"]]
+        if self._tokens is not None and names[: len(self._segments)] == self._segments:
+            if len(names) > len(self._segments):
+                self._append_segments(len(self._segments))
+            else:
+                self._take_snapshot_state()
+        else:
             self._build()
 
     # ---- the public API
@@ -173,23 +308,15 @@ class Database:
     def add(self, docs, ids=None, metadata=None) -> list:
         """Store documents ([L_i, dim] arrays / tensors) and index their tokens; returns their ids.
 
-        Incremental: the new segments' tokens are appended to the resident store and the index.
+        Incremental: the new segments' tokens are appended to the resident store and the index
+        (IVF: assigned to the existing centroids, no retraining; their codes are persisted).
         """
-        before = len(self.store._snap.readers)
+        self._sync()
         out = self.store.add(docs, ids=ids, metadata=metadata)
-        new = self.store._snap.readers[before:]
-        if self._tokens is None or self._tokens.shape[1] != self.store.dim or not new:
+        if self._tokens is None or self._tokens.shape[1] != self.store.dim:
             self._build()
-            return out
-        first_new = self._tokens.shape[0]
-        more = self.store.load_all(device=self.device, include_deleted=True, from_segment=before)
-        self._tokens = torch.cat([self._tokens, more.tokens])
-        if self._scales is not None:
-            self._scales = torch.cat([self._scales, more.scales])
-        self._row_offsets = torch.cat([self._row_offsets, self._row_offsets[-1] + more.offsets[1:]])
-        self._index.add_stored(self._tokens, self._scales, start=first_new)  # no retraining
-        self._row_ids = np.concatenate([self._row_ids] + [r.ids for r in new])
-        self._take_snapshot_state()
+        else:
+            self._sync()
         return out
 
     def delete(self, ids) -> None:
@@ -197,8 +324,13 @@ class Database:
         self._take_snapshot_state()
 
     def compact(self) -> int:
+        """Rewrite segments holding deleted documents (their tokens leave the index); the IVF index
+        is retrained once the corpus holds RETRAIN_GROWTH times the tokens it was trained on."""
+        self._sync()
         n = self.store.compact()
-        self._build()
+        total = sum(s["n_tokens"] for s in self.store.manifest["segments"])
+        trained = getattr(self._index, "trained_tokens", None)
+        self._build(retrain=bool(trained) and total > RETRAIN_GROWTH * trained)
         return n
 
     def refresh(self) -> bool:
@@ -228,6 +360,7 @@ class Database:
             "deleted": sum(len(s["deleted"]) for s in m["segments"]),
             "device": str(self.device),
             "index": self._index.kind if self._index is not None else None,
+            "nlist": getattr(self._index, "nlist", None) or None,
             "generation": m["generation"],
         }
 
@@ -267,13 +400,20 @@ class Database:
         self._sync()
         q, cu_q, single = _queries(queries, self.dim, self.device)
         n_cand = n_candidates or max(DEFAULT_CANDIDATES, 8 * k)
-        kk = min(k_tokens or DEFAULT_K_TOKENS, self._index.ntotal)
-        self._index.nprobe = nprobe or DEFAULT_NPROBE
-        sims, pos = self._index.search(q, kk)
-        rows = torch.searchsorted(self._row_offsets, pos.to(self.device), right=True) - 1
-        rows = torch.where(pos >= 0, rows, torch.full_like(rows, -1))
+        for name, v in (("n_candidates", n_candidates), ("k_tokens", k_tokens), ("nprobe", nprobe)):
+            if v is not None:
+                _check_k(v, name)
         live = self._live if where is None else self._allowed(where)
-        cand = approximate_candidates(sims.to(self.device), rows, live, cu_q, n_cand)
+        if isinstance(self._index, CentroidLists):
+            self._index.nprobe = nprobe or DEFAULT_LISTS_PROBE
+            cand = self._index.candidates(q, cu_q, live, n_cand)
+        else:
+            kk = min(k_tokens or DEFAULT_K_TOKENS, self._index.ntotal)
+            self._index.nprobe = nprobe or DEFAULT_NPROBE
+            sims, pos = self._index.search(q, kk)
+            rows = torch.searchsorted(self._row_offsets, pos.to(self.device), right=True) - 1
+            rows = torch.where(pos >= 0, rows, torch.full_like(rows, -1))
+            cand = approximate_candidates(sims.to(self.device), rows, live, cu_q, n_cand)
         scores = maxsim_candidates(q, cu_q, self._tokens, self._row_offsets, cand, self._scales, check=False)
         hits = _hits(scores, cand, self._row_ids, k)
         n_match = int(live.sum())
@@ -308,11 +448,12 @@ class Database:
         return hits[0] if single else hits
 
 
-def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index="auto") -> Database:  # noqa: A001
+def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index="auto", nlist=None) -> Database:  # noqa: A001
     """Open (or create) a database directory. ``dtype``: "float16" (the default) or "int8" for a new
-    database; for an existing one, None or the stored dtype;
-    ``index``: "flat" (exact), "ivf", or "auto" (flat below 4M tokens)."""
-    return Database(path, dim=dim, dtype=dtype, device=device, read_only=read_only, index=index)
+    database; for an existing one, None or the stored dtype; ``index``: "flat" (exact token
+    search), "ivf" (centroid lists, persisted), or "auto" (flat below 1M tokens); ``nlist``: IVF
+    lists when training (default about 2 * sqrt(tokens), a power of two)."""
+    return Database(path, dim=dim, dtype=dtype, device=device, read_only=read_only, index=index, nlist=nlist)
 
 
 def rerank(query, docs, k: int | None = None) -> list[Hit]:

@@ -1,9 +1,14 @@
-"""Token index: FAISS over every stored token (GPU when faiss-gpu and CUDA are present).
+"""Token indexes over every stored token, in the store's row order (deleted rows included,
+masked at query time), so positions map to document rows through the row offsets.
 
-Token positions in the index follow the store's row order (every row of every segment, deleted
-ones included, masked at query time), so a hit's token position maps to its document row through
-the row offsets. Derived data: it is rebuilt from the resident tokens when a database opens
-(persisting it with the manifest is still to do).
+- ``TokenIndex`` ("flat", small corpora): an exact FAISS inner-product index; each query token
+  retrieves its k' nearest stored tokens, and ``approximate_candidates`` scores documents from them.
+- ``CentroidLists`` ("ivf", large corpora): FAISS spherical k-means centroids, every token's list
+  (its nearest centroid) and, per list, the documents holding such a token. A query token probes
+  its ``nprobe`` best lists; a document is credited with the best probed centroid it holds. It
+  never holds a second copy of the vectors (the exact rerank reads the resident store), and it is
+  persisted with the manifest (centroids plus per-segment codes), so opening neither retrains nor
+  re-adds.
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ def gpu_available() -> bool:
     return faiss is not None and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
-FLAT_MAX_TOKENS = 4_000_000  # exact search below this many tokens, IVF above
-DEFAULT_NPROBE = 32
+FLAT_MAX_TOKENS = 1 << 20  # exact token search below this many tokens, centroid lists above
+DEFAULT_NPROBE = 32  # flat: unused; see DEFAULT_LISTS_PROBE for the centroid lists
+DEFAULT_LISTS_PROBE = 8  # lists probed per query token (centroid lists)
+RETRAIN_GROWTH = 4  # compaction retrains once the corpus holds this many times its training corpus
 
 
 def _float_chunks(tokens: torch.Tensor, scales: torch.Tensor | None, start: int = 0, chunk: int = 1 << 20):
@@ -47,8 +54,8 @@ def _sync(device: torch.device) -> None:
 
 
 def default_nlist(n_tokens: int) -> int:
-    """About 2 * sqrt(N) lists (a power of two, at most 65536, at least 39 tokens each): adding
-    costs N x nlist dot products, so more lists trade build time for search time."""
+    """About 2 * sqrt(N) lists (a power of two, at most 65536, at least 39 tokens each): assigning
+    costs N x nlist dot products, so more lists trade build time for finer lists."""
     n = 1
     while n < 2 * n_tokens**0.5 and n < 65536 and 2 * n * 39 <= n_tokens:
         n *= 2
@@ -185,3 +192,142 @@ def approximate_candidates(
     if n < n_candidates:
         cand = torch.cat([cand, torch.full((nq, n_candidates - n), -1, dtype=torch.int64, device=device)], 1)
     return cand
+
+
+# ---------------------------------------------------------------------------------------------
+# IVF: FAISS k-means centroids + every token's list, searched as centroid lists of documents
+
+
+def _assign(x: torch.Tensor, centroids: torch.Tensor, scratch: int = 1 << 30) -> torch.Tensor:
+    """Each row's nearest centroid by inner product (centroids are unit norm) -> int32 [n]; rows in
+    chunks whose [rows, nlist] similarity block stays near ``scratch`` bytes."""
+    out = torch.empty(x.shape[0], dtype=torch.int32, device=x.device)
+    c = centroids.to(x.device)
+    chunk = max(256, scratch // (c.shape[0] * c.element_size()))
+    for i in range(0, x.shape[0], chunk):
+        out[i : i + chunk] = (x[i : i + chunk].to(c.dtype) @ c.T).argmax(dim=1).int()
+    return out
+
+
+def train_centroids(sample: torch.Tensor, nlist: int, seed: int = 0, niter: int = 10) -> torch.Tensor:
+    """Spherical k-means with FAISS (on the GPU when faiss-gpu is present) -> float32 [nlist, dim]."""
+    _require_faiss()
+    x = sample.float().cpu().numpy()
+    dim = x.shape[1]
+    cl = faiss.Clustering(dim, nlist)
+    cl.niter, cl.seed, cl.spherical = niter, seed, True
+    cl.max_points_per_centroid = max(1, x.shape[0] // nlist + 1)  # the caller sized the sample
+    if gpu_available():
+        res = faiss.StandardGpuResources()
+        quantizer = faiss.GpuIndexFlatIP(res, dim)
+    else:
+        quantizer = faiss.IndexFlatIP(dim)
+    cl.train(x, quantizer)
+    return torch.from_numpy(faiss.vector_to_array(cl.centroids).reshape(nlist, dim).copy())
+
+
+class CentroidLists:
+    """The IVF token index: FAISS-trained centroids, each stored token's list (nearest centroid,
+    ``codes``, int32 in row order), and per list the document rows holding such a token (CSR).
+
+    A query token is scored against every centroid (one GEMM); its ``nprobe`` best lists give
+    candidate documents, each credited with the best probed centroid it holds (the imputation for
+    the rest is the nprobe-th centroid's similarity), summed over the query's tokens.
+    """
+
+    kind = "ivf"
+
+    def __init__(self, centroids: torch.Tensor, codes: torch.Tensor, row_offsets: torch.Tensor):
+        self.device = row_offsets.device
+        self.nlist, self.dim = centroids.shape
+        half = self.device.type == "cuda"
+        self.centroids = centroids.to(self.device, torch.float16 if half else torch.float32)
+        self.codes = codes.to(self.device, torch.int32)
+        self.nprobe = DEFAULT_NPROBE
+        self.build_seconds: dict = {}
+        self._lists(row_offsets)
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.codes.shape[0])
+
+    def _lists(self, row_offsets: torch.Tensor) -> None:
+        n_rows = row_offsets.numel() - 1
+        lengths = (row_offsets[1:] - row_offsets[:-1]).long()
+        if self.codes.numel() != int(row_offsets[-1]):
+            raise ValueError(f"index codes: {self.codes.numel()} tokens, the store holds {int(row_offsets[-1])}")
+        row_of = torch.repeat_interleave(torch.arange(n_rows, device=self.device), lengths)
+        key = torch.unique(self.codes.long() * max(n_rows, 1) + row_of)  # sorted: by list, then row
+        del row_of
+        self.n_rows = n_rows
+        self.list_rows = (key % max(n_rows, 1)).int()
+        counts = torch.bincount(key // max(n_rows, 1), minlength=self.nlist)
+        self.list_offsets = torch.zeros(self.nlist + 1, dtype=torch.int64, device=self.device)
+        self.list_offsets[1:] = counts.cumsum(0)
+
+    def add(self, codes: torch.Tensor, row_offsets: torch.Tensor) -> None:
+        """Append the codes of newly stored rows (no retraining) and rebuild the lists."""
+        self.codes = torch.cat([self.codes, codes.to(self.device, torch.int32)])
+        self._lists(row_offsets)
+
+    def assign(self, tokens: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
+        """Lists of stored tokens (float16, or int8 with scales) -> int32 codes on the device."""
+        if scales is None:
+            return _assign(tokens.to(self.device), self.centroids)
+        out = [_assign(x, self.centroids) for x in _float_chunks(tokens, scales, chunk=1 << 22)]
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.int32, device=self.device)
+
+    def candidates(self, q: torch.Tensor, cu_q: torch.Tensor, live: torch.Tensor, n_candidates: int,
+                   scratch_bytes: int = 1 << 29) -> torch.Tensor:
+        """Per query, the ``n_candidates`` live rows with the best approximate scores, batched.
+
+        q [Tq, dim] packed query tokens, cu_q [Nq+1]. Every query token is scored against every
+        centroid (one GEMM) and probes its ``nprobe`` best lists. A row's approximate score sums,
+        over the query's tokens, the best probed centroid's similarity among the row's tokens,
+        minus the nprobe-th (the value imputed where the row holds none). Rows are ranked in a
+        dense [tokens, rows] scratch, queries in chunks that keep it near ``scratch_bytes``.
+        Returns [Nq, n_candidates] rows, -1 where fewer rows exist.
+        """
+        nq, dev = cu_q.numel() - 1, q.device
+        out = torch.full((nq, n_candidates), -1, dtype=torch.int64, device=dev)
+        if nq == 0 or self.n_rows == 0:
+            return out
+        p = max(1, min(self.nprobe, self.nlist))
+        sim = q.to(self.centroids.dtype) @ self.centroids.T  # [Tq, nlist]
+        sv, sc = sim.topk(p, dim=1)
+        del sim
+        gdtype = torch.float16 if dev.type == "cuda" else torch.float32
+        gain = (sv.float() - sv[:, -1:].float()).to(gdtype)  # >= 0, decreasing along the probes
+        starts, lens = self.list_offsets[sc], self.list_offsets[sc + 1] - self.list_offsets[sc]
+        cu = cu_q.long().tolist()
+        qlen = [cu[i + 1] - cu[i] for i in range(nq)]
+        per_query = max(qlen) * self.n_rows * gain.element_size()
+        chunk = max(1, scratch_bytes // max(1, per_query))
+        n = min(n_candidates, self.n_rows)
+        dead = ~live
+        for a in range(0, nq, chunk):
+            b = min(nq, a + chunk)
+            t0, t1 = cu[a], cu[b]
+            ln = lens[t0:t1].flatten()
+            ent = torch.repeat_interleave(torch.arange(ln.numel(), device=dev), ln)  # entry -> (token, probe)
+            pos = torch.arange(ent.numel(), device=dev) - (ln.cumsum(0) - ln)[ent]
+            rows = self.list_rows[starts[t0:t1].flatten()[ent] + pos].long()
+            best = torch.zeros((t1 - t0) * self.n_rows, dtype=gain.dtype, device=dev)
+            try:
+                best.scatter_reduce_(0, (ent // p) * self.n_rows + rows, gain[t0:t1].flatten()[ent], "amax")
+            except RuntimeError:  # pragma: no cover - a torch build without float16 scatter-amax
+                if gain.dtype == torch.float32:
+                    raise
+                gain, best = gain.float(), best.float()
+                best.scatter_reduce_(0, (ent // p) * self.n_rows + rows, gain[t0:t1].flatten()[ent], "amax")
+            best = best.view(t1 - t0, self.n_rows)
+            if len(set(qlen[a:b])) == 1:
+                score = best.view(b - a, qlen[a], self.n_rows).sum(1, dtype=torch.float32)
+            else:
+                qid = torch.repeat_interleave(torch.arange(b - a, device=dev), torch.tensor(qlen[a:b], device=dev))
+                score = torch.zeros(b - a, self.n_rows, dtype=torch.float32, device=dev).index_add_(0, qid, best.float())
+            del best
+            score.masked_fill_(dead[None], float("-inf"))
+            top = score.topk(n, dim=1)
+            out[a:b, :n] = top.indices.masked_fill(torch.isinf(top.values), -1)
+        return out

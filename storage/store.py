@@ -8,8 +8,10 @@ time (an fcntl lock); readers take no lock and work on a manifest snapshot until
 
 from __future__ import annotations
 
+import io
 import os
 import uuid
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,12 +25,13 @@ from mvdb.errors import (
     UnknownIdError,
 )
 from mvdb.storage import _validate
-from mvdb.storage._io import WriterLock, fsync_dir
+from mvdb.storage._io import WriterLock, atomic_write, fsync_dir
 from mvdb.storage.manifest import MANIFEST, new_manifest, read_manifest, write_manifest
 from mvdb.storage.segment import SegmentReader, write_segment
 
 DTYPES = ("float16", "int8")
 SEGMENTS = "segments"
+INDEX = "index"  # derived token-index files, named by the manifest's "index_files"
 TMP_PREFIX = ".tmp-"
 
 
@@ -224,6 +227,14 @@ class Store:
                 removed = True
         if removed:
             fsync_dir(seg_dir)
+        index_dir = os.path.join(self.path, INDEX)
+        if os.path.isdir(index_dir):
+            named = {e["name"] for e in manifest.get("index_files", [])}
+            stale = [n for n in os.listdir(index_dir) if n not in named]
+            for name in stale:
+                os.unlink(os.path.join(index_dir, name))
+            if stale:
+                fsync_dir(index_dir)
 
     # ---- properties
 
@@ -400,6 +411,48 @@ class Store:
             path = os.path.join(self.path, SEGMENTS, name)
             if name not in committed and os.path.exists(path):
                 os.unlink(path)
+
+    # ---- derived index files (written by the database; the segments stay the data of record)
+
+    def write_index_file(self, name: str, array: np.ndarray) -> dict:
+        """Write one index file (an .npy) durably under index/; returns its manifest entry. The file
+        counts only once :meth:`commit_index` names it; until then the next writer may remove it."""
+        self._writable()
+        if os.sep in name or not name.endswith(".npy") or name.startswith("."):
+            raise InvalidInputError(f"index file name: expected a plain name ending in .npy, got {name!r}")
+        buf = io.BytesIO()
+        np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+        data = buf.getvalue()
+        os.makedirs(os.path.join(self.path, INDEX), exist_ok=True)
+        atomic_write(os.path.join(self.path, INDEX, name), data)
+        return {"name": name, "nbytes": len(data), "crc32": zlib.crc32(data)}
+
+    def read_index_file(self, entry: dict) -> np.ndarray:
+        """Read an index file named by the manifest, checking its size and CRC-32 (CorruptionError)."""
+        path = os.path.join(self.path, INDEX, entry["name"])
+        with open(path, "rb") as f:
+            data = f.read()
+        if len(data) != entry["nbytes"] or zlib.crc32(data) != entry["crc32"]:
+            raise CorruptionError(f"{path}: size or checksum does not match the manifest")
+        return np.load(io.BytesIO(data), allow_pickle=False)
+
+    def commit_index(self, entries: list[dict]) -> None:
+        """Commit a manifest naming ``entries`` (from :meth:`write_index_file`) as the index files,
+        segments unchanged; files the old manifest named and the new one does not are removed."""
+        self._writable()
+        for e in entries:
+            if not os.path.exists(os.path.join(self.path, INDEX, e["name"])):
+                raise InvalidInputError(f"index file {e['name']!r}: not written")
+        m = self.manifest
+        old = {e["name"] for e in m.get("index_files", [])}
+        self._commit(dict(m, index_files=[dict(e) for e in entries]), [])
+        gone = old - {e["name"] for e in entries}
+        for name in gone:
+            path = os.path.join(self.path, INDEX, name)
+            if os.path.exists(path):
+                os.unlink(path)
+        if gone:
+            fsync_dir(os.path.join(self.path, INDEX))
 
     def delete(self, ids) -> None:
         """Delete live documents by id (UnknownIdError, and nothing deleted, if any is not live)."""
@@ -647,6 +700,11 @@ class Store:
                 n_docs += int(live.sum())
             finally:
                 r.close()
+        for entry in manifest.get("index_files", []):
+            try:
+                self.read_index_file(entry)
+            except (OSError, CorruptionError, ValueError) as e:
+                problems.append(f"index/{entry['name']}: {e} (derived data: the database rebuilds it)")
         if all_keys:
             keys = np.concatenate(all_keys)
             if len(np.unique(keys)) != len(keys):
