@@ -88,7 +88,7 @@ def main():
             ref = _reference(db, q, args.queries, dev, res)
         run["sweep"] = []
         for nprobe, n_cand in SETTINGS:
-            kw = dict(k=10, nprobe=nprobe, n_candidates=n_cand)
+            kw = {"k": 10, **({"nprobe": nprobe} if nprobe else {}), **({"n_candidates": n_cand} if n_cand else {})}
             try:
                 run["sweep"].append(_measure(db, q, src, ref, kw, dev, args.queries))
             except torch.cuda.OutOfMemoryError as e:
@@ -103,7 +103,7 @@ def main():
     print(json.dumps(res))
 
 
-SETTINGS = [(2, 256), (4, 256), (8, 256), (16, 256), (8, 512), (4, 1024)]  # (nprobe, n_candidates)
+SETTINGS = [(None, None), (2, 1024), (2, 2048), (4, 1024), (8, 2048), (8, 4096)]  # (nprobe, n_candidates); None: default
 
 
 def _reference(db, q, n, dev, res):
@@ -141,9 +141,9 @@ def _measure(db, q, src, ref, kw, dev, n):
     cu = torch.arange(0, (n + 1) * q.shape[1], q.shape[1], dtype=torch.int32, device=q.device)
     qp = q.reshape(-1, q.shape[2]).float()
     if hasattr(db._index, "candidates"):
-        db._index.nprobe = kw["nprobe"]
+        db._index.nprobe = kw.get("nprobe", mvdb.index.DEFAULT_LISTS_PROBE)
         t0 = time.perf_counter()
-        db._index.candidates(qp, cu, live, kw["n_candidates"])
+        db._index.candidates(qp, cu, live, kw.get("n_candidates", mvdb.index.DEFAULT_LISTS_CANDIDATES))
         _sync(dev)
         row["candidates_ms_per_1000"] = (time.perf_counter() - t0) * 1e3 * 1000 / n
     lat = []

@@ -21,7 +21,7 @@ for step in "$@"; do
         tests) MVDB_AUTOTUNE=0 timeout 300 python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/tests.log" | tail -15 ;;
         bench:*) timeout 480 python3 benchmarks/kernels.py --cases "${step#bench:}" --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
         sweep:*) timeout 480 python3 benchmarks/kernels.py --sweep --no-peers --cases "${step#sweep:}" --out "$OUT" 2>&1 | tee -a "$OUT/sweep.log" ;;
-        dbtests) timeout ${DBTESTS_TIMEOUT:-400} python3 -m pytest -q tests/test_database.py tests/test_cli.py 2>&1 | tee "$OUT/dbtests.log" | tail -15 ;;
+        dbtests) timeout ${DBTESTS_TIMEOUT:-400} python3 -m pytest -q tests/test_database.py tests/test_cli.py tests/test_lists.py 2>&1 | tee "$OUT/dbtests.log" | tail -15 ;;
         e2e:*) timeout ${E2E_TIMEOUT:-400} python3 benchmarks/e2e.py --docs "${step#e2e:}" --out "$OUT" ${E2E_ARGS:-} 2>&1 | tee -a "$OUT/e2e.log" ;;
         fastplaid:*) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-fp \
                          .whl_fp/*.whl || { echo "fast-plaid wheels did not install (carry .whl_fp)"; continue; }

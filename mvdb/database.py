@@ -26,6 +26,7 @@ import torch
 
 from mvdb.errors import CorruptionError, InvalidInputError, InvalidTypeError
 from mvdb.index import (
+    DEFAULT_LISTS_CANDIDATES,
     DEFAULT_LISTS_PROBE,
     DEFAULT_NPROBE,
     FLAT_MAX_TOKENS,
@@ -38,12 +39,11 @@ from mvdb.index import (
 )
 from mvdb.kernels import maxsim_candidates, maxsim_varlen
 from mvdb.storage import Store
-from mvdb.storage._validate import decode_id
 
 
 # Defaults chosen so that nobody needs to tune them (see tests/test_database.py recall test).
 DEFAULT_K_TOKENS = 512  # flat index: nearest stored tokens per query token
-DEFAULT_CANDIDATES = 256  # documents reranked exactly per query
+DEFAULT_CANDIDATES = 256  # flat index: documents reranked exactly per query (IVF: see mvdb.index)
 
 
 class Hit(NamedTuple):
@@ -73,25 +73,31 @@ def _queries(queries, dim: int, device: torch.device) -> tuple[torch.Tensor, tor
 
     if isinstance(queries, (list, tuple)):
         items, single = [as_tensor(x, f"queries[{i}]") for i, x in enumerate(queries)], False
+        for i, t in enumerate(items):
+            if t.dim() != 2 or t.shape[1] != dim:
+                raise InvalidInputError(f"query {i}: expected shape [Lq, {dim}], got {tuple(t.shape)}")
+            if t.shape[0] == 0:
+                raise InvalidInputError(f"query {i}: empty (0 tokens)")
+        lens = [t.shape[0] for t in items]
+        q = torch.cat([t.to(device, torch.float32) for t in items]) if items else torch.zeros(0, dim, device=device)
     else:
         t = as_tensor(queries, "queries")
-        if t.dim() == 2:
-            items, single = [t], True
-        elif t.dim() == 3:
-            items, single = list(t), False
-        else:
+        if t.dim() not in (2, 3):
             raise InvalidInputError(f"queries: expected [Lq, dim], [Nq, Lq, dim] or a list, got shape {tuple(t.shape)}")
-    for i, t in enumerate(items):
-        if t.dim() != 2 or t.shape[1] != dim:
-            raise InvalidInputError(f"query {i}: expected shape [Lq, {dim}], got {tuple(t.shape)}")
-        if t.shape[0] == 0:
-            raise InvalidInputError(f"query {i}: empty (0 tokens)")
-        if t.is_floating_point() and not torch.isfinite(t).all():
-            raise InvalidInputError(f"query {i}: contains NaN or Inf")
-    q = torch.cat([t.float().to(device) for t in items]) if items else torch.zeros(0, dim, device=device)
-    lens = torch.tensor([t.shape[0] for t in items], dtype=torch.int64)
-    cu = torch.zeros(len(items) + 1, dtype=torch.int32)
-    cu[1:] = lens.cumsum(0)
+        single = t.dim() == 2
+        t = t[None] if single else t
+        if t.shape[2] != dim:
+            raise InvalidInputError(f"query 0: expected shape [Lq, {dim}], got {tuple(t.shape[1:])}")
+        if t.shape[1] == 0 and t.shape[0]:
+            raise InvalidInputError("query 0: empty (0 tokens)")
+        lens = [t.shape[1]] * t.shape[0]
+        q = t.to(device, torch.float32).reshape(-1, dim)
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lens, dtype=torch.int64).cumsum(0)
+    if q.numel() and not bool(torch.isfinite(q).all()):  # one check for the batch; then name the query
+        bad = (~torch.isfinite(q).all(dim=1)).nonzero()[0, 0].item()
+        i = int(torch.searchsorted(cu, torch.tensor(bad, dtype=torch.int32), right=True)) - 1
+        raise InvalidInputError(f"query {i}: contains NaN or Inf")
     return q, cu.to(device), single
 
 
@@ -105,16 +111,15 @@ def _check_k(k, name: str = "k") -> None:
 def _hits(scores: torch.Tensor, rows: torch.Tensor, ids: np.ndarray, k: int | None) -> list[list[Hit]]:
     """Best-first hits per query from scores/rows [Nq, K] (padding rows -1 / -inf dropped)."""
     n = scores.shape[1] if k is None else min(k, scores.shape[1])
-    top = scores.topk(n, dim=1) if n else None
-    out = []
-    for qi in range(scores.shape[0]):
-        if top is None:
-            out.append([])
-            continue
-        vals = top.values[qi].tolist()
-        sel = rows[qi].gather(0, top.indices[qi]).tolist()
-        out.append([Hit(decode_id(ids[r]), v) for r, v in zip(sel, vals) if r >= 0 and v != float("-inf")])
-    return out
+    if n == 0:
+        return [[] for _ in range(scores.shape[0])]
+    top = scores.topk(n, dim=1)
+    sel = rows.gather(1, top.indices)
+    ok = (sel >= 0) & ~torch.isneginf(top.values)
+    vals, sel, ok = top.values.tolist(), sel.cpu().numpy(), ok.tolist()
+    keys = ids[np.maximum(sel, 0)]
+    keys = [[x.decode() for x in r] for r in keys.tolist()] if keys.dtype.kind == "S" else keys.tolist()
+    return [[Hit(i, v) for i, v, good in zip(kr, vr, okr) if good] for kr, vr, okr in zip(keys, vals, ok)]
 
 
 class Database:
@@ -399,12 +404,13 @@ class Database:
             return [[] for _ in range(len(queries))] if batch else []
         self._sync()
         q, cu_q, single = _queries(queries, self.dim, self.device)
-        n_cand = n_candidates or max(DEFAULT_CANDIDATES, 8 * k)
+        ivf = isinstance(self._index, CentroidLists)
+        n_cand = n_candidates or max(DEFAULT_LISTS_CANDIDATES if ivf else DEFAULT_CANDIDATES, 8 * k)
         for name, v in (("n_candidates", n_candidates), ("k_tokens", k_tokens), ("nprobe", nprobe)):
             if v is not None:
                 _check_k(v, name)
         live = self._live if where is None else self._allowed(where)
-        if isinstance(self._index, CentroidLists):
+        if ivf:
             self._index.nprobe = nprobe or DEFAULT_LISTS_PROBE
             cand = self._index.candidates(q, cu_q, live, n_cand)
         else:
@@ -416,8 +422,10 @@ class Database:
             cand = approximate_candidates(sims.to(self.device), rows, live, cu_q, n_cand)
         scores = maxsim_candidates(q, cu_q, self._tokens, self._row_offsets, cand, self._scales, check=False)
         hits = _hits(scores, cand, self._row_ids, k)
-        n_match = int(live.sum())
-        short = [i for i, h in enumerate(hits) if len(h) < min(k, n_match)]
+        short = [i for i, h in enumerate(hits) if len(h) < k]
+        if short:
+            n_match = int(live.sum())
+            short = [i for i in short if len(hits[i]) < n_match]
         if short:
             # Filters can leave too few candidates: score every matching document for those queries.
             allowed = torch.nonzero(live).flatten()

@@ -17,6 +17,8 @@ import time
 
 import torch
 
+from mvdb.kernels.lists import credit_lists
+
 try:
     import faiss
     import faiss.contrib.torch_utils  # noqa: F401  (torch tensors in, torch tensors out)
@@ -35,7 +37,8 @@ def gpu_available() -> bool:
 
 FLAT_MAX_TOKENS = 1 << 20  # exact token search below this many tokens, centroid lists above
 DEFAULT_NPROBE = 32  # flat: unused; see DEFAULT_LISTS_PROBE for the centroid lists
-DEFAULT_LISTS_PROBE = 8  # lists probed per query token (centroid lists)
+DEFAULT_LISTS_PROBE = 4  # lists probed per query token (centroid lists)
+DEFAULT_LISTS_CANDIDATES = 2048  # documents reranked exactly per query (centroid lists)
 RETRAIN_GROWTH = 4  # compaction retrains once the corpus holds this many times its training corpus
 
 
@@ -278,14 +281,14 @@ class CentroidLists:
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.int32, device=self.device)
 
     def candidates(self, q: torch.Tensor, cu_q: torch.Tensor, live: torch.Tensor, n_candidates: int,
-                   scratch_bytes: int = 1 << 29) -> torch.Tensor:
+                   scratch_bytes: int = 1 << 30, backend: str = "auto") -> torch.Tensor:
         """Per query, the ``n_candidates`` live rows with the best approximate scores, batched.
 
         q [Tq, dim] packed query tokens, cu_q [Nq+1]. Every query token is scored against every
         centroid (one GEMM) and probes its ``nprobe`` best lists. A row's approximate score sums,
-        over the query's tokens, the best probed centroid's similarity among the row's tokens,
-        minus the nprobe-th (the value imputed where the row holds none). Rows are ranked in a
-        dense [tokens, rows] scratch, queries in chunks that keep it near ``scratch_bytes``.
+        over the query's tokens, the similarity of the best probed centroid among the row's tokens
+        minus the nprobe-th (the value imputed where the row holds none); see
+        mvdb.kernels.lists. Queries go in chunks whose score tables stay near ``scratch_bytes``.
         Returns [Nq, n_candidates] rows, -1 where fewer rows exist.
         """
         nq, dev = cu_q.numel() - 1, q.device
@@ -294,39 +297,29 @@ class CentroidLists:
             return out
         p = max(1, min(self.nprobe, self.nlist))
         sim = q.to(self.centroids.dtype) @ self.centroids.T  # [Tq, nlist]
-        sv, sc = sim.topk(p, dim=1)
+        sv, probes = sim.topk(p, dim=1)
         del sim
-        gdtype = torch.float16 if dev.type == "cuda" else torch.float32
-        gain = (sv.float() - sv[:, -1:].float()).to(gdtype)  # >= 0, decreasing along the probes
-        starts, lens = self.list_offsets[sc], self.list_offsets[sc + 1] - self.list_offsets[sc]
+        gains = sv.float() - sv[:, -1:].float()  # >= 0, non-increasing along the probes
         cu = cu_q.long().tolist()
-        qlen = [cu[i + 1] - cu[i] for i in range(nq)]
-        per_query = max(qlen) * self.n_rows * gain.element_size()
+        longest = max(cu[i + 1] - cu[i] for i in range(nq))
+        triton_path = backend == "triton" or (backend == "auto" and dev.type == "cuda")
+        # A program walks one query's lists in order; few queries would leave the GPU idle, so
+        # their tokens are split into groups (one program each) whose tables are summed.
+        groups = max(1, min(longest, 64 // nq)) if triton_path else 1
+        per_query = self.n_rows * (6 * groups if triton_path else 4 * (longest + 1))
         chunk = max(1, scratch_bytes // max(1, per_query))
         n = min(n_candidates, self.n_rows)
         dead = ~live
         for a in range(0, nq, chunk):
             b = min(nq, a + chunk)
-            t0, t1 = cu[a], cu[b]
-            ln = lens[t0:t1].flatten()
-            ent = torch.repeat_interleave(torch.arange(ln.numel(), device=dev), ln)  # entry -> (token, probe)
-            pos = torch.arange(ent.numel(), device=dev) - (ln.cumsum(0) - ln)[ent]
-            rows = self.list_rows[starts[t0:t1].flatten()[ent] + pos].long()
-            best = torch.zeros((t1 - t0) * self.n_rows, dtype=gain.dtype, device=dev)
-            try:
-                best.scatter_reduce_(0, (ent // p) * self.n_rows + rows, gain[t0:t1].flatten()[ent], "amax")
-            except RuntimeError:  # pragma: no cover - a torch build without float16 scatter-amax
-                if gain.dtype == torch.float32:
-                    raise
-                gain, best = gain.float(), best.float()
-                best.scatter_reduce_(0, (ent // p) * self.n_rows + rows, gain[t0:t1].flatten()[ent], "amax")
-            best = best.view(t1 - t0, self.n_rows)
-            if len(set(qlen[a:b])) == 1:
-                score = best.view(b - a, qlen[a], self.n_rows).sum(1, dtype=torch.float32)
+            if groups > 1:
+                cu_g = [cu[i] + (cu[i + 1] - cu[i]) * g // groups for i in range(a, b) for g in range(groups)] + [cu[b]]
+                score = credit_lists(self.list_offsets, self.list_rows, self.n_rows, probes, gains,
+                                     torch.tensor(cu_g, device=dev), backend="triton")
+                score = score.view(b - a, groups, self.n_rows).sum(1)
             else:
-                qid = torch.repeat_interleave(torch.arange(b - a, device=dev), torch.tensor(qlen[a:b], device=dev))
-                score = torch.zeros(b - a, self.n_rows, dtype=torch.float32, device=dev).index_add_(0, qid, best.float())
-            del best
+                score = credit_lists(self.list_offsets, self.list_rows, self.n_rows, probes, gains,
+                                     cu_q[a : b + 1], backend="triton" if triton_path else "torch")
             score.masked_fill_(dead[None], float("-inf"))
             top = score.topk(n, dim=1)
             out[a:b, :n] = top.indices.masked_fill(torch.isinf(top.values), -1)

@@ -1,5 +1,8 @@
 """The database API: search against exhaustive MaxSim, rerank, deletes, reopen, bad input."""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -191,3 +194,119 @@ def test_ivf_index_search_and_incremental_add(tmp_path, dtype):
         assert db._index.ntotal == db.stats()["tokens"]
         first = [db.search(_query(docs[i], rng), k=5, nprobe=64)[0].id == i for i in range(0, 300, 30)]
         assert sum(first) >= 9
+
+
+def test_ivf_recall_against_exhaustive(tmp_path):
+    """Centroid lists on a corpus with word structure (benchmarks/synthetic.py, scaled down): the
+    candidate stage must find the exhaustive top-10 among 3% of the documents."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from synthetic import make_corpus, make_queries
+
+    c = make_corpus(3000, 16, 32, DIM, vocab=3000, n_topics=60, dtype=torch.float32, device="cpu", seed=3)
+    queries, _ = make_queries(c, 20, 8, seed=4)
+    with mvdb.open(tmp_path / "db", index="ivf") as db:
+        db.add([x.numpy() for x in torch.split(c.tokens, c.lengths.tolist())])
+        want = [_exhaustive(db, q.numpy(), 10) for q in queries]
+
+        def recall(**kw):
+            got = db.search(queries, k=10, **kw)
+            return np.mean([len({h.id for h in g} & set(w)) / 10 for g, w in zip(got, want)])
+
+        assert recall(nprobe=8, n_candidates=100) >= 0.85
+        assert recall() >= 0.99  # default settings
+
+
+def _index_files(path):
+    return sorted(p.name for p in (path / "index").iterdir())
+
+
+def test_ivf_index_is_persisted_and_reopening_does_not_retrain(tmp_path, monkeypatch):
+    docs = _corpus(120, seed=13)
+    q = _query(docs[7], np.random.default_rng(14))
+    with mvdb.open(tmp_path / "db", index="ivf", nlist=16) as db:
+        db.add(docs[:80])
+        db.add(docs[80:])
+        entries = db.store.manifest["index_files"]
+        assert [e["kind"] for e in entries] == ["centroids", "codes", "codes"]
+        assert _index_files(tmp_path / "db") == sorted(e["name"] for e in entries)
+        before = db.search(q, k=5)
+        codes = db._index.codes.clone()
+
+    def no_training(*a, **k):
+        raise AssertionError("reopening must not retrain")
+
+    monkeypatch.setattr(mvdb.database, "train_centroids", no_training)
+    monkeypatch.setattr(mvdb.index.CentroidLists, "assign", no_training)  # nor re-assign
+    with mvdb.open(tmp_path / "db", index="ivf", read_only=True) as db:
+        assert torch.equal(db._index.codes, codes)
+        assert db.search(q, k=5) == before
+        assert db.stats()["nlist"] == 16
+
+
+def test_ivf_index_file_damage_is_repaired_from_the_segments(tmp_path):
+    docs = _corpus(60, seed=15)
+    q = _query(docs[3], np.random.default_rng(16))
+    with mvdb.open(tmp_path / "db", index="ivf", nlist=8) as db:
+        db.add(docs)
+        before = db.search(q, k=3)
+        codes_name = next(e["name"] for e in db.store.manifest["index_files"] if e["kind"] == "codes")
+    f = tmp_path / "db" / "index" / codes_name
+    raw = bytearray(f.read_bytes())
+    raw[-1] ^= 0xFF
+    f.write_bytes(bytes(raw))
+    with mvdb.open(tmp_path / "db", read_only=True) as r:
+        assert any("checksum" in p for p in r.verify().problems)
+        assert r.search(q, k=3) == before  # recomputed in memory; a reader writes nothing
+        assert f.read_bytes() == bytes(raw)
+    with mvdb.open(tmp_path / "db", index="ivf") as w:  # a writer rewrites and recommits the codes
+        assert w.search(q, k=3) == before
+        assert w.verify().ok
+    (tmp_path / "db" / "index" / "stray.npy").write_bytes(b"x")
+    with mvdb.open(tmp_path / "db", index="ivf"):  # orphans of a crashed writer go
+        assert "stray.npy" not in _index_files(tmp_path / "db")
+
+
+def test_ivf_compaction_drops_stale_codes_and_retrains_after_growth(tmp_path, monkeypatch):
+    docs = _corpus(200, seed=17)
+    with mvdb.open(tmp_path / "db", index="ivf", nlist=8) as db:
+        db.add(docs[:20])
+        first = db._index.entry["id"]
+        db.add(docs[20:40])
+        db.delete([3])
+        db.compact()  # 2x the training corpus: same centroids, codes for the new segment only
+        assert db._index.entry["id"] == first
+        segs = {s["name"] for s in db.store.manifest["segments"]}
+        assert {e["segment"] for e in db.store.manifest["index_files"] if e["kind"] == "codes"} == segs
+        db.add(docs[40:])
+        db.delete([4])
+        db.compact()  # now far more than RETRAIN_GROWTH x: retrained
+        assert db._index.entry["id"] != first
+        assert db._index.entry["trained_tokens"] == db.stats()["tokens"]
+        assert _index_files(tmp_path / "db") == sorted(e["name"] for e in db.store.manifest["index_files"])
+        q = _query(docs[150], np.random.default_rng(18))
+        assert [h.id for h in db.search(q, k=3)] == _exhaustive(db, q, 3)
+
+
+def test_flat_index_grows_into_ivf(tmp_path, monkeypatch):
+    monkeypatch.setattr(mvdb.database, "FLAT_MAX_TOKENS", 2000)
+    docs = _corpus(160, seed=19)
+    with mvdb.open(tmp_path / "db") as db:
+        db.add(docs[:40])
+        assert db.stats()["index"] == "flat" and db.store.manifest["index_files"] == []
+        db.add(docs[40:])
+        assert db.stats()["index"] == "ivf" and db.store.manifest["index_files"]
+        q = _query(docs[100], np.random.default_rng(20))
+        assert db.search(q, k=1)[0].id == 100
+
+
+def test_bad_index_options(tmp_path):
+    with pytest.raises(InvalidInputError, match="nlist: expected a positive int or None, got 0"):
+        mvdb.open(tmp_path / "db", nlist=0)
+    with pytest.raises(InvalidInputError, match="index: expected 'auto', 'flat' or 'ivf', got 'hnsw'"):
+        mvdb.open(tmp_path / "db", index="hnsw")
+    with mvdb.open(tmp_path / "db") as db:
+        db.add(_corpus(5))
+        with pytest.raises(InvalidInputError, match="nprobe: expected a positive int, got -1"):
+            db.search(_corpus(1)[0], nprobe=-1)
+        with pytest.raises(InvalidInputError, match="n_candidates: expected a positive int, got 0"):
+            db.search(_corpus(1)[0], n_candidates=0)
