@@ -38,6 +38,8 @@ def main():
     p.add_argument("--path", default="/tmp/mvdb-e2e.mvdb")
     p.add_argument("--nlist", default="default", help="comma-separated IVF list counts to build in turn")
     p.add_argument("--index", default="auto", choices=["auto", "flat", "ivf"])
+    p.add_argument("--host-queries", type=int, default=200,
+                   help="queries for the host-residency measurement (0: skip)")
     p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
     args = p.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -95,6 +97,17 @@ def main():
                 run["sweep"].append({**kw, "error": str(e)[:200]})
             print(json.dumps(run["sweep"][-1]), flush=True)
         db.close()
+        if args.host_queries and dev == "cuda":
+            # the fallback when the tokens do not fit on the GPU: pinned host memory, candidates
+            # copied per search (forced here), default settings, fewer queries
+            t0 = time.perf_counter()
+            db = mvdb.open(args.path, device=dev, read_only=True, index=args.index, nlist=nl, residency="host")
+            host = {"reopen_s": time.perf_counter() - t0, "residency": db.stats()["residency"]}
+            n_h = args.host_queries
+            host.update(_measure(db, q[:n_h], src[:n_h], ref[:n_h], {"k": 10}, dev, n_h))
+            run["host_residency"] = host
+            print("host residency:", json.dumps(host), flush=True)
+            db.close()
         res["runs"].append(run)
     shutil.rmtree(args.path, ignore_errors=True)
     out = Path(args.out)

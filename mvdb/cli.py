@@ -13,6 +13,7 @@ from mvdb import __version__
 from mvdb.errors import MvdbError
 
 QUIET = click.option("--quiet", "-q", is_flag=True, help="No progress bars or summaries.")
+DEVICE = click.option("--device", default="auto", show_default=True, help="cpu, cuda, or auto (cuda when present).")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,8 +33,12 @@ def _fail(e: Exception) -> None:
 @click.option("--dtype", type=click.Choice(["float16", "int8"]), default=None,
               help="Storage dtype of a new database (default float16).")
 @click.option("--batch", default=10_000, show_default=True, help="Documents per committed batch.")
+@click.option("--index/--no-index", "build_index", default=True, show_default=True,
+              help="Train and persist the token index at the end (else the first writable open does).")
+@DEVICE
 @QUIET
-def ingest(db: str, sources: tuple[str, ...], dtype: str | None, batch: int, quiet: bool) -> None:
+def ingest(db: str, sources: tuple[str, ...], dtype: str | None, batch: int, build_index: bool, device: str,
+           quiet: bool) -> None:
     """Add document embeddings from files to DB (created if missing).
 
     SOURCES: packed X.npy + X.lengths.npy, .npz / .safetensors / .h5 with 'tokens' and 'lengths'
@@ -68,6 +73,16 @@ def ingest(db: str, sources: tuple[str, ...], dtype: str | None, batch: int, qui
                 dt = time.perf_counter() - t0
                 click.echo(f"ingested {added} documents ({tokens_added:,} tokens) in {dt:.1f} s; "
                            f"skipped {skipped} already stored; {len(st)} in {db}")
+        if build_index:
+            import mvdb
+
+            t0 = time.perf_counter()
+            with mvdb.open(db, device=device) as d:
+                stats = d.stats()
+            if not quiet:
+                nlist = f", nlist {stats['nlist']}" if stats["nlist"] else ""
+                click.echo(f"token index: {stats['index']}{nlist} on {stats['device']}, ready in "
+                           f"{time.perf_counter() - t0:.1f} s")
     except (MvdbError, OSError) as e:
         _fail(e)
 
@@ -114,7 +129,7 @@ def info(db: str, as_json: bool) -> None:
             out = {"path": db, "documents": len(st), "dim": m["dim"], "dtype": m["dtype"], "id_type": m["id_type"],
                    "segments": len(m["segments"]), "tokens": sum(s["n_tokens"] for s in m["segments"]),
                    "deleted": sum(len(s["deleted"]) for s in m["segments"]), "generation": m["generation"],
-                   "bytes": sum(s["file_size"] for s in m["segments"])}
+                   "bytes": sum(s["file_size"] for s in m["segments"]), "index": _index_info(m)}
     except (MvdbError, OSError) as e:
         _fail(e)
     if as_json:
@@ -122,6 +137,16 @@ def info(db: str, as_json: bool) -> None:
     else:
         for key, value in out.items():
             click.echo(f"{key}: {value}")
+
+
+def _index_info(m: dict) -> str:
+    cent = next((e for e in m.get("index_files", []) if e.get("kind") == "centroids"), None)
+    if cent is None:
+        return "none persisted (flat, or not built yet: built when the database opens)"
+    segs = {s["name"] for s in m["segments"]}
+    coded = {e["segment"] for e in m["index_files"] if e.get("kind") == "codes" and e["segment"] in segs}
+    return (f"ivf, nlist {cent['nlist']}, trained on {cent['trained_tokens']:,} tokens, "
+            f"codes for {len(coded)} of {len(segs)} segments")
 
 
 @main.command()
@@ -144,25 +169,27 @@ def verify(db: str) -> None:
 
 @main.command()
 @click.argument("db")
+@DEVICE
 @QUIET
-def compact(db: str, quiet: bool) -> None:
-    """Rewrite segments without deleted documents and merge small ones (ids are kept).
+def compact(db: str, device: str, quiet: bool) -> None:
+    """Rewrite segments without deleted documents and merge small ones (ids are kept); the token
+    index follows (retrained once the corpus has outgrown its training corpus 4x).
 
     Example: mvdb compact my.mvdb
     """
-    from mvdb.storage import Store
+    import mvdb
 
     try:
-        with Store(db) as st:
-            n = st.compact()
+        with mvdb.open(db, device=device) as d:
+            n = d.compact()
             if not quiet:
-                click.echo(f"rewrote {n} segments; {len(st)} documents in {len(st.manifest['segments'])} segments")
+                click.echo(f"rewrote {n} segments; {len(d)} documents in {d.stats()['segments']} segments")
     except (MvdbError, OSError) as e:
         _fail(e)
 
 
 @main.command()
-@click.option("--device", default="auto", show_default=True, help="cpu, cuda, or auto (cuda when present).")
+@DEVICE
 @click.option("--docs", default=300, show_default=True, help="Man pages to index (at most 300).")
 @click.option("--path", default=None, help="Database directory to build (default: a temporary one).")
 @click.option("--kernels", is_flag=True, help="Run the kernel-only demo instead (synthetic shapes).")

@@ -125,8 +125,12 @@ def _hits(scores: torch.Tensor, rows: torch.Tensor, ids: np.ndarray, k: int | No
 class Database:
     """See the module docstring; create with :func:`mvdb.open`."""
 
-    def __init__(self, path, *, dim=None, dtype=None, device="auto", read_only=False, index="auto", nlist=None):
+    def __init__(self, path, *, dim=None, dtype=None, device="auto", read_only=False, index="auto", nlist=None,
+                 residency="auto"):
         self.device = _device(device)
+        if residency not in ("auto", "device", "host"):
+            raise InvalidInputError(f"residency: expected 'auto', 'device' or 'host', got {residency!r}")
+        self.residency_asked = residency
         if index not in ("auto", "flat", "ivf"):
             raise InvalidInputError(f"index: expected 'auto', 'flat' or 'ivf', got {index!r}")
         if nlist is not None and (isinstance(nlist, bool) or not isinstance(nlist, int) or nlist < 1):
@@ -154,12 +158,29 @@ class Database:
             self._generation = self.store.generation
             return
         t0 = time.perf_counter()
-        whole = self.store.load_all(device=self.device, include_deleted=True)
+        self._home = self._residency()
+        self._on_host = self._home.type == "cpu" and (self.device.type != "cpu" or self.residency_asked == "host")
+        whole = self.store.load_all(device=self._home, pin=self._on_host, include_deleted=True)
         self.load_seconds = time.perf_counter() - t0
-        self._tokens, self._scales, self._row_offsets = whole.tokens, whole.scales, whole.offsets
+        self._tokens, self._scales = whole.tokens, whole.scales
+        self._host_offsets = whole.offsets.cpu()
+        self._row_offsets = whole.offsets.to(self.device)
         self._row_ids = np.concatenate([r.ids for r in readers]) if readers else np.zeros(0, np.int64)
         self._take_snapshot_state()
         self._index = self._make_index(retrain)
+
+    def _residency(self) -> torch.device:
+        """Where the tokens live: on the device, or (when they would not fit, or asked) in pinned
+        host memory, with each search copying only its candidates to the device."""
+        if self.residency_asked == "host":
+            return torch.device("cpu")
+        if self.residency_asked == "device" or self.device.type != "cuda":
+            return self.device
+        segs = self.store.manifest["segments"]
+        width = self.store.dim * (1 if self.store.dtype == "int8" else 2) + (4 if self.store.dtype == "int8" else 0)
+        need = sum(s["n_tokens"] for s in segs) * width
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return self.device if need <= 0.8 * free - (2 << 30) else torch.device("cpu")
 
     def _kind(self) -> str:
         if self.index_kind != "auto":
@@ -167,7 +188,7 @@ class Database:
         return "flat" if self._tokens.shape[0] < FLAT_MAX_TOKENS else "ivf"
 
     def _make_index(self, retrain: bool = False):
-        if self._kind() == "flat":
+        if self._kind() == "flat" or self._tokens.shape[0] == 0:  # IVF trains once there are tokens
             return TokenIndex.build(self._tokens, self._scales, self.device, "flat")
         return self._ivf(retrain)
 
@@ -249,11 +270,12 @@ class Database:
         from index ``first`` on (no retraining)."""
         new = self.store._snap.readers[first:]
         first_new = self._tokens.shape[0]
-        more = self.store.load_all(device=self.device, include_deleted=True, from_segment=first)
+        more = self.store.load_all(device=self._home, pin=self._on_host, include_deleted=True, from_segment=first)
         self._tokens = torch.cat([self._tokens, more.tokens])
         if self._scales is not None:
             self._scales = torch.cat([self._scales, more.scales])
-        self._row_offsets = torch.cat([self._row_offsets, self._row_offsets[-1] + more.offsets[1:]])
+        self._host_offsets = torch.cat([self._host_offsets, self._host_offsets[-1] + more.offsets[1:].cpu()])
+        self._row_offsets = self._host_offsets.to(self.device)
         self._row_ids = np.concatenate([self._row_ids] + [r.ids for r in new])
         self._segments = [seg["name"] for seg in self.store.manifest["segments"]]
         self._take_snapshot_state()
@@ -287,6 +309,47 @@ class Database:
                 self._take_snapshot_state()
         else:
             self._build()
+
+    def _score(self, q: torch.Tensor, cu_q: torch.Tensor, cand: torch.Tensor, budget: int = 1 << 31) -> torch.Tensor:
+        """Exact MaxSim of each query against its candidate rows [Nq, K] (-1 = padding -> -inf).
+
+        Device-resident tokens are read in place. Host-resident ones: per chunk of queries, the
+        distinct candidates' tokens are gathered on the host, copied to the device (about
+        ``budget`` bytes at a time) and scored there.
+        """
+        if not self._on_host:
+            return maxsim_candidates(q, cu_q, self._tokens, self._row_offsets, cand, self._scales, check=False)
+        nq, width = cand.shape
+        out = torch.full((nq, width), float("-inf"), device=self.device)
+        row_bytes = max(1, self._tokens.shape[0] // max(1, len(self._host_offsets) - 1)) * self._tokens[:1].nbytes
+        chunk = max(1, budget // max(1, width * row_bytes))
+        pin = self.device.type == "cuda"
+        for a in range(0, nq, chunk):
+            b = min(nq, a + chunk)
+            c = cand[a:b]
+            valid = c >= 0
+            if not bool(valid.any()):
+                continue
+            rows, inv = torch.unique(c[valid], return_inverse=True)
+            rows = rows.cpu()
+            starts, ends = self._host_offsets[rows], self._host_offsets[rows + 1]
+            lens = ends - starts
+            local = torch.zeros(rows.numel() + 1, dtype=torch.int64)
+            local[1:] = lens.cumsum(0)
+            idx = torch.repeat_interleave(starts - local[:-1], lens) + torch.arange(int(local[-1]))
+            tok = self._tokens.index_select(0, idx)
+            sc = self._scales.index_select(0, idx) if self._scales is not None else None
+            if pin:
+                tok = tok.pin_memory()
+                sc = sc.pin_memory() if sc is not None else None
+            tok = tok.to(self.device, non_blocking=True)
+            sc = sc.to(self.device, non_blocking=True) if sc is not None else None
+            lc = torch.full_like(c, -1)
+            lc[valid] = inv
+            cu = cu_q[a : b + 1] - cu_q[a]
+            qa = q[int(cu_q[a]) : int(cu_q[b])]
+            out[a:b] = maxsim_candidates(qa, cu, tok, local.to(self.device), lc, sc, check=False)
+        return out
 
     # ---- the public API
 
@@ -364,6 +427,7 @@ class Database:
             "segments": len(m["segments"]),
             "deleted": sum(len(s["deleted"]) for s in m["segments"]),
             "device": str(self.device),
+            "residency": None if self._tokens is None else ("host" if self._on_host else "device"),
             "index": self._index.kind if self._index is not None else None,
             "nlist": getattr(self._index, "nlist", None) or None,
             "generation": m["generation"],
@@ -420,7 +484,7 @@ class Database:
             rows = torch.searchsorted(self._row_offsets, pos.to(self.device), right=True) - 1
             rows = torch.where(pos >= 0, rows, torch.full_like(rows, -1))
             cand = approximate_candidates(sims.to(self.device), rows, live, cu_q, n_cand)
-        scores = maxsim_candidates(q, cu_q, self._tokens, self._row_offsets, cand, self._scales, check=False)
+        scores = self._score(q, cu_q, cand)
         hits = _hits(scores, cand, self._row_ids, k)
         short = [i for i, h in enumerate(hits) if len(h) < k]
         if short:
@@ -432,7 +496,7 @@ class Database:
             for i in short:
                 qi = q[int(cu_q[i]) : int(cu_q[i + 1])]
                 cu = torch.tensor([0, qi.shape[0]], dtype=torch.int32, device=self.device)
-                s = maxsim_candidates(qi, cu, self._tokens, self._row_offsets, allowed[None], self._scales, check=False)
+                s = self._score(qi, cu, allowed[None])
                 hits[i] = _hits(s, allowed[None], self._row_ids, k)[0]
         return hits[0] if single else hits
 
@@ -451,17 +515,21 @@ class Database:
             if len(c):
                 cand[i, : len(c)] = torch.from_numpy(self.store._rows(c))
         cand = cand.to(self.device)
-        scores = maxsim_candidates(q, cu_q, self._tokens, self._row_offsets, cand, self._scales, check=False)
+        scores = self._score(q, cu_q, cand)
         hits = _hits(scores, cand, self._row_ids, k)
         return hits[0] if single else hits
 
 
-def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index="auto", nlist=None) -> Database:  # noqa: A001
+def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index="auto", nlist=None,  # noqa: A001
+         residency="auto") -> Database:
     """Open (or create) a database directory. ``dtype``: "float16" (the default) or "int8" for a new
     database; for an existing one, None or the stored dtype; ``index``: "flat" (exact token
     search), "ivf" (centroid lists, persisted), or "auto" (flat below 1M tokens); ``nlist``: IVF
-    lists when training (default about 2 * sqrt(tokens), a power of two)."""
-    return Database(path, dim=dim, dtype=dtype, device=device, read_only=read_only, index=index, nlist=nlist)
+    lists when training (default about 2 * sqrt(tokens), a power of two); ``residency``: where the
+    stored tokens live for the exact rerank: "device", "host" (pinned memory, candidates copied per
+    search), or "auto" (the device when they fit in 80% of its free memory)."""
+    return Database(path, dim=dim, dtype=dtype, device=device, read_only=read_only, index=index, nlist=nlist,
+                    residency=residency)
 
 
 def rerank(query, docs, k: int | None = None) -> list[Hit]:

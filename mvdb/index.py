@@ -276,8 +276,9 @@ class CentroidLists:
     def assign(self, tokens: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
         """Lists of stored tokens (float16, or int8 with scales) -> int32 codes on the device."""
         if scales is None:
-            return _assign(tokens.to(self.device), self.centroids)
-        out = [_assign(x, self.centroids) for x in _float_chunks(tokens, scales, chunk=1 << 22)]
+            return torch.cat([_assign(tokens[i : i + (1 << 22)].to(self.device), self.centroids)
+                              for i in range(0, tokens.shape[0], 1 << 22)] or [torch.zeros(0, dtype=torch.int32, device=self.device)])
+        out = [_assign(x.to(self.device), self.centroids) for x in _float_chunks(tokens, scales, chunk=1 << 22)]
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.int32, device=self.device)
 
     def candidates(self, q: torch.Tensor, cu_q: torch.Tensor, live: torch.Tensor, n_candidates: int,

@@ -127,3 +127,18 @@ def test_every_command_has_an_example_in_its_help():
 def test_missing_database(tmp_path, cmd):
     r = CliRunner().invoke(main, [cmd, str(tmp_path / "none")])
     assert r.exit_code == 1 and "read_only=True does not create one" in r.output
+
+
+def test_ingest_builds_and_persists_the_ivf_index(tmp_path, monkeypatch):
+    import mvdb.database
+
+    monkeypatch.setattr(mvdb.database, "FLAT_MAX_TOKENS", 50)  # this small corpus counts as large
+    tokens, lengths = _packed(40, seed=3)
+    np.savez(tmp_path / "a.npz", tokens=tokens, lengths=lengths)
+    db = tmp_path / "x.mvdb"
+    r = run("ingest", db, tmp_path / "a.npz", "--device", "cpu")
+    assert r.exit_code == 0 and "token index: ivf, nlist 4 on cpu, ready in" in r.output
+    info = json.loads(run("info", db, "--json").output)
+    assert info["index"].startswith("ivf, nlist 4, trained on 198 tokens") and info["index"].endswith("codes for 1 of 1 segments")
+    r = run("ingest", db, tmp_path / "a.npz", "--no-index", "-q")
+    assert r.exit_code == 0 and r.output == ""

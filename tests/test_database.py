@@ -287,6 +287,15 @@ def test_ivf_compaction_drops_stale_codes_and_retrains_after_growth(tmp_path, mo
         assert [h.id for h in db.search(q, k=3)] == _exhaustive(db, q, 3)
 
 
+def test_ivf_database_created_empty(tmp_path):
+    with mvdb.open(tmp_path / "db", dim=DIM, index="ivf") as db:
+        assert db.search(np.ones((2, DIM), np.float32)) == []
+        docs = _corpus(30, seed=23)
+        db.add(docs)
+        assert db.stats()["index"] == "ivf"
+        assert db.search(docs[4][:3], k=1)[0].id == 4
+
+
 def test_flat_index_grows_into_ivf(tmp_path, monkeypatch):
     monkeypatch.setattr(mvdb.database, "FLAT_MAX_TOKENS", 2000)
     docs = _corpus(160, seed=19)
@@ -310,3 +319,27 @@ def test_bad_index_options(tmp_path):
             db.search(_corpus(1)[0], nprobe=-1)
         with pytest.raises(InvalidInputError, match="n_candidates: expected a positive int, got 0"):
             db.search(_corpus(1)[0], n_candidates=0)
+
+
+@pytest.mark.parametrize("index", ["flat", "ivf"])
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_host_residency_gives_the_same_results(tmp_path, index, dtype):
+    """Tokens kept in (pinned) host memory, candidates copied per search: same hits as resident."""
+    docs = _corpus(150, seed=21)
+    rng = np.random.default_rng(22)
+    queries = [_query(docs[i], rng) for i in range(0, 150, 15)]
+    with mvdb.open(tmp_path / "db", dtype=dtype, index=index, nlist=8) as db:
+        db.add(docs[:100])
+        want = db.search(queries, k=5)
+    with mvdb.open(tmp_path / "db", index=index, residency="host") as db:
+        assert db.stats()["residency"] == "host" and db._tokens.device.type == "cpu"
+        assert db.search(queries, k=5) == want
+        assert db._score(torch.from_numpy(queries[0]).to(db.device), torch.tensor([0, 8], dtype=torch.int32,
+                         device=db.device), torch.tensor([[3, -1, 3]], device=db.device), budget=1)[0, 1] == float("-inf")
+        db.add(docs[100:])  # appended on the host
+        assert db.stats()["residency"] == "host"
+        q = _query(docs[120], rng)
+        assert [h.id for h in db.search(q, k=3)] == _exhaustive(db, q, 3)
+        assert [h.id for h in db.rerank(q, [120, 7])] == [120, 7]
+    with pytest.raises(InvalidInputError, match="residency: expected 'auto', 'device' or 'host', got 'disk'"):
+        mvdb.open(tmp_path / "db", residency="disk")
