@@ -55,6 +55,8 @@ def main():
     p.add_argument("--limit", type=int, default=None, help="only the first N pages (a quick run)")
     p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--n-candidates", type=int, default=None, help="documents reranked per query (default: mvdb's)")
+    p.add_argument("--nprobe", type=int, default=None, help="IVF lists probed per query token (default: mvdb's)")
     p.add_argument("--index", default="auto", choices=["auto", "flat", "ivf"],
                    help="token index kind passed to mvdb.open (auto: the default, flat at this size)")
     args = p.parse_args()
@@ -127,11 +129,13 @@ def main():
               f"index {st['index']}, on {st['device']}", flush=True)
 
         runs = {}
+        opts = {name: v for name, v in (("n_candidates", args.n_candidates), ("nprobe", args.nprobe)) if v}
+        res["search_options"] = opts
         for k in (100, 10):
-            db.search(queries[:8], k=k)  # warm-up (thread pools; compilation and autotuning on a GPU)
+            db.search(queries[:8], k=k, **opts)  # warm-up (thread pools; compilation and autotuning on a GPU)
             _sync(dev)
             t0 = time.perf_counter()
-            hits = db.search(queries, k=k)
+            hits = db.search(queries, k=k, **opts)
             _sync(dev)
             sec = time.perf_counter() - t0
             runs[k] = hits
@@ -155,7 +159,8 @@ def main():
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"quality-manpages-dev-{tag}{'' if args.index == 'auto' else '-' + args.index}.json"
+    suffix = ("" if args.index == "auto" else "-" + args.index) + (f"-c{args.n_candidates}" if args.n_candidates else "")
+    path = out / f"quality-manpages-dev-{tag}{suffix}.json"
     path.write_text(json.dumps(res, indent=1) + "\n")
 
     print(f"\n{n} queries (one-line summaries) over {n} man-page bodies, MiniLM per-token, {tag}; "

@@ -202,10 +202,11 @@ class Database:
         entries = store.manifest.get("index_files", [])
         cent = next((e for e in entries if e.get("kind") == "centroids"), None)
         centroids = None
-        if cent is not None and not retrain and self.nlist in (None, cent["nlist"]):
+        if cent is not None and not retrain and (self.nlist is None or cent["nlist"] == min(self.nlist, n)
+                                                 or cent["trained_tokens"] < self.nlist):
             centroids = self._read_index(cent, (cent["nlist"], self.dim), np.float32)
         if centroids is None:
-            nlist = self.nlist or default_nlist(n)
+            nlist = min(self.nlist or default_nlist(n), 1 << max(0, n.bit_length() - 1))  # k-means needs n >= nlist
             g = torch.Generator(device=self._tokens.device).manual_seed(0)
             take = torch.randperm(n, device=self._tokens.device, generator=g)[: min(n, 40 * nlist)]
             sample = self._tokens[take].float()

@@ -198,7 +198,8 @@ def test_ivf_index_search_and_incremental_add(tmp_path, dtype):
 
 def test_ivf_recall_against_exhaustive(tmp_path):
     """Centroid lists on a corpus with word structure (benchmarks/synthetic.py, scaled down): the
-    candidate stage must find the exhaustive top-10 among 3% of the documents."""
+    candidate stage must find the exhaustive top-10 among 3-7% of the documents. (The defaults
+    would rerank 2048 of these 3000 documents; the GPU benchmark checks them at 1M.)"""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from synthetic import make_corpus, make_queries
 
@@ -212,8 +213,8 @@ def test_ivf_recall_against_exhaustive(tmp_path):
             got = db.search(queries, k=10, **kw)
             return np.mean([len({h.id for h in g} & set(w)) / 10 for g, w in zip(got, want)])
 
-        assert recall(nprobe=8, n_candidates=100) >= 0.85
-        assert recall() >= 0.99  # default settings
+        assert recall(nprobe=8, n_candidates=100) >= 0.85  # measured 0.92 on a CPU
+        assert recall(nprobe=16, n_candidates=200) >= 0.93  # 0.965
 
 
 def _index_files(path):
