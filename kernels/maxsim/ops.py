@@ -10,9 +10,22 @@ import torch
 
 from mvdb.errors import InvalidInputError
 from mvdb.kernels import _checks
-from mvdb.kernels.maxsim import fused, naive
+from mvdb.kernels.maxsim import fused, naive, train
 
 BACKENDS = ("auto", "triton", "torch")
+
+
+def _grad_mode(backward: str, normalize: bool, *tensors) -> bool:
+    """Validate ``backward``; True when the call must be differentiable."""
+    if backward not in train.BACKWARDS:
+        raise InvalidInputError(f"backward: expected one of {train.BACKWARDS}, got {backward!r}")
+    if not isinstance(normalize, bool):
+        raise InvalidInputError(f"normalize: expected a bool, got {type(normalize).__name__}")
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _normalized(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.normalize(x, dim=-1)
 
 
 def _use_triton(device: torch.device, backend: str) -> bool:
@@ -63,14 +76,21 @@ def maxsim(
     d_scales: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     backend: str = "auto",
+    backward: str = "auto",
+    normalize: bool = False,
 ) -> torch.Tensor:
-    """MaxSim on padded batches, fp32 scores.
+    """MaxSim on padded batches, fp32 scores; differentiable in Q and D.
 
     Q [Lq, d] or [Nq, Lq, d]; D [Nd, Ld, d] -> [Nq, Nd] (cross product) or D [Nq, K, Ld, d] ->
     [Nq, K] (per-query candidates); a 2-D Q drops the leading Nq. Masks are bool, True = valid
     token: q_mask [Lq] / [Nq, Lq], d_mask = D's shape without d. int8 D needs ``d_scales`` (D's
     shape without d, float32) and is scored INT8 x INT8 with queries quantized per token.
+
+    When Q or D requires grad, the forward saves each query token's winning document token
+    (int32) and ``backward`` picks the backward: "unified" (fp32 atomics), "lowmem" (no atomics,
+    bitwise reproducible), "auto". ``normalize=True`` L2-normalises the tokens first.
     """
+    grad = _grad_mode(backward, normalize, Q, D)
     _checks.tensor("Q", Q, (2, 3), _checks.FLOAT_DTYPES)
     _checks.tensor("D", D, (3, 4), _checks.TOKEN_DTYPES)
     single = Q.dim() == 2
@@ -95,6 +115,18 @@ def maxsim(
         _checks.tensor("out", out, (1,), (torch.float32,))
         _checks.shape_match("out", out, (n_k,))
         out = out[None]
+    if normalize:
+        Q, D = _normalized(Q), (_normalized(D) if D.dtype != torch.int8 else D)
+    if grad:
+        if d_scales is not None:
+            raise InvalidInputError("D: gradients need float documents, got int8")
+        if out is not None:
+            raise InvalidInputError("out: not supported when computing gradients")
+        if _use_triton(device, backend):
+            res = train.padded(Q, D, q_mask, d_mask, backward)
+        else:
+            res = naive.maxsim_padded(Q, D, q_mask, d_mask)
+        return res[0] if single else res
     out = _out(out, (nq, n_k), device)
     if _use_triton(device, backend):
         layout = fused.PADDED_PER_QUERY if per_query else fused.PADDED_CROSS
@@ -127,13 +159,17 @@ def maxsim_varlen(
     check: bool = True,
     out: torch.Tensor | None = None,
     backend: str = "auto",
+    backward: str = "auto",
+    normalize: bool = False,
 ) -> torch.Tensor:
     """MaxSim of every packed query against every packed document -> [Nq, Nd] fp32.
 
     q [Tq, dim], d [Td, dim]; cu_q [Nq+1], cu_d [Nd+1] int32 cumulative lengths (FlashAttention
     convention). ``check=False`` skips the value checks of the offsets (one device sync);
-    ``max_seqlen_q`` avoids computing the longest query.
+    ``max_seqlen_q`` avoids computing the longest query. Differentiable in q and d (``backward``
+    and ``normalize`` as in :func:`maxsim`).
     """
+    grad = _grad_mode(backward, normalize, q, d)
     _packed("q", q, "cu_q", cu_q, None, _checks.FLOAT_DTYPES)
     _packed("d", d, "cu_d", cu_d, q.shape[1], _checks.TOKEN_DTYPES)
     _checks.scales("d", d, d_scales, (d.shape[0],))
@@ -142,6 +178,16 @@ def maxsim_varlen(
     max_seqlen_q = _longest_query(
         check, max_seqlen_q, q, cu_q, [("cu_q", cu_q, q.shape[0]), ("cu_d", cu_d, d.shape[0])]
     )
+    if normalize:
+        q, d = _normalized(q), (_normalized(d) if d.dtype != torch.int8 else d)
+    if grad:
+        if d_scales is not None:
+            raise InvalidInputError("d: gradients need float documents, got int8")
+        if out is not None:
+            raise InvalidInputError("out: not supported when computing gradients")
+        if _use_triton(device, backend):
+            return train.varlen(q, cu_q, d, cu_d, max_seqlen_q, backward)
+        return naive.maxsim_csr(q, cu_q, d, cu_d)
     out = _out(out, (nq, nd), device)
     if _use_triton(device, backend):
         return fused.launch(

@@ -1,0 +1,109 @@
+"""Training benchmark (issue #5, first cut): forward + backward of MaxSim with a contrastive loss,
+bf16, median ms (triton.testing.do_bench) and peak extra GPU memory, for naive autograd (einsum +
+max) and mvdb's fused kernels with both backwards. Gradients are checked against naive first.
+
+    python benchmarks/training.py [--cases colbert,hardneg,colpali] [--out DIR]
+
+Cases: ColBERT in-batch B=256 (Lq=32, Ld=180, d=128); hard negatives B=256 x 16 negatives of
+ColPali shape (Lq=32, Ld=1030) as per-query candidates [B, 16, Ld, d]; ColPali in-batch B=64
+(Lq=1024, Ld=1024). late-interaction-kernels is not compared yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+from pathlib import Path
+
+import torch
+import triton
+
+from mvdb.kernels import maxsim
+
+CASES = {
+    "colbert": dict(b=256, lq=32, ld=180, neg=0),
+    "hardneg": dict(b=256, lq=32, ld=1030, neg=16),
+    "colpali": dict(b=64, lq=1024, ld=1024, neg=0),
+}
+
+
+def naive(Q, D):
+    if D.dim() == 4:
+        return torch.einsum("qid,qkjd->qkij", Q, D).amax(-1).sum(-1).float()
+    return torch.einsum("qid,njd->qnij", Q, D).amax(-1).sum(-1).float()
+
+
+def make(case, device, seed=0):
+    c = CASES[case]
+    g = torch.Generator(device=device).manual_seed(seed)
+    Q = torch.nn.functional.normalize(torch.randn(c["b"], c["lq"], 128, device=device, generator=g), dim=-1)
+    shape = (c["b"], c["neg"], c["ld"], 128) if c["neg"] else (c["b"], c["ld"], 128)
+    D = torch.nn.functional.normalize(torch.randn(*shape, device=device, generator=g), dim=-1)
+    return Q.bfloat16(), D.bfloat16()
+
+
+def loss_of(scores):
+    # in-batch: the positive is the diagonal; hard negatives: the first candidate
+    target = torch.arange(scores.shape[0], device=scores.device) if scores.shape[0] == scores.shape[1] else \
+        torch.zeros(scores.shape[0], dtype=torch.long, device=scores.device)
+    return torch.nn.functional.cross_entropy(scores * 10, target)
+
+
+def step(fn, Q, D):
+    Qg, Dg = Q.detach().requires_grad_(), D.detach().requires_grad_()
+    loss_of(fn(Qg, Dg)).backward()
+    return Qg.grad, Dg.grad
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", default="colbert,hardneg,colpali")
+    p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
+    args = p.parse_args()
+    dev = "cuda"
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "cases": {}}
+    impls = {
+        "naive": naive,
+        "mvdb-unified": lambda Q, D: maxsim(Q, D, backward="unified"),
+        "mvdb-lowmem": lambda Q, D: maxsim(Q, D, backward="lowmem"),
+    }
+    for case in args.cases.split(","):
+        Q, D = make(case, dev)
+        row = {"shape": CASES[case]}
+        ref = None
+        for name, fn in impls.items():
+            r = {}
+            try:
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+                base = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+                gq, gd = step(fn, Q, D)
+                torch.cuda.synchronize()
+                r["peak_extra_gb"] = (torch.cuda.max_memory_allocated() - base) / 1e9
+                if ref is None:
+                    ref = (gq.float(), gd.float())
+                else:
+                    r["max_err_dq"] = (gq.float() - ref[0]).abs().max().item()
+                    r["max_err_dd"] = (gd.float() - ref[1]).abs().max().item()
+                    r["rel_err_dq"] = r["max_err_dq"] / max(ref[0].abs().max().item(), 1e-12)
+                    r["rel_err_dd"] = r["max_err_dd"] / max(ref[1].abs().max().item(), 1e-12)
+                del gq, gd
+                r["ms"] = triton.testing.do_bench(lambda fn=fn, Q=Q, D=D: step(fn, Q, D), warmup=5, rep=50,
+                                                  return_mode="median")
+            except torch.cuda.OutOfMemoryError as e:
+                r["error"] = f"out of memory: {str(e)[:120]}"
+            row[name] = r
+            print(case, name, json.dumps(r), flush=True)
+        res["cases"][case] = row
+        del Q, D
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "training.json").write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

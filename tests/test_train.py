@@ -1,0 +1,133 @@
+"""Differentiable MaxSim (issue #5): values and gradients against fp64 autograd of the reference."""
+
+import pytest
+import torch
+
+from mvdb import InvalidInputError
+from mvdb.kernels import maxsim, maxsim_varlen
+from mvdb.kernels.maxsim import naive
+
+from conftest import TRITON_DEVICES
+
+KINDS = ("unified", "lowmem", "auto")
+
+
+def _ref_padded(Q, D, qm, dm, G, normalize=False):
+    Qr, Dr = Q.double().requires_grad_(), D.double().requires_grad_()
+    a, b = (torch.nn.functional.normalize(Qr, dim=-1), torch.nn.functional.normalize(Dr, dim=-1)) if normalize else (Qr, Dr)
+    out = naive.maxsim_padded(a, b, qm, dm, dtype=torch.float64)
+    (out * G.double()).sum().backward()
+    return out.detach(), Qr.grad, Dr.grad
+
+
+def _close(got, want, dtype):
+    tol = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dtype]
+    torch.testing.assert_close(got.double(), want.double(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("per_query", [False, True])
+def test_padded_gradients(device, kind, per_query):
+    g = torch.Generator().manual_seed(1)
+    Q = torch.randn(3, 5, 16, generator=g)
+    D = torch.randn(*((3, 4) if per_query else (4,)), 7, 16, generator=g)
+    qm = torch.rand(3, 5, generator=g) > 0.2
+    dm = torch.rand(D.shape[:-1], generator=g) > 0.3
+    dm[(1, 2) if per_query else (2,)] = False  # a document with every token masked: scores 0, no gradient
+    G = torch.randn(3, 4, generator=g)
+    want, dq, dd = _ref_padded(Q, D, qm, dm, G)
+    Qt, Dt = Q.to(device).requires_grad_(), D.to(device).requires_grad_()
+    out = maxsim(Qt, Dt, qm.to(device), dm.to(device), backward=kind, backend="triton")
+    (out * G.to(device)).sum().backward()
+    _close(out.cpu(), want, torch.float32)
+    _close(Qt.grad.cpu(), dq, torch.float32)
+    _close(Dt.grad.cpu(), dd, torch.float32)
+    masked_doc = Dt.grad[1, 2] if per_query else Dt.grad[2]
+    assert (masked_doc == 0).all()
+    assert (Qt.grad.cpu()[~qm] == 0).all()  # masked query tokens get no gradient
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_varlen_gradients_odd_lengths_and_empty_documents(device, kind):
+    g = torch.Generator().manual_seed(2)
+    q, d = torch.randn(9, 24, generator=g), torch.randn(20, 24, generator=g)
+    cu_q = torch.tensor([0, 1, 9], dtype=torch.int32)  # lengths 1 and 8
+    cu_d = torch.tensor([0, 5, 5, 18, 20], dtype=torch.int32)  # an empty document
+    G = torch.randn(2, 4, generator=g)
+    qr, dr = q.double().requires_grad_(), d.double().requires_grad_()
+    want = naive.maxsim_csr(qr, cu_q, dr, cu_d)
+    (want * G.double()).sum().backward()
+    qt, dt = q.to(device).requires_grad_(), d.to(device).requires_grad_()
+    out = maxsim_varlen(qt, cu_q.to(device), dt, cu_d.to(device), backward=kind, backend="triton")
+    (out * G.to(device)).sum().backward()
+    _close(out.cpu(), want.detach(), torch.float32)
+    _close(qt.grad.cpu(), qr.grad, torch.float32)
+    _close(dt.grad.cpu(), dr.grad, torch.float32)
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+def test_ties_go_to_the_first_token(device):
+    """Two identical document tokens: the gradient goes to the first, as torch's argmax does."""
+    Q = torch.ones(1, 2, 16)
+    D = torch.ones(1, 3, 16)
+    for kind in ("unified", "lowmem"):
+        Dt = D.to(device).clone().requires_grad_()
+        maxsim(Q.to(device), Dt, backward=kind, backend="triton").sum().backward()
+        assert (Dt.grad.cpu()[0, 0] == 2).all() and (Dt.grad.cpu()[0, 1:] == 0).all()
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+def test_lowmem_is_bitwise_reproducible_and_half_precision(device):
+    g = torch.Generator().manual_seed(3)
+    dtype = torch.float16 if device != "cpu" else torch.float32
+    Q = torch.randn(6, 9, 32, generator=g).to(device, dtype)
+    D = torch.randn(10, 13, 32, generator=g).to(device, dtype)
+    G = torch.randn(6, 10, generator=g).to(device)
+    grads = []
+    for _ in range(3):
+        Qt, Dt = Q.clone().requires_grad_(), D.clone().requires_grad_()
+        (maxsim(Qt, Dt, backward="lowmem", backend="triton") * G).sum().backward()
+        assert Qt.grad.dtype == dtype and Dt.grad.dtype == dtype  # written in the input dtype
+        grads.append((Qt.grad, Dt.grad))
+    for a, b in grads[1:]:
+        assert torch.equal(a, grads[0][0]) and torch.equal(b, grads[0][1])
+    want, dq, dd = _ref_padded(Q.float().cpu(), D.float().cpu(), None, None, G.cpu())
+    _close(grads[0][0].cpu(), dq, dtype)
+    _close(grads[0][1].cpu(), dd, dtype)
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+def test_normalize_has_the_right_jacobian(device):
+    g = torch.Generator().manual_seed(4)
+    Q, D = torch.randn(2, 4, 16, generator=g) * 3, torch.randn(3, 5, 16, generator=g) * 0.5
+    G = torch.randn(2, 3, generator=g)
+    want, dq, dd = _ref_padded(Q, D, None, None, G, normalize=True)
+    Qt, Dt = Q.to(device).requires_grad_(), D.to(device).requires_grad_()
+    out = maxsim(Qt, Dt, normalize=True, backend="triton")
+    (out * G.to(device)).sum().backward()
+    _close(out.cpu(), want, torch.float32)
+    _close(Qt.grad.cpu(), dq, torch.float32)
+    _close(Dt.grad.cpu(), dd, torch.float32)
+
+
+def test_torch_backend_is_differentiable_too():
+    Q = torch.randn(2, 3, 8, requires_grad=True)
+    D = torch.randn(4, 5, 8)
+    maxsim(Q, D, backend="torch").sum().backward()
+    assert Q.grad is not None and Q.grad.shape == Q.shape
+
+
+def test_bad_backward_and_normalize_values():
+    Q, D = torch.randn(2, 3, 8), torch.randn(4, 5, 8)
+    with pytest.raises(InvalidInputError, match=r"backward: expected one of \('auto', 'unified', 'lowmem'\), got 'fast'"):
+        maxsim(Q, D, backward="fast")
+    with pytest.raises(ValueError):
+        maxsim_varlen(Q[0], torch.tensor([0, 3], dtype=torch.int32), D[0], torch.tensor([0, 5], dtype=torch.int32),
+                      backward=None)
+    with pytest.raises(InvalidInputError, match="normalize: expected a bool, got str"):
+        maxsim(Q, D, normalize="yes")
+    Qg = Q.clone().requires_grad_()
+    with pytest.raises(InvalidInputError, match="out: not supported when computing gradients"):
+        maxsim(Qg, D, out=torch.empty(2, 4))
