@@ -30,6 +30,7 @@ CASES = {
 
 
 def naive(Q, D):
+    """einsum + max under autograd, in the inputs' dtype (bf16 similarities, as users write it)."""
     if D.dim() == 4:
         return torch.einsum("qid,qkjd->qkij", Q, D).amax(-1).sum(-1).float()
     return torch.einsum("qid,njd->qnij", Q, D).amax(-1).sum(-1).float()
@@ -73,7 +74,16 @@ def main():
     for case in args.cases.split(","):
         Q, D = make(case, dev)
         row = {"shape": CASES[case]}
-        ref = None
+        # the gradient reference: naive on fp32 copies of the same bf16 inputs (bf16 similarities
+        # would round near-ties differently and move whole argmax rows)
+        try:
+            gq, gd = step(naive, Q.float(), D.float())
+            ref = (gq.float(), gd.float())
+            del gq, gd
+        except torch.cuda.OutOfMemoryError:
+            ref = None
+            row["reference"] = "fp32 naive did not fit; no gradient check"
+        torch.cuda.empty_cache()
         for name, fn in impls.items():
             r = {}
             try:
@@ -84,9 +94,7 @@ def main():
                 gq, gd = step(fn, Q, D)
                 torch.cuda.synchronize()
                 r["peak_extra_gb"] = (torch.cuda.max_memory_allocated() - base) / 1e9
-                if ref is None:
-                    ref = (gq.float(), gd.float())
-                else:
+                if ref is not None:
                     r["max_err_dq"] = (gq.float() - ref[0]).abs().max().item()
                     r["max_err_dd"] = (gd.float() - ref[1]).abs().max().item()
                     r["rel_err_dq"] = r["max_err_dq"] / max(ref[0].abs().max().item(), 1e-12)

@@ -33,7 +33,7 @@ def _fwd_argmax_kernel(
     n_k, lq_max,
     PER_QUERY: tl.constexpr, HAS_QMASK: tl.constexpr, HAS_DMASK: tl.constexpr,
     DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr,
 ):
     qi = tl.program_id(0)
     k = tl.program_id(1)
@@ -67,7 +67,10 @@ def _fwd_argmax_kernel(
                 dt = dt.to(tl.float32)
             if HAS_DMASK:
                 ok = ok & (tl.load(DM + d_start + cols, mask=ok, other=0) != 0)
-            s = tl.dot(q, dt, out_dtype=tl.float32)
+            if IEEE:  # fp32 inputs: full-precision products (TF32 would move near-ties)
+                s = tl.dot(q, dt, input_precision="ieee", out_dtype=tl.float32)
+            else:
+                s = tl.dot(q, dt, out_dtype=tl.float32)
             s = tl.where(ok[None, :], s, float("-inf"))
             m, idx = tl.max(s, axis=1, return_indices=True, return_indices_tie_break_left=True)
             better = m > best  # strictly: the first maximal token wins, as in torch's argmax
@@ -134,7 +137,7 @@ def _bwd_lowmem_dq_kernel(
 def _bwd_lowmem_dd_kernel(
     Q, q_off, d_off, Arg, G, dD, n_q, n_k, lq_max,
     PER_QUERY: tl.constexpr, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_J: tl.constexpr,
-    BLOCK_T: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_T: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
 ):
     """dD rows of document ``doc``, tokens [jb, jb + BLOCK_J): over the queries scoring it, the
     one-hot (argmax == token) matrix times the query tokens, times g."""
@@ -172,7 +175,10 @@ def _bwd_lowmem_dd_kernel(
                 if UPCAST:
                     q = q.to(tl.float32)
                 hit = (a[None, :] == (d_start + js)[:, None]).to(q.dtype)  # [BJ, BT]
-                acc += g * tl.dot(hit, q, out_dtype=tl.float32)
+                if IEEE:
+                    acc += g * tl.dot(hit, q, input_precision="ieee", out_dtype=tl.float32)
+                else:
+                    acc += g * tl.dot(hit, q, out_dtype=tl.float32)
         tl.store(dD + (d_start + js)[:, None] * DIM + offs_c[None, :], acc.to(dD.dtype.element_ty),
                  mask=j_ok[:, None] & c_ok[None, :])
 
@@ -195,7 +201,8 @@ def forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask=None, d_mask
         _fwd_argmax_kernel[(n_q, n_k)](
             q, q_mask if q_mask is not None else q, q_off, d, d_mask if d_mask is not None else d, d_off, out, arg,
             n_k, arg.shape[2], PER_QUERY=per_query, HAS_QMASK=q_mask is not None, HAS_DMASK=d_mask is not None,
-            DIM=q.shape[1], BLOCK_DIM=bdim, BLOCK_Q=bq, BLOCK_D=bd, UPCAST=upcast, num_warps=4,
+            DIM=q.shape[1], BLOCK_DIM=bdim, BLOCK_Q=bq, BLOCK_D=bd, UPCAST=upcast, IEEE=q.dtype == torch.float32,
+            num_warps=4,
         )
     return out, arg
 
@@ -227,7 +234,7 @@ def backward(kind, grad, q, q_off, d, d_off, arg, n_q, n_k, per_query, need_dq=T
             _bwd_lowmem_dd_kernel[(n_docs, triton.cdiv(ld_max, bj))](
                 q, q_off, d_off, arg, g, dd, n_q, n_k, lq_max, PER_QUERY=per_query, DIM=q.shape[1], BLOCK_DIM=bdim,
                 BLOCK_J=bj, BLOCK_T=16 if interpreting() else 32, UPCAST=interpreting() or q.dtype == torch.float32,
-                num_warps=4,
+                IEEE=q.dtype == torch.float32, num_warps=4,
             )
     return dq, dd
 
