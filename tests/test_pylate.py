@@ -76,3 +76,67 @@ def test_opens_an_existing_int8_database(tmp_path):
         db.add(docs, ids=["x", "y", "z"])
     index = MvdbIndex(index_folder=str(tmp_path), index_name="t", device="cpu")
     assert index([docs[1]], k=1)[0][0]["id"] == "y"
+
+
+# ---- patch(): PyLate's scores and losses on mvdb's fused kernels (issue #5)
+
+import torch  # noqa: E402
+
+from mvdb.kernels.maxsim.fused import interpreting  # noqa: E402
+
+
+def _patched_vs_original(fn_name, q, d, qm, dm):
+    import pylate.scores.colbert as colbert
+
+    from mvdb.integrations import pylate as mp
+
+    outs = []
+    for patched in (False, True):
+        if patched:
+            mp.patch(devices=("cpu", "cuda"))
+        try:
+            qg, dg = q.clone().requires_grad_(), d.clone().requires_grad_()
+            out = getattr(colbert, fn_name)(qg, dg, qm, dm)
+            (out * torch.arange(out.numel()).reshape(out.shape).float().cos()).sum().backward()
+            outs.append((out.detach(), qg.grad, dg.grad))
+        finally:
+            mp.unpatch()
+    return outs
+
+
+@pytest.mark.skipif(not interpreting(), reason="the CPU test runs the Triton kernels under TRITON_INTERPRET=1")
+@pytest.mark.parametrize("fn_name", ["colbert_scores", "colbert_kd_scores"])
+def test_patched_scores_equal_pylate_values_and_gradients(fn_name):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 6, 16, generator=g)
+    d = torch.randn(*((3, 2) if fn_name == "colbert_kd_scores" else (4,)), 9, 16, generator=g)
+    qm = (torch.rand(3, 6, generator=g) > 0.2).float()
+    dm = (torch.rand(d.shape[:-1], generator=g) > 0.3).float()
+    (a, ga_q, ga_d), (b, gb_q, gb_d) = _patched_vs_original(fn_name, q, d, qm, dm)
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gb_q, ga_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gb_d, ga_d, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not interpreting(), reason="the CPU test runs the Triton kernels under TRITON_INTERPRET=1")
+def test_patch_reaches_the_losses_and_unpatch_restores():
+    import pylate.losses.distillation as distillation
+    import pylate.scores as scores
+    import pylate.scores.colbert as colbert
+
+    from mvdb.integrations import pylate as mp
+
+    before = (colbert.colbert_scores, scores.colbert_scores, distillation.Distillation.__init__.__defaults__)
+    mp.patch(devices=("cpu",))
+    try:
+        assert colbert.colbert_scores is not before[0] and scores.colbert_scores is colbert.colbert_scores
+        assert colbert.colbert_kd_scores in distillation.Distillation.__init__.__defaults__
+        # ColBERTScores (the contrastive losses' default metric) looks the function up at call time
+        q, d = torch.randn(2, 3, 8), torch.randn(2, 2, 4, 8)
+        want = torch.stack([before[0](q, d[:, j]) for j in range(2)], 2).reshape(-1, 4)
+        torch.testing.assert_close(colbert.ColBERTScores()(q, d), want, rtol=1e-5, atol=1e-5)
+        # other devices / layouts keep PyLate's code
+        assert colbert.colbert_scores(q.tolist(), d[:, 0].tolist()).shape == (2, 2)
+    finally:
+        mp.unpatch()
+    assert (colbert.colbert_scores, scores.colbert_scores, distillation.Distillation.__init__.__defaults__) == before

@@ -21,7 +21,7 @@ def _grad_mode(backward: str, normalize: bool, *tensors) -> bool:
         raise InvalidInputError(f"backward: expected one of {train.BACKWARDS}, got {backward!r}")
     if not isinstance(normalize, bool):
         raise InvalidInputError(f"normalize: expected a bool, got {type(normalize).__name__}")
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
 def _normalized(x: torch.Tensor) -> torch.Tensor:

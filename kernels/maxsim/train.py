@@ -33,7 +33,7 @@ def _fwd_argmax_kernel(
     n_k, lq_max,
     PER_QUERY: tl.constexpr, HAS_QMASK: tl.constexpr, HAS_DMASK: tl.constexpr,
     DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, MASK_ZERO: tl.constexpr,
 ):
     qi = tl.program_id(0)
     k = tl.program_id(1)
@@ -58,6 +58,7 @@ def _fwd_argmax_kernel(
             r_ok = r_ok & (tl.load(QM + q_start + rows, mask=r_ok, other=0) != 0)
         best = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
         arg = tl.full([BLOCK_Q], -1, dtype=tl.int64)
+        n_masked = tl.zeros([1], dtype=tl.int32)
         for db in range(0, d_n, BLOCK_D):
             cols = db + offs_d
             ok = cols < d_n
@@ -66,7 +67,10 @@ def _fwd_argmax_kernel(
             if UPCAST:
                 dt = dt.to(tl.float32)
             if HAS_DMASK:
-                ok = ok & (tl.load(DM + d_start + cols, mask=ok, other=0) != 0)
+                dm_ok = tl.load(DM + d_start + cols, mask=ok, other=0) != 0
+                if MASK_ZERO:
+                    n_masked += tl.sum((ok & ~dm_ok).to(tl.int32), axis=0)
+                ok = ok & dm_ok
             if IEEE:  # fp32 inputs: full-precision products (TF32 would move near-ties)
                 s = tl.dot(q, dt, input_precision="ieee", out_dtype=tl.float32)
             else:
@@ -76,6 +80,10 @@ def _fwd_argmax_kernel(
             better = m > best  # strictly: the first maximal token wins, as in torch's argmax
             best = tl.where(better, m, best)
             arg = tl.where(better, d_start + db + idx.to(tl.int64), arg)
+        if MASK_ZERO:  # masked document tokens count as similarity 0 (PyLate's multiply-by-mask)
+            zero_wins = (tl.sum(n_masked, axis=0) > 0) & (best < 0)
+            best = tl.where(zero_wins, 0.0, best)
+            arg = tl.where(zero_wins, -1, arg)
         valid = r_ok & (best > float("-inf"))
         total += tl.sum(tl.where(valid, best, 0.0), axis=0)
         tl.store(Arg + pair * lq_max + rows, tl.where(valid, arg, -1).to(tl.int32), mask=rows < q_n)
@@ -190,7 +198,7 @@ def _blocks(dim: int) -> tuple[int, int, int]:
     return bdim, 32, 64
 
 
-def forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask=None, d_mask=None):
+def forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask=None, d_mask=None, mask_zero=False):
     """Scores [n_q, n_k] float32 and the winners Arg [n_q, n_k, lq_max] int32 (token index into
     the packed d, -1 for masked query tokens and when no document token is valid)."""
     bdim, bq, bd = _blocks(q.shape[1])
@@ -202,7 +210,7 @@ def forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask=None, d_mask
             q, q_mask if q_mask is not None else q, q_off, d, d_mask if d_mask is not None else d, d_off, out, arg,
             n_k, arg.shape[2], PER_QUERY=per_query, HAS_QMASK=q_mask is not None, HAS_DMASK=d_mask is not None,
             DIM=q.shape[1], BLOCK_DIM=bdim, BLOCK_Q=bq, BLOCK_D=bd, UPCAST=upcast, IEEE=q.dtype == torch.float32,
-            num_warps=4,
+            MASK_ZERO=mask_zero, num_warps=4,
         )
     return out, arg
 
@@ -241,8 +249,8 @@ def backward(kind, grad, q, q_off, d, d_off, arg, n_q, n_k, per_query, need_dq=T
 
 class _MaxSimFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, d, q_off, d_off, n_q, n_k, lq_max, per_query, q_mask, d_mask, kind):
-        out, arg = forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask, d_mask)
+    def forward(ctx, q, d, q_off, d_off, n_q, n_k, lq_max, per_query, q_mask, d_mask, kind, mask_zero=False):
+        out, arg = forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask, d_mask, mask_zero)
         ctx.save_for_backward(q, d, q_off, d_off, arg)
         ctx.meta = (n_q, n_k, per_query, kind)
         return out
@@ -253,7 +261,7 @@ class _MaxSimFn(torch.autograd.Function):
         n_q, n_k, per_query, kind = ctx.meta
         dq, dd = backward(kind, grad, q, q_off, d, d_off, arg, n_q, n_k, per_query,
                           ctx.needs_input_grad[0], ctx.needs_input_grad[1])
-        return dq, dd, None, None, None, None, None, None, None, None, None
+        return dq, dd, None, None, None, None, None, None, None, None, None, None
 
 
 def choose_backward(kind: str, n_pairs: int, lq: int) -> str:
@@ -265,8 +273,10 @@ def _flat_mask(mask):
     return None if mask is None else mask.reshape(-1).to(torch.uint8).contiguous()
 
 
-def padded(Q, D, q_mask, d_mask, kind: str) -> torch.Tensor:
-    """Differentiable MaxSim of padded Q [Nq, Lq, d] against D [Nd, Ld, d] or [Nq, K, Ld, d]."""
+def padded(Q, D, q_mask, d_mask, kind: str, mask_zero: bool = False) -> torch.Tensor:
+    """Differentiable MaxSim of padded Q [Nq, Lq, d] against D [Nd, Ld, d] or [Nq, K, Ld, d].
+    ``mask_zero``: a masked document token counts as similarity 0 (PyLate's semantics) instead of
+    being left out."""
     nq, lq, dim = Q.shape
     per_query = D.dim() == 4
     n_k, ld = D.shape[-3], D.shape[-2]
@@ -276,7 +286,7 @@ def padded(Q, D, q_mask, d_mask, kind: str) -> torch.Tensor:
     d_off = torch.arange(n_docs + 1, device=dev, dtype=torch.int64) * ld
     kind = choose_backward(kind, nq * n_k, lq)
     return _MaxSimFn.apply(Q.reshape(-1, dim).contiguous(), D.reshape(-1, dim).contiguous(), q_off, d_off, nq, n_k,
-                           lq, per_query, _flat_mask(q_mask), _flat_mask(d_mask), kind)
+                           lq, per_query, _flat_mask(q_mask), _flat_mask(d_mask), kind, mask_zero)
 
 
 def varlen(q, cu_q, d, cu_d, max_seqlen_q: int, kind: str) -> torch.Tensor:

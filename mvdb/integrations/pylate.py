@@ -81,3 +81,80 @@ class MvdbIndex(Base):
 
     def get_documents_embeddings(self, documents_ids) -> list[list[np.ndarray]]:
         return [self.db.get([str(i) for i in ids]) if len(ids) else [] for ids in documents_ids]
+
+
+# ---- training: route PyLate's ColBERT scores to the fused, differentiable kernels (issue #5)
+
+_PATCHED: dict = {}
+
+
+def _fused_scores(original, per_query: bool, devices: tuple):
+    from mvdb.kernels.maxsim import train
+
+    def scores(queries_embeddings, documents_embeddings, queries_mask=None, documents_mask=None, backend=None):
+        q, d = queries_embeddings, documents_embeddings
+        usable = (
+            backend in (None, "auto", "mvdb")
+            and isinstance(q, torch.Tensor) and isinstance(d, torch.Tensor)
+            and q.device.type in devices and d.device == q.device
+            and q.dim() == 3 and d.dim() == (4 if per_query else 3)
+            and q.is_floating_point() and d.dtype == q.dtype
+        )
+        if not usable:
+            return original(queries_embeddings, documents_embeddings, queries_mask, documents_mask, backend=backend)
+        qm = None if queries_mask is None else torch.as_tensor(queries_mask, device=q.device) != 0
+        dm = None if documents_mask is None else torch.as_tensor(documents_mask, device=q.device) != 0
+        # PyLate multiplies similarities by the masks: a masked document token counts as 0
+        return train.padded(q, d, qm, dm, "auto", mask_zero=True)
+
+    scores.__wrapped__ = original
+    scores.__doc__ = f"mvdb's fused MaxSim in place of PyLate's {original.__name__} on {', '.join(devices)} tensors."
+    return scores
+
+
+def patch(devices=("cuda",)) -> None:
+    """Route PyLate's ``colbert_scores`` and ``colbert_kd_scores`` (and so ``ColBERTScores``, the
+    contrastive and distillation losses that use them) to mvdb's fused, differentiable MaxSim for
+    tensors on ``devices``; everything else keeps PyLate's own code. Undo with :func:`unpatch`."""
+    import sys
+
+    import pylate.scores.colbert as colbert
+
+    if _PATCHED:
+        return
+    originals = {"colbert_scores": colbert.colbert_scores, "colbert_kd_scores": colbert.colbert_kd_scores}
+    replacements = {
+        "colbert_scores": _fused_scores(originals["colbert_scores"], False, tuple(devices)),
+        "colbert_kd_scores": _fused_scores(originals["colbert_kd_scores"], True, tuple(devices)),
+    }
+    for name, module in list(sys.modules.items()):  # every PyLate module that imported them by name
+        if not name.startswith("pylate") or module is None:
+            continue
+        for attr, orig in originals.items():
+            if getattr(module, attr, None) is orig:
+                _PATCHED[(name, attr)] = orig
+                setattr(module, attr, replacements[attr])
+        # defaults bound at definition, e.g. Distillation(score_metric=colbert_kd_scores)
+        for cls in [v for v in vars(module).values() if isinstance(v, type)]:
+            init = vars(cls).get("__init__")
+            if init is not None and getattr(init, "__defaults__", None):
+                new = tuple(replacements[_which(d, originals)] if _which(d, originals) else d for d in init.__defaults__)
+                if new != init.__defaults__:
+                    _PATCHED[(name, cls.__name__ + ".__init__.__defaults__")] = (init, init.__defaults__)
+                    init.__defaults__ = new
+
+
+def _which(value, originals: dict):
+    return next((attr for attr, orig in originals.items() if value is orig), None)
+
+
+def unpatch() -> None:
+    """Restore PyLate's original scoring functions."""
+    import sys
+
+    for (name, attr), orig in _PATCHED.items():
+        if attr.endswith(".__defaults__"):
+            orig[0].__defaults__ = orig[1]
+        elif sys.modules.get(name) is not None:
+            setattr(sys.modules[name], attr, orig)
+    _PATCHED.clear()
