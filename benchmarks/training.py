@@ -102,6 +102,10 @@ def main():
                 del gq, gd
                 r["ms"] = triton.testing.do_bench(lambda fn=fn, Q=Q, D=D: step(fn, Q, D), warmup=5, rep=50,
                                                   return_mode="median")
+                Qg, Dg = Q.detach().requires_grad_(), D.detach().requires_grad_()
+                r["fwd_ms"] = triton.testing.do_bench(lambda fn=fn, Qg=Qg, Dg=Dg: fn(Qg, Dg), warmup=5, rep=50,
+                                                      return_mode="median")  # forward only, saving what backward needs
+                del Qg, Dg
             except torch.cuda.OutOfMemoryError as e:
                 r["error"] = f"out of memory: {str(e)[:120]}"
             row[name] = r

@@ -81,6 +81,7 @@ def test_opens_an_existing_int8_database(tmp_path):
 # ---- patch(): PyLate's scores and losses on mvdb's fused kernels (issue #5)
 
 import torch  # noqa: E402
+from conftest import TRITON_DEVICES  # noqa: E402
 
 from mvdb.kernels.maxsim.fused import interpreting  # noqa: E402
 
@@ -97,21 +98,21 @@ def _patched_vs_original(fn_name, q, d, qm, dm):
         try:
             qg, dg = q.clone().requires_grad_(), d.clone().requires_grad_()
             out = getattr(colbert, fn_name)(qg, dg, qm, dm)
-            (out * torch.arange(out.numel()).reshape(out.shape).float().cos()).sum().backward()
+            (out * torch.arange(out.numel(), device=out.device).reshape(out.shape).float().cos()).sum().backward()
             outs.append((out.detach(), qg.grad, dg.grad))
         finally:
             mp.unpatch()
     return outs
 
 
-@pytest.mark.skipif(not interpreting(), reason="the CPU test runs the Triton kernels under TRITON_INTERPRET=1")
+@pytest.mark.parametrize("device", TRITON_DEVICES)
 @pytest.mark.parametrize("fn_name", ["colbert_scores", "colbert_kd_scores"])
-def test_patched_scores_equal_pylate_values_and_gradients(fn_name):
+def test_patched_scores_equal_pylate_values_and_gradients(fn_name, device):
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(3, 6, 16, generator=g)
-    d = torch.randn(*((3, 2) if fn_name == "colbert_kd_scores" else (4,)), 9, 16, generator=g)
-    qm = (torch.rand(3, 6, generator=g) > 0.2).float()
-    dm = (torch.rand(d.shape[:-1], generator=g) > 0.3).float()
+    q = torch.randn(3, 6, 16, generator=g).to(device)
+    d = torch.randn(*((3, 2) if fn_name == "colbert_kd_scores" else (4,)), 9, 16, generator=g).to(device)
+    qm = (torch.rand(3, 6, generator=g) > 0.2).float().to(device)
+    dm = (torch.rand(d.shape[:-1], generator=g) > 0.3).float().to(device)
     (a, ga_q, ga_d), (b, gb_q, gb_d) = _patched_vs_original(fn_name, q, d, qm, dm)
     torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gb_q, ga_q, rtol=1e-5, atol=1e-5)
