@@ -191,17 +191,19 @@ def _bwd_lowmem_dd_kernel(
                  mask=j_ok[:, None] & c_ok[None, :])
 
 
-def _blocks(dim: int) -> tuple[int, int, int]:
+def _blocks(dim: int, lq: int = 32) -> tuple[int, int, int]:
+    """(BLOCK_DIM, BLOCK_Q, BLOCK_D): query blocks as long as the queries up to 128 (long queries
+    are compute-bound and want big tiles; short ones are latency-bound)."""
     bdim = max(16, triton.next_power_of_2(dim))
     if interpreting():
         return bdim, 16, 16
-    return bdim, 32, 64
+    return bdim, min(128, max(32, triton.next_power_of_2(lq))), 64
 
 
 def forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask=None, d_mask=None, mask_zero=False):
     """Scores [n_q, n_k] float32 and the winners Arg [n_q, n_k, lq_max] int32 (token index into
     the packed d, -1 for masked query tokens and when no document token is valid)."""
-    bdim, bq, bd = _blocks(q.shape[1])
+    bdim, bq, bd = _blocks(q.shape[1], lq_max)
     out = torch.empty(n_q, n_k, dtype=torch.float32, device=q.device)
     arg = torch.full((n_q, n_k, max(1, lq_max)), -1, dtype=torch.int32, device=q.device)
     if n_q and n_k:
@@ -210,7 +212,7 @@ def forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask=None, d_mask
             q, q_mask if q_mask is not None else q, q_off, d, d_mask if d_mask is not None else d, d_off, out, arg,
             n_k, arg.shape[2], PER_QUERY=per_query, HAS_QMASK=q_mask is not None, HAS_DMASK=d_mask is not None,
             DIM=q.shape[1], BLOCK_DIM=bdim, BLOCK_Q=bq, BLOCK_D=bd, UPCAST=upcast, IEEE=q.dtype == torch.float32,
-            MASK_ZERO=mask_zero, num_warps=4,
+            MASK_ZERO=mask_zero, num_warps=8 if bq >= 128 else 4, num_stages=3,
         )
     return out, arg
 
