@@ -247,7 +247,7 @@ def _defaults() -> dict:
 
     out = {}
     for module, name in [("mvdb.database", "DEFAULT_CANDIDATES"), ("mvdb.database", "DEFAULT_K_TOKENS"),
-                         ("mvdb.index", "DEFAULT_NPROBE"), ("mvdb.index", "DEFAULT_LISTS_PROBE"),
+                         ("mvdb.index", "DEFAULT_LISTS_PROBE"), ("mvdb.index", "DEFAULT_LISTS_CANDIDATES"),
                          ("mvdb.index", "FLAT_MAX_TOKENS")]:
         try:
             out[name.lower()] = getattr(importlib.import_module(module), name)

@@ -28,7 +28,6 @@ from mvdb.errors import CorruptionError, InvalidInputError, InvalidTypeError
 from mvdb.index import (
     DEFAULT_LISTS_CANDIDATES,
     DEFAULT_LISTS_PROBE,
-    DEFAULT_NPROBE,
     FLAT_MAX_TOKENS,
     RETRAIN_GROWTH,
     CentroidLists,
@@ -189,7 +188,7 @@ class Database:
 
     def _make_index(self, retrain: bool = False):
         if self._kind() == "flat" or self._tokens.shape[0] == 0:  # IVF trains once there are tokens
-            return TokenIndex.build(self._tokens, self._scales, self.device, "flat")
+            return TokenIndex.build(self._tokens, self._scales, self.device)
         return self._ivf(retrain)
 
     # ---- the IVF index: centroids + per-segment codes, persisted as index files of the manifest
@@ -202,8 +201,8 @@ class Database:
         entries = store.manifest.get("index_files", [])
         cent = next((e for e in entries if e.get("kind") == "centroids"), None)
         centroids = None
-        if cent is not None and not retrain and (self.nlist is None or cent["nlist"] == min(self.nlist, n)
-                                                 or cent["trained_tokens"] < self.nlist):
+        # reuse unless a different nlist was asked for (one clamped for a small corpus counts as it)
+        if cent is not None and not retrain and (self.nlist in (None, cent["nlist"]) or cent["trained_tokens"] < self.nlist):
             centroids = self._read_index(cent, (cent["nlist"], self.dim), np.float32)
         if centroids is None:
             nlist = min(self.nlist or default_nlist(n), 1 << max(0, n.bit_length() - 1))  # k-means needs n >= nlist
@@ -480,7 +479,6 @@ class Database:
             cand = self._index.candidates(q, cu_q, live, n_cand)
         else:
             kk = min(k_tokens or DEFAULT_K_TOKENS, self._index.ntotal)
-            self._index.nprobe = nprobe or DEFAULT_NPROBE
             sims, pos = self._index.search(q, kk)
             rows = torch.searchsorted(self._row_offsets, pos.to(self.device), right=True) - 1
             rows = torch.where(pos >= 0, rows, torch.full_like(rows, -1))

@@ -36,7 +36,6 @@ def gpu_available() -> bool:
 
 
 FLAT_MAX_TOKENS = 1 << 20  # exact token search below this many tokens, centroid lists above
-DEFAULT_NPROBE = 32  # flat: unused; see DEFAULT_LISTS_PROBE for the centroid lists
 DEFAULT_LISTS_PROBE = 4  # lists probed per query token (centroid lists)
 DEFAULT_LISTS_CANDIDATES = 2048  # documents reranked exactly per query (centroid lists)
 RETRAIN_GROWTH = 4  # compaction retrains once the corpus holds this many times its training corpus
@@ -66,19 +65,17 @@ def default_nlist(n_tokens: int) -> int:
 
 
 class TokenIndex:
-    """FAISS inner-product index over token vectors: exact (flat) while small, IVF with an fp16
-    scalar quantizer once large (trained on a sample). Lives on the GPU when faiss-gpu and CUDA are
-    present; token positions follow the order tokens were added in."""
+    """The flat token index: an exact FAISS inner-product index over every stored token, on the
+    GPU when faiss-gpu and CUDA are present; positions follow the order tokens were added in.
+    Rebuilt when a database opens (copying below FLAT_MAX_TOKENS vectors costs little)."""
 
-    def __init__(self, dim: int, device: torch.device, kind: str = "flat", nlist: int = 0):
+    kind = "flat"
+
+    def __init__(self, dim: int, device: torch.device):
         _require_faiss()
-        self.dim, self.device, self.kind, self.nlist = dim, device, kind, nlist
-        self.nprobe = DEFAULT_NPROBE
+        self.dim, self.device = dim, device
         self._res = None
-        if kind == "flat":
-            cpu = faiss.IndexFlatIP(dim)
-        else:
-            cpu = faiss.index_factory(dim, f"IVF{nlist},SQfp16", faiss.METRIC_INNER_PRODUCT)
+        cpu = faiss.IndexFlatIP(dim)
         if device.type == "cuda" and gpu_available():
             self._res = faiss.StandardGpuResources()
             self.index = faiss.index_cpu_to_gpu(self._res, device.index or 0, cpu)
@@ -94,34 +91,17 @@ class TokenIndex:
         return int(self.index.ntotal)
 
     @classmethod
-    def build(cls, tokens: torch.Tensor, scales: torch.Tensor | None, device: torch.device,
-              kind: str = "auto", nlist: int | None = None, seed: int = 0) -> "TokenIndex":
-        """Index every stored token (rows in order); IVF training uses a seeded sample."""
-        n, dim = tokens.shape
-        if kind == "auto":
-            kind = "flat" if n < FLAT_MAX_TOKENS else "ivf"
-        nlist = nlist or default_nlist(n)
-        idx = cls(dim, device, kind, nlist if kind == "ivf" else 0)
+    def build(cls, tokens: torch.Tensor, scales: torch.Tensor | None, device: torch.device) -> "TokenIndex":
+        """Index every stored token (rows in order)."""
+        idx = cls(tokens.shape[1], device)
         t0 = time.perf_counter()
-        if kind == "ivf":
-            g = torch.Generator(device=tokens.device).manual_seed(seed)
-            take = torch.randperm(n, device=tokens.device, generator=g)[: min(n, 40 * nlist)]
-            sample = tokens[take].float()
-            if scales is not None:
-                sample = sample * scales[take, None]
-            idx.train(sample)
-        _sync(device)
-        t1 = time.perf_counter()
         idx.add_stored(tokens, scales)
         _sync(device)
-        idx.build_seconds = {"train": t1 - t0, "add": time.perf_counter() - t1}
+        idx.build_seconds = {"add": time.perf_counter() - t0}
         return idx
 
     def _arg(self, x: torch.Tensor) -> torch.Tensor:
         return x.float().contiguous() if self.on_gpu and x.is_cuda else x.float().cpu().contiguous()
-
-    def train(self, sample: torch.Tensor) -> None:
-        self.index.train(self._arg(sample))
 
     def add_stored(self, tokens: torch.Tensor, scales: torch.Tensor | None, start: int = 0) -> None:
         """Append stored tokens[start:] (float16, or int8 with scales) in row order."""
@@ -131,11 +111,6 @@ class TokenIndex:
     def search(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(similarities [n, k], token positions [n, k], -1 where fewer were found) for q [n, dim]."""
         k = min(k, self.ntotal, 2048)
-        if self.kind == "ivf":
-            if self.on_gpu:
-                self.index.nprobe = self.nprobe
-            else:
-                faiss.extract_index_ivf(self.index).nprobe = self.nprobe
         sims, pos = self.index.search(self._arg(q), k)
         return sims.to(q.device), pos.to(q.device)
 
@@ -246,7 +221,7 @@ class CentroidLists:
         half = self.device.type == "cuda"
         self.centroids = centroids.to(self.device, torch.float16 if half else torch.float32)
         self.codes = codes.to(self.device, torch.int32)
-        self.nprobe = DEFAULT_NPROBE
+        self.nprobe = DEFAULT_LISTS_PROBE
         self.build_seconds: dict = {}
         self._lists(row_offsets)
 
