@@ -6,7 +6,8 @@ max) and mvdb's fused kernels with both backwards. Gradients are checked against
 
 Cases: ColBERT in-batch B=256 (Lq=32, Ld=180, d=128); hard negatives B=256 x 16 negatives of
 ColPali shape (Lq=32, Ld=1030) as per-query candidates [B, 16, Ld, d]; ColPali in-batch B=64
-(Lq=1024, Ld=1024). late-interaction-kernels is not compared yet.
+(Lq=1024, Ld=1024). late-interaction-kernels 0.4.5 (its wheel in .whl/, installed by
+gpu_session.sh) runs beside when importable, with its own unified and lowmem backwards.
 """
 
 from __future__ import annotations
@@ -71,6 +72,14 @@ def main():
         "mvdb-unified": lambda Q, D: maxsim(Q, D, backward="unified"),
         "mvdb-lowmem": lambda Q, D: maxsim(Q, D, backward="lowmem"),
     }
+    try:
+        import late_interaction_kernels as lik
+
+        res["late_interaction_kernels"] = lik.__version__
+        impls["lik-unified"] = lambda Q, D: lik.maxsim(Q, D, backward="unified")
+        impls["lik-lowmem"] = lambda Q, D: lik.maxsim(Q, D, backward="lowmem")
+    except ImportError as e:
+        res["late_interaction_kernels"] = f"not importable: {e}"
     for case in args.cases.split(","):
         Q, D = make(case, dev)
         row = {"shape": CASES[case]}
