@@ -117,12 +117,15 @@ def _bwd_unified_kernel(
 
 @triton.jit
 def _bwd_lowmem_dq_kernel(
-    D, Arg, G, q_off, dQ, n_k, lq_max,
+    D, Arg, G, q_off, dQ, n_k, lq_max, k_per_split, split_stride,
     DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
-    """dQ rows of query i, tokens [qb, qb + BLOCK_Q): sum over its pairs of g * D[argmax]."""
+    """dQ rows of query i, tokens [qb, qb + BLOCK_Q): sum over its pairs of g * D[argmax]; split
+    ``sp`` takes pairs [sp * k_per_split, ...) and writes its own slice (summed after, in order)."""
     qi = tl.program_id(0)
     qb = tl.program_id(1) * BLOCK_Q
+    sp = tl.program_id(2)
+    dQ += sp.to(tl.int64) * split_stride
     q_start = tl.load(q_off + qi)
     q_n = tl.load(q_off + qi + 1) - q_start
     if qb < q_n:
@@ -131,7 +134,7 @@ def _bwd_lowmem_dq_kernel(
         offs_c = tl.arange(0, BLOCK_DIM)
         c_ok = offs_c < DIM
         acc = tl.zeros([BLOCK_Q, BLOCK_DIM], dtype=tl.float32)
-        for k in range(0, n_k):
+        for k in range(sp * k_per_split, tl.minimum(n_k, (sp + 1) * k_per_split)):
             pair = qi.to(tl.int64) * n_k + k
             g = tl.load(G + pair)
             a = tl.load(Arg + pair * lq_max + rows, mask=r_ok, other=-1).to(tl.int64)
@@ -143,7 +146,7 @@ def _bwd_lowmem_dq_kernel(
 
 @triton.jit
 def _bwd_lowmem_dd_kernel(
-    Q, q_off, d_off, Arg, G, dD, n_q, n_k, lq_max,
+    Q, q_off, d_off, Arg, G, dD, n_q, n_k, lq_max, q_per_split, split_stride,
     PER_QUERY: tl.constexpr, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_J: tl.constexpr,
     BLOCK_T: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
 ):
@@ -151,6 +154,8 @@ def _bwd_lowmem_dd_kernel(
     one-hot (argmax == token) matrix times the query tokens, times g."""
     doc = tl.program_id(0)
     jb = tl.program_id(1) * BLOCK_J
+    sp = tl.program_id(2)
+    dD += sp.to(tl.int64) * split_stride
     d_start = tl.load(d_off + doc)
     d_n = tl.load(d_off + doc + 1) - d_start
     if jb < d_n:
@@ -164,8 +169,8 @@ def _bwd_lowmem_dd_kernel(
             i0 = doc // n_k
             i1 = i0 + 1
         else:
-            i0 = 0
-            i1 = n_q
+            i0 = sp * q_per_split
+            i1 = tl.minimum(n_q, (sp + 1) * q_per_split)
         for qi in range(i0, i1):
             if PER_QUERY:
                 pair = (qi * n_k + doc % n_k).to(tl.int64)
@@ -200,6 +205,15 @@ def _blocks(dim: int, lq: int = 32) -> tuple[int, int, int]:
     return bdim, min(128, max(32, triton.next_power_of_2(lq))), 64
 
 
+def _splits(programs: int, loop: int, slice_bytes: int, budget: int = 256 << 20) -> int:
+    """How many slices to split a lowmem reduction loop of ``loop`` steps into: enough programs to
+    fill the GPU (about 1,024), at least 32 steps a slice, fp32 slices within ``budget`` bytes."""
+    if interpreting():
+        return 2 if loop >= 2 else 1  # exercise the split path in the CPU tests
+    want = max(1, min(8, 1024 // max(1, programs), loop // 32, budget // max(1, slice_bytes)))
+    return want
+
+
 def forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask=None, d_mask=None, mask_zero=False):
     """Scores [n_q, n_k] float32 and the winners Arg [n_q, n_k, lq_max] int32 (token index into
     the packed d, -1 for masked query tokens and when no document token is valid)."""
@@ -231,21 +245,30 @@ def backward(kind, grad, q, q_off, d, d_off, arg, n_q, n_k, per_query, need_dq=T
         return dq.to(q.dtype) if need_dq else None, dd.to(d.dtype) if need_dd else None
     dq = dd = None
     if need_dq:
-        dq = torch.zeros_like(q)
+        # few queries: split each query's pairs over programs, fp32 slices summed in a fixed order
+        splits = _splits(n_q * triton.cdiv(lq_max, bq), n_k, q.numel() * 4)
+        dq = torch.zeros_like(q) if splits == 1 else torch.zeros((splits, *q.shape), dtype=torch.float32, device=q.device)
         if n_q and n_k:
-            _bwd_lowmem_dq_kernel[(n_q, triton.cdiv(lq_max, bq))](d, arg, g, q_off, dq, n_k, lq_max, DIM=q.shape[1],
-                                                                  BLOCK_DIM=bdim, BLOCK_Q=bq, num_warps=4)
+            _bwd_lowmem_dq_kernel[(n_q, triton.cdiv(lq_max, bq), splits)](
+                d, arg, g, q_off, dq, n_k, lq_max, triton.cdiv(n_k, splits), q.numel(), DIM=q.shape[1],
+                BLOCK_DIM=bdim, BLOCK_Q=bq, num_warps=4)
+        if splits > 1:
+            dq = dq.sum(0).to(q.dtype)
     if need_dd:
-        dd = torch.zeros_like(d)
         n_docs = d_off.numel() - 1
         ld_max = int((d_off[1:] - d_off[:-1]).max()) if n_docs else 0
         bj = 16 if interpreting() else 64
+        splits = 1 if per_query else _splits(n_docs * triton.cdiv(max(ld_max, 1), bj), n_q, d.numel() * 4)
+        dd = torch.zeros_like(d) if splits == 1 else torch.zeros((splits, *d.shape), dtype=torch.float32, device=d.device)
         if n_q and n_k and ld_max:
-            _bwd_lowmem_dd_kernel[(n_docs, triton.cdiv(ld_max, bj))](
-                q, q_off, d_off, arg, g, dd, n_q, n_k, lq_max, PER_QUERY=per_query, DIM=q.shape[1], BLOCK_DIM=bdim,
+            _bwd_lowmem_dd_kernel[(n_docs, triton.cdiv(ld_max, bj), splits)](
+                q, q_off, d_off, arg, g, dd, n_q, n_k, lq_max, triton.cdiv(n_q, splits), d.numel(),
+                PER_QUERY=per_query, DIM=q.shape[1], BLOCK_DIM=bdim,
                 BLOCK_J=bj, BLOCK_T=16 if interpreting() else 32, UPCAST=interpreting() or q.dtype == torch.float32,
                 IEEE=q.dtype == torch.float32, num_warps=4,
             )
+        if splits > 1:
+            dd = dd.sum(0).to(d.dtype)
     return dq, dd
 
 
