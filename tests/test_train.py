@@ -131,3 +131,19 @@ def test_bad_backward_and_normalize_values():
     Qg = Q.clone().requires_grad_()
     with pytest.raises(InvalidInputError, match="out: not supported when computing gradients"):
         maxsim(Qg, D, out=torch.empty(2, 4))
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+def test_grouped_forward_with_a_partial_last_group(device):
+    """Short equal-length queries share document tiles in groups; the last group may be partial."""
+    g = torch.Generator().manual_seed(5)
+    Q, D = torch.randn(4, 5, 16, generator=g), torch.randn(3, 7, 16, generator=g)
+    qm, dm = torch.rand(4, 5, generator=g) > 0.2, torch.rand(3, 7, generator=g) > 0.3
+    G = torch.randn(4, 3, generator=g)
+    want, dq, dd = _ref_padded(Q, D, qm, dm, G)
+    Qt, Dt = Q.to(device).requires_grad_(), D.to(device).requires_grad_()
+    out = maxsim(Qt, Dt, qm.to(device), dm.to(device), backend="triton")
+    (out * G.to(device)).sum().backward()
+    _close(out.cpu(), want, torch.float32)
+    _close(Qt.grad.cpu(), dq, torch.float32)
+    _close(Dt.grad.cpu(), dd, torch.float32)

@@ -91,6 +91,70 @@ def _fwd_argmax_kernel(
 
 
 @triton.jit
+def _fwd_argmax_grouped_kernel(
+    Q, QM, D, DM, d_off, Out, Arg,
+    n_q, n_k, lq,
+    GROUP: tl.constexpr, HAS_QMASK: tl.constexpr, HAS_DMASK: tl.constexpr,
+    DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, MASK_ZERO: tl.constexpr,
+):
+    """Cross product of short equal-length queries: GROUP queries (GROUP * lq <= BLOCK_Q rows)
+    against one document per program, so each document tile is loaded once for the group."""
+    g0 = tl.program_id(0) * GROUP
+    k = tl.program_id(1)
+    d_start = tl.load(d_off + k)
+    d_n = tl.load(d_off + k + 1) - d_start
+    rows = tl.arange(0, BLOCK_Q)
+    qloc = rows // lq
+    r_ok = (qloc < GROUP) & (g0 + qloc < n_q)
+    q_row = g0.to(tl.int64) * lq + rows
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_c = tl.arange(0, BLOCK_DIM)
+    c_ok = offs_c < DIM
+    q = tl.load(Q + q_row[:, None] * DIM + offs_c[None, :], mask=r_ok[:, None] & c_ok[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    if HAS_QMASK:
+        r_ok = r_ok & (tl.load(QM + q_row, mask=r_ok, other=0) != 0)
+    best = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+    arg = tl.full([BLOCK_Q], -1, dtype=tl.int64)
+    n_masked = tl.zeros([1], dtype=tl.int32)
+    for db in range(0, d_n, BLOCK_D):
+        cols = db + offs_d
+        ok = cols < d_n
+        dt = tl.load(D + (d_start + cols)[None, :] * DIM + offs_c[:, None], mask=c_ok[:, None] & ok[None, :], other=0.0)
+        if UPCAST:
+            dt = dt.to(tl.float32)
+        if HAS_DMASK:
+            dm_ok = tl.load(DM + d_start + cols, mask=ok, other=0) != 0
+            if MASK_ZERO:
+                n_masked += tl.sum((ok & ~dm_ok).to(tl.int32), axis=0)
+            ok = ok & dm_ok
+        if IEEE:
+            s = tl.dot(q, dt, input_precision="ieee", out_dtype=tl.float32)
+        else:
+            s = tl.dot(q, dt, out_dtype=tl.float32)
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m, idx = tl.max(s, axis=1, return_indices=True, return_indices_tie_break_left=True)
+        better = m > best
+        best = tl.where(better, m, best)
+        arg = tl.where(better, d_start + db + idx.to(tl.int64), arg)
+    if MASK_ZERO:
+        zero_wins = (tl.sum(n_masked, axis=0) > 0) & (best < 0)
+        best = tl.where(zero_wins, 0.0, best)
+        arg = tl.where(zero_wins, -1, arg)
+    valid = r_ok & (best > float("-inf"))
+    contrib = tl.where(valid, best, 0.0)
+    in_group = (qloc < GROUP) & (g0 + qloc < n_q)
+    pair = (g0 + qloc).to(tl.int64) * n_k + k
+    tl.store(Arg + pair * lq + (rows - qloc * lq), tl.where(valid, arg, -1).to(tl.int32), mask=in_group)
+    for g in tl.static_range(GROUP):
+        tot = tl.sum(tl.where(qloc == g, contrib, 0.0), axis=0)
+        if g0 + g < n_q:
+            tl.store(Out + (g0 + g).to(tl.int64) * n_k + k, tot)
+
+
+@triton.jit
 def _bwd_unified_kernel(
     Q, q_off, D, Arg, G, dQ, dD, n_k, lq_max,
     DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
@@ -214,14 +278,32 @@ def _splits(programs: int, loop: int, slice_bytes: int, budget: int = 256 << 20)
     return want
 
 
-def forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask=None, d_mask=None, mask_zero=False):
+def grouped_queries(lq: int, per_query: bool, equal_lengths: bool, n_q: int) -> int:
+    """Queries per program in the cross-product forward: short equal-length (padded) queries share
+    each document tile (GROUP * lq <= 128 rows); 1 otherwise."""
+    if per_query or not equal_lengths or lq == 0 or lq > 64 or n_q < 2:
+        return 1
+    return max(1, min(n_q, (16 if interpreting() else 128) // lq))
+
+
+def forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask=None, d_mask=None, mask_zero=False,
+            equal_lengths=False):
     """Scores [n_q, n_k] float32 and the winners Arg [n_q, n_k, lq_max] int32 (token index into
     the packed d, -1 for masked query tokens and when no document token is valid)."""
     bdim, bq, bd = _blocks(q.shape[1], lq_max)
     out = torch.empty(n_q, n_k, dtype=torch.float32, device=q.device)
     arg = torch.full((n_q, n_k, max(1, lq_max)), -1, dtype=torch.int32, device=q.device)
-    if n_q and n_k:
-        upcast = interpreting() or q.dtype == torch.float32
+    upcast = interpreting() or q.dtype == torch.float32
+    group = grouped_queries(lq_max, per_query, equal_lengths, n_q)
+    if n_q and n_k and group > 1:
+        rows = triton.next_power_of_2(group * lq_max)
+        _fwd_argmax_grouped_kernel[(triton.cdiv(n_q, group), n_k)](
+            q, q_mask if q_mask is not None else q, d, d_mask if d_mask is not None else d, d_off, out, arg,
+            n_q, n_k, lq_max, GROUP=group, HAS_QMASK=q_mask is not None, HAS_DMASK=d_mask is not None,
+            DIM=q.shape[1], BLOCK_DIM=bdim, BLOCK_Q=rows, BLOCK_D=bd, UPCAST=upcast, IEEE=q.dtype == torch.float32,
+            MASK_ZERO=mask_zero, num_warps=8 if rows >= 128 else 4, num_stages=3,
+        )
+    elif n_q and n_k:
         _fwd_argmax_kernel[(n_q, n_k)](
             q, q_mask if q_mask is not None else q, q_off, d, d_mask if d_mask is not None else d, d_off, out, arg,
             n_k, arg.shape[2], PER_QUERY=per_query, HAS_QMASK=q_mask is not None, HAS_DMASK=d_mask is not None,
@@ -274,8 +356,9 @@ def backward(kind, grad, q, q_off, d, d_off, arg, n_q, n_k, per_query, need_dq=T
 
 class _MaxSimFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, d, q_off, d_off, n_q, n_k, lq_max, per_query, q_mask, d_mask, kind, mask_zero=False):
-        out, arg = forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask, d_mask, mask_zero)
+    def forward(ctx, q, d, q_off, d_off, n_q, n_k, lq_max, per_query, q_mask, d_mask, kind, mask_zero=False,
+                equal_lengths=False):
+        out, arg = forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask, d_mask, mask_zero, equal_lengths)
         ctx.save_for_backward(q, d, q_off, d_off, arg)
         ctx.meta = (n_q, n_k, per_query, kind)
         return out
@@ -286,7 +369,7 @@ class _MaxSimFn(torch.autograd.Function):
         n_q, n_k, per_query, kind = ctx.meta
         dq, dd = backward(kind, grad, q, q_off, d, d_off, arg, n_q, n_k, per_query,
                           ctx.needs_input_grad[0], ctx.needs_input_grad[1])
-        return dq, dd, None, None, None, None, None, None, None, None, None, None
+        return dq, dd, None, None, None, None, None, None, None, None, None, None, None
 
 
 def choose_backward(kind: str, n_pairs: int, lq: int) -> str:
@@ -314,7 +397,7 @@ def padded(Q, D, q_mask, d_mask, kind: str, mask_zero: bool = False) -> torch.Te
     d_off = torch.arange(n_docs + 1, device=dev, dtype=torch.int64) * ld
     kind = choose_backward(kind, nq * n_k, lq)
     return _MaxSimFn.apply(Q.reshape(-1, dim).contiguous(), D.reshape(-1, dim).contiguous(), q_off, d_off, nq, n_k,
-                           lq, per_query, _flat_mask(q_mask), _flat_mask(d_mask), kind, mask_zero)
+                           lq, per_query, _flat_mask(q_mask), _flat_mask(d_mask), kind, mask_zero, True)
 
 
 def varlen(q, cu_q, d, cu_d, max_seqlen_q: int, kind: str) -> torch.Tensor:
