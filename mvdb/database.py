@@ -151,6 +151,7 @@ class Database:
         self._segments = [seg["name"] for seg in snap.manifest["segments"]]
         if not dim:
             self._tokens, self._scales, self._index = None, None, None
+            self._home, self._on_host = self.device, False
             self._row_offsets = torch.zeros(1, dtype=torch.int64, device=self.device)
             self._row_ids = np.zeros(0, np.int64)
             self._live = torch.zeros(0, dtype=torch.bool, device=self.device)
@@ -504,6 +505,8 @@ class Database:
         if k is not None:
             _check_k(k)
         self._sync()
+        if self.dim is None:
+            raise InvalidInputError(f"rerank: the database at {self.store.path} is empty (no documents to score)")
         q, cu_q, single = _queries(queries, self.dim, self.device)
         lists = [candidate_ids] if single else list(candidate_ids)
         if len(lists) != cu_q.numel() - 1:

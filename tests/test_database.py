@@ -162,6 +162,9 @@ def test_reader_refresh_sees_new_documents(db, tmp_path):
 
 def test_empty_database_search(db):
     assert db.search(np.ones((2, DIM), np.float32)) == []
+    assert db.stats()["residency"] is None
+    with pytest.raises(InvalidInputError, match="rerank: the database at .* is empty"):
+        db.rerank(np.ones((2, DIM), np.float32), [])
 
 
 def test_where_filters_return_k_hits_when_k_match(db):
