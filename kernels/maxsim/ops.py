@@ -24,8 +24,17 @@ def _grad_mode(backward: str, normalize: bool, *tensors) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
-def _normalized(x: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.normalize(x, dim=-1)
+def _prepare(q, d, normalize: bool, grad: bool, d_name: str, d_scales, out):
+    """L2-normalise when asked (int8 documents as stored); refuse what gradients cannot go through."""
+    if normalize:
+        q = torch.nn.functional.normalize(q, dim=-1)
+        d = d if d.dtype == torch.int8 else torch.nn.functional.normalize(d, dim=-1)
+    if grad:
+        if d_scales is not None:
+            raise InvalidInputError(f"{d_name}: gradients need float documents, got int8")
+        if out is not None:
+            raise InvalidInputError("out: not supported when computing gradients")
+    return q, d
 
 
 def _use_triton(device: torch.device, backend: str) -> bool:
@@ -115,13 +124,8 @@ def maxsim(
         _checks.tensor("out", out, (1,), (torch.float32,))
         _checks.shape_match("out", out, (n_k,))
         out = out[None]
-    if normalize:
-        Q, D = _normalized(Q), (_normalized(D) if D.dtype != torch.int8 else D)
+    Q, D = _prepare(Q, D, normalize, grad, "D", d_scales, out)
     if grad:
-        if d_scales is not None:
-            raise InvalidInputError("D: gradients need float documents, got int8")
-        if out is not None:
-            raise InvalidInputError("out: not supported when computing gradients")
         if _use_triton(device, backend):
             res = train.padded(Q, D, q_mask, d_mask, backward)
         else:
@@ -178,13 +182,8 @@ def maxsim_varlen(
     max_seqlen_q = _longest_query(
         check, max_seqlen_q, q, cu_q, [("cu_q", cu_q, q.shape[0]), ("cu_d", cu_d, d.shape[0])]
     )
-    if normalize:
-        q, d = _normalized(q), (_normalized(d) if d.dtype != torch.int8 else d)
+    q, d = _prepare(q, d, normalize, grad, "d", d_scales, out)
     if grad:
-        if d_scales is not None:
-            raise InvalidInputError("d: gradients need float documents, got int8")
-        if out is not None:
-            raise InvalidInputError("out: not supported when computing gradients")
         if _use_triton(device, backend):
             return train.varlen(q, cu_q, d, cu_d, max_seqlen_q, backward)
         return naive.maxsim_csr(q, cu_q, d, cu_d)

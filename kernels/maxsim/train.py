@@ -28,6 +28,44 @@ BACKWARDS = ("auto", "unified", "lowmem")
 
 
 @triton.jit
+def _best_in_doc(q, D, DM, d_start, d_n, offs_c, c_ok,
+                 DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, HAS_DMASK: tl.constexpr,
+                 UPCAST: tl.constexpr, IEEE: tl.constexpr, MASK_ZERO: tl.constexpr):
+    """Per query row of ``q`` [BLOCK_Q, BLOCK_DIM]: the best similarity over the document's valid
+    tokens and its token index (-1 where none is valid, or where a masked token's 0 wins under
+    MASK_ZERO, PyLate's multiply-by-mask). Ties go to the first token, as in torch's argmax."""
+    offs_d = tl.arange(0, BLOCK_D)
+    best = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+    arg = tl.full([BLOCK_Q], -1, dtype=tl.int64)
+    n_masked = tl.zeros([1], dtype=tl.int32)
+    for db in range(0, d_n, BLOCK_D):
+        cols = db + offs_d
+        ok = cols < d_n
+        dt = tl.load(D + (d_start + cols)[None, :] * DIM + offs_c[:, None], mask=c_ok[:, None] & ok[None, :], other=0.0)
+        if UPCAST:
+            dt = dt.to(tl.float32)
+        if HAS_DMASK:
+            dm_ok = tl.load(DM + d_start + cols, mask=ok, other=0) != 0
+            if MASK_ZERO:
+                n_masked += tl.sum((ok & ~dm_ok).to(tl.int32), axis=0)
+            ok = ok & dm_ok
+        if IEEE:  # fp32 inputs: full-precision products (TF32 would move near-ties)
+            s = tl.dot(q, dt, input_precision="ieee", out_dtype=tl.float32)
+        else:
+            s = tl.dot(q, dt, out_dtype=tl.float32)
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m, idx = tl.max(s, axis=1, return_indices=True, return_indices_tie_break_left=True)
+        better = m > best  # strictly: the first maximal token wins
+        best = tl.where(better, m, best)
+        arg = tl.where(better, d_start + db + idx.to(tl.int64), arg)
+    if MASK_ZERO:
+        zero_wins = (tl.sum(n_masked, axis=0) > 0) & (best < 0)
+        best = tl.where(zero_wins, 0.0, best)
+        arg = tl.where(zero_wins, -1, arg)
+    return best, arg
+
+
+@triton.jit
 def _fwd_argmax_kernel(
     Q, QM, q_off, D, DM, d_off, Out, Arg,
     n_k, lq_max,
@@ -43,7 +81,6 @@ def _fwd_argmax_kernel(
     d_start = tl.load(d_off + doc)
     d_n = tl.load(d_off + doc + 1) - d_start
     offs_q = tl.arange(0, BLOCK_Q)
-    offs_d = tl.arange(0, BLOCK_D)
     offs_c = tl.arange(0, BLOCK_DIM)
     c_ok = offs_c < DIM
     total = tl.zeros([1], dtype=tl.float32)
@@ -56,34 +93,8 @@ def _fwd_argmax_kernel(
             q = q.to(tl.float32)
         if HAS_QMASK:
             r_ok = r_ok & (tl.load(QM + q_start + rows, mask=r_ok, other=0) != 0)
-        best = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
-        arg = tl.full([BLOCK_Q], -1, dtype=tl.int64)
-        n_masked = tl.zeros([1], dtype=tl.int32)
-        for db in range(0, d_n, BLOCK_D):
-            cols = db + offs_d
-            ok = cols < d_n
-            dt = tl.load(D + (d_start + cols)[None, :] * DIM + offs_c[:, None], mask=c_ok[:, None] & ok[None, :],
-                         other=0.0)
-            if UPCAST:
-                dt = dt.to(tl.float32)
-            if HAS_DMASK:
-                dm_ok = tl.load(DM + d_start + cols, mask=ok, other=0) != 0
-                if MASK_ZERO:
-                    n_masked += tl.sum((ok & ~dm_ok).to(tl.int32), axis=0)
-                ok = ok & dm_ok
-            if IEEE:  # fp32 inputs: full-precision products (TF32 would move near-ties)
-                s = tl.dot(q, dt, input_precision="ieee", out_dtype=tl.float32)
-            else:
-                s = tl.dot(q, dt, out_dtype=tl.float32)
-            s = tl.where(ok[None, :], s, float("-inf"))
-            m, idx = tl.max(s, axis=1, return_indices=True, return_indices_tie_break_left=True)
-            better = m > best  # strictly: the first maximal token wins, as in torch's argmax
-            best = tl.where(better, m, best)
-            arg = tl.where(better, d_start + db + idx.to(tl.int64), arg)
-        if MASK_ZERO:  # masked document tokens count as similarity 0 (PyLate's multiply-by-mask)
-            zero_wins = (tl.sum(n_masked, axis=0) > 0) & (best < 0)
-            best = tl.where(zero_wins, 0.0, best)
-            arg = tl.where(zero_wins, -1, arg)
+        best, arg = _best_in_doc(q, D, DM, d_start, d_n, offs_c, c_ok, DIM, BLOCK_Q, BLOCK_D, HAS_DMASK, UPCAST, IEEE,
+                                 MASK_ZERO)
         valid = r_ok & (best > float("-inf"))
         total += tl.sum(tl.where(valid, best, 0.0), axis=0)
         tl.store(Arg + pair * lq_max + rows, tl.where(valid, arg, -1).to(tl.int32), mask=rows < q_n)
@@ -106,9 +117,9 @@ def _fwd_argmax_grouped_kernel(
     d_n = tl.load(d_off + k + 1) - d_start
     rows = tl.arange(0, BLOCK_Q)
     qloc = rows // lq
-    r_ok = (qloc < GROUP) & (g0 + qloc < n_q)
+    in_group = (qloc < GROUP) & (g0 + qloc < n_q)
+    r_ok = in_group
     q_row = g0.to(tl.int64) * lq + rows
-    offs_d = tl.arange(0, BLOCK_D)
     offs_c = tl.arange(0, BLOCK_DIM)
     c_ok = offs_c < DIM
     q = tl.load(Q + q_row[:, None] * DIM + offs_c[None, :], mask=r_ok[:, None] & c_ok[None, :], other=0.0)
@@ -116,36 +127,10 @@ def _fwd_argmax_grouped_kernel(
         q = q.to(tl.float32)
     if HAS_QMASK:
         r_ok = r_ok & (tl.load(QM + q_row, mask=r_ok, other=0) != 0)
-    best = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
-    arg = tl.full([BLOCK_Q], -1, dtype=tl.int64)
-    n_masked = tl.zeros([1], dtype=tl.int32)
-    for db in range(0, d_n, BLOCK_D):
-        cols = db + offs_d
-        ok = cols < d_n
-        dt = tl.load(D + (d_start + cols)[None, :] * DIM + offs_c[:, None], mask=c_ok[:, None] & ok[None, :], other=0.0)
-        if UPCAST:
-            dt = dt.to(tl.float32)
-        if HAS_DMASK:
-            dm_ok = tl.load(DM + d_start + cols, mask=ok, other=0) != 0
-            if MASK_ZERO:
-                n_masked += tl.sum((ok & ~dm_ok).to(tl.int32), axis=0)
-            ok = ok & dm_ok
-        if IEEE:
-            s = tl.dot(q, dt, input_precision="ieee", out_dtype=tl.float32)
-        else:
-            s = tl.dot(q, dt, out_dtype=tl.float32)
-        s = tl.where(ok[None, :], s, float("-inf"))
-        m, idx = tl.max(s, axis=1, return_indices=True, return_indices_tie_break_left=True)
-        better = m > best
-        best = tl.where(better, m, best)
-        arg = tl.where(better, d_start + db + idx.to(tl.int64), arg)
-    if MASK_ZERO:
-        zero_wins = (tl.sum(n_masked, axis=0) > 0) & (best < 0)
-        best = tl.where(zero_wins, 0.0, best)
-        arg = tl.where(zero_wins, -1, arg)
+    best, arg = _best_in_doc(q, D, DM, d_start, d_n, offs_c, c_ok, DIM, BLOCK_Q, BLOCK_D, HAS_DMASK, UPCAST, IEEE,
+                             MASK_ZERO)
     valid = r_ok & (best > float("-inf"))
     contrib = tl.where(valid, best, 0.0)
-    in_group = (qloc < GROUP) & (g0 + qloc < n_q)
     pair = (g0 + qloc).to(tl.int64) * n_k + k
     tl.store(Arg + pair * lq + (rows - qloc * lq), tl.where(valid, arg, -1).to(tl.int32), mask=in_group)
     for g in tl.static_range(GROUP):
