@@ -20,6 +20,7 @@ except ImportError as e:  # pragma: no cover - the message says what to install
     raise ImportError(f"mvdb.integrations.pylate needs PyLate: pip install pylate ({e})") from None
 
 import mvdb
+from mvdb.integrations._patching import Patches
 from mvdb.storage import _validate
 
 
@@ -85,7 +86,7 @@ class MvdbIndex(Base):
 
 # ---- training: route PyLate's ColBERT scores to the fused, differentiable kernels (issue #5)
 
-_PATCHED: dict = {}
+_PATCHED = Patches()
 
 
 def _fused_scores(original, per_query: bool, devices: tuple):
@@ -116,45 +117,17 @@ def patch(devices=("cuda",)) -> None:
     """Route PyLate's ``colbert_scores`` and ``colbert_kd_scores`` (and so ``ColBERTScores``, the
     contrastive and distillation losses that use them) to mvdb's fused, differentiable MaxSim for
     tensors on ``devices``; everything else keeps PyLate's own code. Undo with :func:`unpatch`."""
-    import sys
-
     import pylate.scores.colbert as colbert
 
     if _PATCHED:
         return
-    originals = {"colbert_scores": colbert.colbert_scores, "colbert_kd_scores": colbert.colbert_kd_scores}
-    replacements = {
-        "colbert_scores": _fused_scores(originals["colbert_scores"], False, tuple(devices)),
-        "colbert_kd_scores": _fused_scores(originals["colbert_kd_scores"], True, tuple(devices)),
-    }
-    for name, module in list(sys.modules.items()):  # every PyLate module that imported them by name
-        if not name.startswith("pylate") or module is None:
-            continue
-        for attr, orig in originals.items():
-            if getattr(module, attr, None) is orig:
-                _PATCHED[(name, attr)] = orig
-                setattr(module, attr, replacements[attr])
-        # defaults bound at definition, e.g. Distillation(score_metric=colbert_kd_scores)
-        for cls in [v for v in vars(module).values() if isinstance(v, type)]:
-            init = vars(cls).get("__init__")
-            if init is not None and getattr(init, "__defaults__", None):
-                new = tuple(replacements[_which(d, originals)] if _which(d, originals) else d for d in init.__defaults__)
-                if new != init.__defaults__:
-                    _PATCHED[(name, cls.__name__ + ".__init__.__defaults__")] = (init, init.__defaults__)
-                    init.__defaults__ = new
-
-
-def _which(value, originals: dict):
-    return next((attr for attr, orig in originals.items() if value is orig), None)
+    devices = tuple(devices)
+    _PATCHED.rebind("pylate", {
+        "colbert_scores": (colbert.colbert_scores, _fused_scores(colbert.colbert_scores, False, devices)),
+        "colbert_kd_scores": (colbert.colbert_kd_scores, _fused_scores(colbert.colbert_kd_scores, True, devices)),
+    }, defaults=True)  # every module that imported them by name; Distillation(score_metric=...) defaults
 
 
 def unpatch() -> None:
     """Restore PyLate's original scoring functions."""
-    import sys
-
-    for (name, attr), orig in _PATCHED.items():
-        if attr.endswith(".__defaults__"):
-            orig[0].__defaults__ = orig[1]
-        elif sys.modules.get(name) is not None:
-            setattr(sys.modules[name], attr, orig)
-    _PATCHED.clear()
+    _PATCHED.undo()
