@@ -99,17 +99,53 @@ def test_lowmem_is_bitwise_reproducible_and_half_precision(device):
 
 
 @pytest.mark.parametrize("device", TRITON_DEVICES)
-def test_normalize_has_the_right_jacobian(device):
+@pytest.mark.parametrize("kind", ["unified", "lowmem"])
+@pytest.mark.parametrize("per_query", [False, True])
+def test_normalize_is_fused_with_the_right_jacobian(device, kind, per_query, monkeypatch):
+    """normalize=True inside the kernels: values and gradients of F.normalize's composition, with
+    masks and a near-zero token (below F.normalize's eps the clamp is active)."""
     g = torch.Generator().manual_seed(4)
-    Q, D = torch.randn(2, 4, 16, generator=g) * 3, torch.randn(3, 5, 16, generator=g) * 0.5
-    G = torch.randn(2, 3, generator=g)
-    want, dq, dd = _ref_padded(Q, D, None, None, G, normalize=True)
+    Q = torch.randn(3, 4, 16, generator=g) * 3
+    D = torch.randn(*((3, 2) if per_query else (5,)), 6, 16, generator=g) * 0.5
+    D[0, 1] *= 1e-14  # below eps: d / eps, whose gradient is 1 / eps (scaled down by G below)
+    qm, dm = torch.rand(3, 4, generator=g) > 0.2, torch.rand(D.shape[:-1], generator=g) > 0.2
+    G = torch.randn(3, D.shape[1] if per_query else 5, generator=g) * 1e-6
+    want, dq, dd = _ref_padded(Q, D, qm, dm, G, normalize=True)
+    # the kernels must not see normalised copies: F.normalize is off limits on this path
+    monkeypatch.setattr(torch.nn.functional, "normalize", lambda *a, **k: pytest.fail("normalised in torch"))
     Qt, Dt = Q.to(device).requires_grad_(), D.to(device).requires_grad_()
-    out = maxsim(Qt, Dt, normalize=True, backend="triton")
+    out = maxsim(Qt, Dt, qm.to(device), dm.to(device), normalize=True, backward=kind, backend="triton")
     (out * G.to(device)).sum().backward()
     _close(out.cpu(), want, torch.float32)
-    _close(Qt.grad.cpu(), dq, torch.float32)
-    _close(Dt.grad.cpu(), dd, torch.float32)
+    _close(Qt.grad.cpu() * 1e6, dq * 1e6, torch.float32)
+    _close(Dt.grad.cpu() * 1e6, dd * 1e6, torch.float32)
+    with torch.no_grad():  # inference takes the fused path as well
+        _close(maxsim(Q.to(device), D.to(device), qm.to(device), dm.to(device), normalize=True).cpu(), want,
+               torch.float32)
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+def test_normalize_varlen_and_half_precision(device):
+    g = torch.Generator().manual_seed(6)
+    dtype = torch.bfloat16 if device != "cpu" else torch.float32
+    q, d = torch.randn(9, 32, generator=g), torch.randn(20, 32, generator=g) * 4
+    cu_q = torch.tensor([0, 3, 9], dtype=torch.int32)
+    cu_d = torch.tensor([0, 5, 5, 18, 20], dtype=torch.int32)
+    G = torch.randn(2, 4, generator=g)
+    qr, dr = q.double().requires_grad_(), d.double().requires_grad_()
+    want = naive.maxsim_csr(torch.nn.functional.normalize(qr, dim=-1), cu_q, torch.nn.functional.normalize(dr, dim=-1),
+                            cu_d)
+    (want * G.double()).sum().backward()
+    grads = []
+    for _ in range(2):
+        qt, dt = q.to(device, dtype).clone().requires_grad_(), d.to(device, dtype).clone().requires_grad_()
+        out = maxsim_varlen(qt, cu_q.to(device), dt, cu_d.to(device), normalize=True, backward="lowmem")
+        (out * G.to(device)).sum().backward()
+        grads.append((qt.grad, dt.grad))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+    _close(out.cpu(), want.detach(), dtype)
+    _close(grads[0][0].float().cpu(), qr.grad, dtype)
+    _close(grads[0][1].float().cpu(), dr.grad, dtype)
 
 
 def test_torch_backend_is_differentiable_too():

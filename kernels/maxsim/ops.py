@@ -24,17 +24,20 @@ def _grad_mode(backward: str, normalize: bool, *tensors) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
-def _prepare(q, d, normalize: bool, grad: bool, d_name: str, d_scales, out):
-    """L2-normalise when asked (int8 documents as stored); refuse what gradients cannot go through."""
-    if normalize:
-        q = torch.nn.functional.normalize(q, dim=-1)
-        d = d if d.dtype == torch.int8 else torch.nn.functional.normalize(d, dim=-1)
+def _prepare(q, d, normalize: bool, grad: bool, triton_ok: bool, d_name: str, d_scales, out):
+    """Refuse what gradients cannot go through; L2-normalise when asked. Returns (q, d, fused):
+    ``fused`` = the training kernels normalise inside (Triton, float documents); otherwise q and
+    d come back normalised by torch (int8 documents are scored as stored)."""
     if grad:
         if d_scales is not None:
             raise InvalidInputError(f"{d_name}: gradients need float documents, got int8")
         if out is not None:
             raise InvalidInputError("out: not supported when computing gradients")
-    return q, d
+    fused = normalize and triton_ok and d.dtype != torch.int8
+    if normalize and not fused:
+        q = torch.nn.functional.normalize(q, dim=-1)
+        d = d if d.dtype == torch.int8 else torch.nn.functional.normalize(d, dim=-1)
+    return q, d, fused
 
 
 def _use_triton(device: torch.device, backend: str) -> bool:
@@ -97,7 +100,8 @@ def maxsim(
 
     When Q or D requires grad, the forward saves each query token's winning document token
     (int32) and ``backward`` picks the backward: "unified" (fp32 atomics), "lowmem" (no atomics,
-    bitwise reproducible), "auto". ``normalize=True`` L2-normalises the tokens first.
+    bitwise reproducible), "auto". ``normalize=True`` scores the L2-normalised tokens (inside the
+    Triton kernels for float documents, with the normalisation's Jacobian in the backward).
     """
     grad = _grad_mode(backward, normalize, Q, D)
     _checks.tensor("Q", Q, (2, 3), _checks.FLOAT_DTYPES)
@@ -124,15 +128,18 @@ def maxsim(
         _checks.tensor("out", out, (1,), (torch.float32,))
         _checks.shape_match("out", out, (n_k,))
         out = out[None]
-    Q, D = _prepare(Q, D, normalize, grad, "D", d_scales, out)
-    if grad:
-        if _use_triton(device, backend):
-            res = train.padded(Q, D, q_mask, d_mask, backward)
+    tri = _use_triton(device, backend)
+    Q, D, fused_norm = _prepare(Q, D, normalize, grad, tri, "D", d_scales, out)
+    if grad or fused_norm:
+        if tri:
+            res = train.padded(Q, D, q_mask, d_mask, backward, normalize=fused_norm)
         else:
             res = naive.maxsim_padded(Q, D, q_mask, d_mask)
+        if out is not None:
+            res = _out(out, (nq, n_k), device).copy_(res)
         return res[0] if single else res
     out = _out(out, (nq, n_k), device)
-    if _use_triton(device, backend):
+    if tri:
         layout = fused.PADDED_PER_QUERY if per_query else fused.PADDED_CROSS
         fused.launch(
             out, Q.contiguous(), _contig(q_mask), None, lq, D.contiguous(), _contig(d_scales),
@@ -182,13 +189,14 @@ def maxsim_varlen(
     max_seqlen_q = _longest_query(
         check, max_seqlen_q, q, cu_q, [("cu_q", cu_q, q.shape[0]), ("cu_d", cu_d, d.shape[0])]
     )
-    q, d = _prepare(q, d, normalize, grad, "d", d_scales, out)
-    if grad:
-        if _use_triton(device, backend):
-            return train.varlen(q, cu_q, d, cu_d, max_seqlen_q, backward)
-        return naive.maxsim_csr(q, cu_q, d, cu_d)
+    tri = _use_triton(device, backend)
+    q, d, fused_norm = _prepare(q, d, normalize, grad, tri, "d", d_scales, out)
+    if grad or fused_norm:
+        res = train.varlen(q, cu_q, d, cu_d, max_seqlen_q, backward, fused_norm) if tri else \
+            naive.maxsim_csr(q, cu_q, d, cu_d)
+        return res if out is None else _out(out, (nq, nd), device).copy_(res)
     out = _out(out, (nq, nd), device)
-    if _use_triton(device, backend):
+    if tri:
         return fused.launch(
             out, q.contiguous(), None, cu_q, 0, d.contiguous(), _contig(d_scales), None, cu_d, None, 0,
             nq, nd, fused.CSR_CROSS, max_seqlen_q,

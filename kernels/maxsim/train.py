@@ -25,15 +25,26 @@ import triton.language as tl
 from mvdb.kernels.maxsim.fused import interpreting
 
 BACKWARDS = ("auto", "unified", "lowmem")
+EPS: tl.constexpr = tl.constexpr(1e-12)  # F.normalize's default eps
 
 
 @triton.jit
-def _best_in_doc(q, D, DM, d_start, d_n, offs_c, c_ok,
+def _norms(x, axis: tl.constexpr):
+    """L2 norms of the rows (axis=1) or columns (axis=0) of a tile, clamped below at EPS as in
+    torch's F.normalize."""
+    xf = x.to(tl.float32)
+    return tl.maximum(tl.sqrt(tl.sum(xf * xf, axis=axis)), EPS)
+
+
+@triton.jit
+def _best_in_doc(q, D, DM, d_start, d_n, offs_c, c_ok, inv_nq, Nd, write_nd,
                  DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, HAS_DMASK: tl.constexpr,
-                 UPCAST: tl.constexpr, IEEE: tl.constexpr, MASK_ZERO: tl.constexpr):
+                 UPCAST: tl.constexpr, IEEE: tl.constexpr, MASK_ZERO: tl.constexpr, NORM: tl.constexpr):
     """Per query row of ``q`` [BLOCK_Q, BLOCK_DIM]: the best similarity over the document's valid
     tokens and its token index (-1 where none is valid, or where a masked token's 0 wins under
-    MASK_ZERO, PyLate's multiply-by-mask). Ties go to the first token, as in torch's argmax."""
+    MASK_ZERO, PyLate's multiply-by-mask). Ties go to the first token, as in torch's argmax.
+    NORM: similarities of the L2-normalised tokens (``inv_nq``: the query rows' 1/norm); the
+    document tokens' norms are stored to ``Nd`` where ``write_nd``."""
     offs_d = tl.arange(0, BLOCK_D)
     best = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     arg = tl.full([BLOCK_Q], -1, dtype=tl.int64)
@@ -53,6 +64,11 @@ def _best_in_doc(q, D, DM, d_start, d_n, offs_c, c_ok,
             s = tl.dot(q, dt, input_precision="ieee", out_dtype=tl.float32)
         else:
             s = tl.dot(q, dt, out_dtype=tl.float32)
+        if NORM:
+            nd = _norms(dt, 0)
+            if write_nd:
+                tl.store(Nd + d_start + cols, nd, mask=cols < d_n)
+            s = s * inv_nq[:, None] * (1.0 / nd)[None, :]
         s = tl.where(ok[None, :], s, float("-inf"))
         m, idx = tl.max(s, axis=1, return_indices=True, return_indices_tie_break_left=True)
         better = m > best  # strictly: the first maximal token wins
@@ -67,11 +83,11 @@ def _best_in_doc(q, D, DM, d_start, d_n, offs_c, c_ok,
 
 @triton.jit
 def _fwd_argmax_kernel(
-    Q, QM, q_off, D, DM, d_off, Out, Arg,
+    Q, QM, q_off, D, DM, d_off, Out, Arg, Nq, Nd,
     n_k, lq_max,
     PER_QUERY: tl.constexpr, HAS_QMASK: tl.constexpr, HAS_DMASK: tl.constexpr,
     DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr, MASK_ZERO: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, MASK_ZERO: tl.constexpr, NORM: tl.constexpr,
 ):
     qi = tl.program_id(0)
     k = tl.program_id(1)
@@ -91,10 +107,20 @@ def _fwd_argmax_kernel(
         q = tl.load(Q + (q_start + rows)[:, None] * DIM + offs_c[None, :], mask=r_ok[:, None] & c_ok[None, :], other=0.0)
         if UPCAST:
             q = q.to(tl.float32)
+        inv_nq = tl.full([BLOCK_Q], 1.0, dtype=tl.float32)
+        if NORM:  # every program of the query computes them; the first document's stores them
+            nq = _norms(q, 1)
+            if k == 0:
+                tl.store(Nq + q_start + rows, nq, mask=r_ok)
+            inv_nq = 1.0 / nq
         if HAS_QMASK:
             r_ok = r_ok & (tl.load(QM + q_start + rows, mask=r_ok, other=0) != 0)
-        best, arg = _best_in_doc(q, D, DM, d_start, d_n, offs_c, c_ok, DIM, BLOCK_Q, BLOCK_D, HAS_DMASK, UPCAST, IEEE,
-                                 MASK_ZERO)
+        if PER_QUERY:  # each document has one program: it stores the norms
+            write_nd = k >= 0
+        else:
+            write_nd = qi == 0
+        best, arg = _best_in_doc(q, D, DM, d_start, d_n, offs_c, c_ok, inv_nq, Nd, write_nd, DIM,
+                                 BLOCK_Q, BLOCK_D, HAS_DMASK, UPCAST, IEEE, MASK_ZERO, NORM)
         valid = r_ok & (best > float("-inf"))
         total += tl.sum(tl.where(valid, best, 0.0), axis=0)
         tl.store(Arg + pair * lq_max + rows, tl.where(valid, arg, -1).to(tl.int32), mask=rows < q_n)
@@ -103,11 +129,11 @@ def _fwd_argmax_kernel(
 
 @triton.jit
 def _fwd_argmax_grouped_kernel(
-    Q, QM, D, DM, d_off, Out, Arg,
+    Q, QM, D, DM, d_off, Out, Arg, Nq, Nd,
     n_q, n_k, lq,
     GROUP: tl.constexpr, HAS_QMASK: tl.constexpr, HAS_DMASK: tl.constexpr,
     DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr, MASK_ZERO: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, MASK_ZERO: tl.constexpr, NORM: tl.constexpr,
 ):
     """Cross product of short equal-length queries: GROUP queries (GROUP * lq <= BLOCK_Q rows)
     against one document per program, so each document tile is loaded once for the group."""
@@ -125,10 +151,16 @@ def _fwd_argmax_grouped_kernel(
     q = tl.load(Q + q_row[:, None] * DIM + offs_c[None, :], mask=r_ok[:, None] & c_ok[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
+    inv_nq = tl.full([BLOCK_Q], 1.0, dtype=tl.float32)
+    if NORM:
+        nq = _norms(q, 1)
+        if k == 0:
+            tl.store(Nq + q_row, nq, mask=in_group)
+        inv_nq = 1.0 / nq
     if HAS_QMASK:
         r_ok = r_ok & (tl.load(QM + q_row, mask=r_ok, other=0) != 0)
-    best, arg = _best_in_doc(q, D, DM, d_start, d_n, offs_c, c_ok, DIM, BLOCK_Q, BLOCK_D, HAS_DMASK, UPCAST, IEEE,
-                             MASK_ZERO)
+    best, arg = _best_in_doc(q, D, DM, d_start, d_n, offs_c, c_ok, inv_nq, Nd, g0 == 0, DIM, BLOCK_Q, BLOCK_D,
+                             HAS_DMASK, UPCAST, IEEE, MASK_ZERO, NORM)
     valid = r_ok & (best > float("-inf"))
     contrib = tl.where(valid, best, 0.0)
     pair = (g0 + qloc).to(tl.int64) * n_k + k
@@ -140,10 +172,22 @@ def _fwd_argmax_grouped_kernel(
 
 
 @triton.jit
+def _project(acc, x, n):
+    """The Jacobian of x / max(|x|, EPS) applied to the gradient ``acc`` of the normalised rows
+    (x [R, C] as stored, n [R] the clamped norms): (acc - x̂ (x̂ . acc)) / n, and acc / n where the
+    clamp is active (F.normalize's gradient there)."""
+    xn = x.to(tl.float32) / n[:, None]
+    proj = (acc - xn * tl.sum(xn * acc, axis=1)[:, None]) / n[:, None]
+    return tl.where((n > EPS)[:, None], proj, acc / n[:, None])
+
+
+@triton.jit
 def _bwd_unified_kernel(
-    Q, q_off, D, Arg, G, dQ, dD, n_k, lq_max,
-    DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
+    Q, q_off, D, Arg, G, dQ, dD, Nq, Nd, n_k, lq_max,
+    DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, NORM: tl.constexpr,
 ):
+    """fp32 atomics of g * D[argmax] into dQ and g * Q into dD[argmax]; under NORM these are the
+    gradients of the normalised tokens (projected afterwards, :func:`_project_rows`)."""
     qi = tl.program_id(0)
     k = tl.program_id(1)
     pair = qi.to(tl.int64) * n_k + k
@@ -160,17 +204,21 @@ def _bwd_unified_kernel(
         m2 = ok[:, None] & c_ok[None, :]
         d = tl.load(D + a[:, None] * DIM + offs_c[None, :], mask=m2, other=0.0).to(tl.float32)
         q = tl.load(Q + (q_start + rows)[:, None] * DIM + offs_c[None, :], mask=m2, other=0.0).to(tl.float32)
+        if NORM:
+            d = d / tl.load(Nd + a, mask=ok, other=1.0)[:, None]
+            q = q / tl.load(Nq + q_start + rows, mask=ok, other=1.0)[:, None]
         tl.atomic_add(dQ + (q_start + rows)[:, None] * DIM + offs_c[None, :], g * d, mask=m2)
         tl.atomic_add(dD + a[:, None] * DIM + offs_c[None, :], g * q, mask=m2)
 
 
 @triton.jit
 def _bwd_lowmem_dq_kernel(
-    D, Arg, G, q_off, dQ, n_k, lq_max, k_per_split, split_stride,
-    DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
+    Q, D, Arg, G, q_off, dQ, Nq, Nd, n_k, lq_max, k_per_split, split_stride,
+    DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, NORM: tl.constexpr,
 ):
     """dQ rows of query i, tokens [qb, qb + BLOCK_Q): sum over its pairs of g * D[argmax]; split
-    ``sp`` takes pairs [sp * k_per_split, ...) and writes its own slice (summed after, in order)."""
+    ``sp`` takes pairs [sp * k_per_split, ...) and writes its own slice (summed after, in order;
+    the normalisation's Jacobian is linear, so each slice applies it)."""
     qi = tl.program_id(0)
     qb = tl.program_id(1) * BLOCK_Q
     sp = tl.program_id(2)
@@ -187,20 +235,30 @@ def _bwd_lowmem_dq_kernel(
             pair = qi.to(tl.int64) * n_k + k
             g = tl.load(G + pair)
             a = tl.load(Arg + pair * lq_max + rows, mask=r_ok, other=-1).to(tl.int64)
-            ok = (a >= 0)[:, None] & c_ok[None, :]
-            acc += g * tl.load(D + a[:, None] * DIM + offs_c[None, :], mask=ok, other=0.0).to(tl.float32)
-        tl.store(dQ + (q_start + rows)[:, None] * DIM + offs_c[None, :], acc.to(dQ.dtype.element_ty),
-                 mask=r_ok[:, None] & c_ok[None, :])
+            ok = a >= 0
+            if NORM:
+                g = g / tl.load(Nd + a, mask=ok, other=1.0)[:, None]
+            acc += g * tl.load(D + a[:, None] * DIM + offs_c[None, :], mask=ok[:, None] & c_ok[None, :],
+                               other=0.0).to(tl.float32)
+        m2 = r_ok[:, None] & c_ok[None, :]
+        if NORM:
+            q = tl.load(Q + (q_start + rows)[:, None] * DIM + offs_c[None, :], mask=m2, other=0.0)
+            acc = _project(acc, q, tl.load(Nq + q_start + rows, mask=r_ok, other=1.0))
+        tl.store(dQ + (q_start + rows)[:, None] * DIM + offs_c[None, :], acc.to(dQ.dtype.element_ty), mask=m2)
 
 
 @triton.jit
 def _bwd_lowmem_dd_kernel(
-    Q, q_off, d_off, Arg, G, dD, n_q, n_k, lq_max, q_per_split, split_stride,
-    PER_QUERY: tl.constexpr, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_J: tl.constexpr,
-    BLOCK_T: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    Q, q_off, row_query, D, d_off, Arg, G, dD, Nq, Nd, n_k, lq_max, tq, rows_per_split, split_stride,
+    PER_QUERY: tl.constexpr, NORM: tl.constexpr, SCALE_G: tl.constexpr, DIM: tl.constexpr,
+    BLOCK_DIM: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_T: tl.constexpr, UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
-    """dD rows of document ``doc``, tokens [jb, jb + BLOCK_J): over the queries scoring it, the
-    one-hot (argmax == token) matrix times the query tokens, times g."""
+    """dD rows of document ``doc``, tokens [jb, jb + BLOCK_J): a one-hot matmul over blocks of
+    query-token rows (several queries per block; ``row_query`` maps a row to its query): entry
+    (j, r) is g of row r's pair when row r picked token j. Split ``sp`` of the cross product takes
+    rows [sp * rows_per_split, ...) into its own slice. SCALE_G (fp16): the g's of a block are
+    divided by their largest magnitude before rounding to the input dtype, and multiplied back."""
     doc = tl.program_id(0)
     jb = tl.program_id(1) * BLOCK_J
     sp = tl.program_id(2)
@@ -214,35 +272,51 @@ def _bwd_lowmem_dd_kernel(
         offs_c = tl.arange(0, BLOCK_DIM)
         c_ok = offs_c < DIM
         acc = tl.zeros([BLOCK_J, BLOCK_DIM], dtype=tl.float32)
-        if PER_QUERY:
-            i0 = doc // n_k
-            i1 = i0 + 1
+        if PER_QUERY:  # the document's own query
+            qi = doc // n_k
+            r0 = tl.load(q_off + qi)
+            r1 = tl.load(q_off + qi + 1)
         else:
-            i0 = sp * q_per_split
-            i1 = tl.minimum(n_q, (sp + 1) * q_per_split)
-        for qi in range(i0, i1):
+            r0 = sp * rows_per_split
+            r1 = tl.minimum(tq, r0 + rows_per_split)
+        for rb in range(r0, r1, BLOCK_T):
+            rows = rb + offs_t
+            r_ok = rows < r1
             if PER_QUERY:
-                pair = (qi * n_k + doc % n_k).to(tl.int64)
+                pair = doc.to(tl.int64) + 0 * rows
+                t = rows - r0
             else:
-                pair = (qi * n_k + doc).to(tl.int64)
-            g = tl.load(G + pair)
-            q_start = tl.load(q_off + qi)
-            q_n = tl.load(q_off + qi + 1) - q_start
-            for tb in range(0, q_n, BLOCK_T):
-                ts = tb + offs_t
-                t_ok = ts < q_n
-                a = tl.load(Arg + pair * lq_max + ts, mask=t_ok, other=-1).to(tl.int64)
-                q = tl.load(Q + (q_start + ts)[:, None] * DIM + offs_c[None, :], mask=t_ok[:, None] & c_ok[None, :],
-                            other=0.0)
-                if UPCAST:
-                    q = q.to(tl.float32)
-                hit = (a[None, :] == (d_start + js)[:, None]).to(q.dtype)  # [BJ, BT]
-                if IEEE:
-                    acc += g * tl.dot(hit, q, input_precision="ieee", out_dtype=tl.float32)
-                else:
-                    acc += g * tl.dot(hit, q, out_dtype=tl.float32)
-        tl.store(dD + (d_start + js)[:, None] * DIM + offs_c[None, :], acc.to(dD.dtype.element_ty),
-                 mask=j_ok[:, None] & c_ok[None, :])
+                qr = tl.load(row_query + rows, mask=r_ok, other=0)
+                pair = qr.to(tl.int64) * n_k + doc
+                t = rows - tl.load(q_off + qr, mask=r_ok, other=0)
+            a = tl.load(Arg + pair * lq_max + t, mask=r_ok, other=-1).to(tl.int64)
+            g = tl.load(G + pair, mask=r_ok, other=0.0)
+            if NORM:
+                g = g / tl.load(Nq + rows, mask=r_ok, other=1.0)
+            q = tl.load(Q + rows[:, None] * DIM + offs_c[None, :], mask=r_ok[:, None] & c_ok[None, :], other=0.0)
+            hit = tl.where(a[None, :] == (d_start + js)[:, None], g[None, :], 0.0)  # [BJ, BT]
+            if SCALE_G:
+                scale = tl.maximum(tl.max(tl.abs(g), axis=0), 1e-30)
+                hit = hit / scale
+            if UPCAST:
+                part = tl.dot(hit, q.to(tl.float32), input_precision="ieee", out_dtype=tl.float32)
+            elif IEEE:
+                part = tl.dot(hit, q, input_precision="ieee", out_dtype=tl.float32)
+            else:
+                part = tl.dot(hit.to(q.dtype), q, out_dtype=tl.float32)
+            if SCALE_G:
+                part = part * scale
+            acc += part
+        m2 = j_ok[:, None] & c_ok[None, :]
+        if NORM:
+            d = tl.load(D + (d_start + js)[:, None] * DIM + offs_c[None, :], mask=m2, other=0.0)
+            acc = _project(acc, d, tl.load(Nd + d_start + js, mask=j_ok, other=1.0))
+        tl.store(dD + (d_start + js)[:, None] * DIM + offs_c[None, :], acc.to(dD.dtype.element_ty), mask=m2)
+
+
+# Launch parameters that benchmarks/training_sweep.py may override (name -> value); empty = the
+# measured defaults below.
+TUNE: dict = {}
 
 
 def _blocks(dim: int, lq: int = 32) -> tuple[int, int, int]:
@@ -251,16 +325,15 @@ def _blocks(dim: int, lq: int = 32) -> tuple[int, int, int]:
     bdim = max(16, triton.next_power_of_2(dim))
     if interpreting():
         return bdim, 16, 16
-    return bdim, min(128, max(32, triton.next_power_of_2(lq))), 64
+    return bdim, min(128, max(32, triton.next_power_of_2(lq))), TUNE.get("fwd_bd", 64)
 
 
-def _splits(programs: int, loop: int, slice_bytes: int, budget: int = 256 << 20) -> int:
+def _splits(programs: int, loop: int, slice_bytes: int, budget: int = 256 << 20, min_steps: int = 32) -> int:
     """How many slices to split a lowmem reduction loop of ``loop`` steps into: enough programs to
-    fill the GPU (about 1,024), at least 32 steps a slice, fp32 slices within ``budget`` bytes."""
+    fill the GPU (about 1,024), at least ``min_steps`` steps a slice, fp32 slices within ``budget``."""
     if interpreting():
         return 2 if loop >= 2 else 1  # exercise the split path in the CPU tests
-    want = max(1, min(8, 1024 // max(1, programs), loop // 32, budget // max(1, slice_bytes)))
-    return want
+    return max(1, min(8, 1024 // max(1, programs), loop // min_steps, budget // max(1, slice_bytes)))
 
 
 def grouped_queries(lq: int, per_query: bool, equal_lengths: bool, n_q: int) -> int:
@@ -268,71 +341,105 @@ def grouped_queries(lq: int, per_query: bool, equal_lengths: bool, n_q: int) -> 
     each document tile (GROUP * lq <= 128 rows); 1 otherwise."""
     if per_query or not equal_lengths or lq == 0 or lq > 64 or n_q < 2:
         return 1
-    return max(1, min(n_q, (16 if interpreting() else 128) // lq))
+    return max(1, min(n_q, (16 if interpreting() else TUNE.get("fwd_rows", 128)) // lq))
 
 
 def forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask=None, d_mask=None, mask_zero=False,
-            equal_lengths=False):
-    """Scores [n_q, n_k] float32 and the winners Arg [n_q, n_k, lq_max] int32 (token index into
-    the packed d, -1 for masked query tokens and when no document token is valid)."""
+            equal_lengths=False, normalize=False):
+    """Scores [n_q, n_k] float32, the winners Arg [n_q, n_k, lq_max] int32 (token index into the
+    packed d, -1 for masked query tokens and when no document token is valid) and, with
+    ``normalize``, the clamped L2 norms of q's and d's rows (float32; else None)."""
     bdim, bq, bd = _blocks(q.shape[1], lq_max)
     out = torch.empty(n_q, n_k, dtype=torch.float32, device=q.device)
     arg = torch.full((n_q, n_k, max(1, lq_max)), -1, dtype=torch.int32, device=q.device)
+    nq = torch.ones(q.shape[0], dtype=torch.float32, device=q.device) if normalize else None
+    nd = torch.ones(d.shape[0], dtype=torch.float32, device=q.device) if normalize else None
     upcast = interpreting() or q.dtype == torch.float32
     group = grouped_queries(lq_max, per_query, equal_lengths, n_q)
+    common = dict(HAS_QMASK=q_mask is not None, HAS_DMASK=d_mask is not None, DIM=q.shape[1], BLOCK_DIM=bdim,
+                  BLOCK_D=bd, UPCAST=upcast, IEEE=q.dtype == torch.float32, MASK_ZERO=mask_zero, NORM=normalize,
+                  num_stages=TUNE.get("fwd_stages", 3))
+    qm = q_mask if q_mask is not None else q
+    dm = d_mask if d_mask is not None else d
     if n_q and n_k and group > 1:
         rows = triton.next_power_of_2(group * lq_max)
         _fwd_argmax_grouped_kernel[(triton.cdiv(n_q, group), n_k)](
-            q, q_mask if q_mask is not None else q, d, d_mask if d_mask is not None else d, d_off, out, arg,
-            n_q, n_k, lq_max, GROUP=group, HAS_QMASK=q_mask is not None, HAS_DMASK=d_mask is not None,
-            DIM=q.shape[1], BLOCK_DIM=bdim, BLOCK_Q=rows, BLOCK_D=bd, UPCAST=upcast, IEEE=q.dtype == torch.float32,
-            MASK_ZERO=mask_zero, num_warps=8 if rows >= 128 else 4, num_stages=3,
+            q, qm, d, dm, d_off, out, arg, nq if normalize else out, nd if normalize else out, n_q, n_k, lq_max,
+            GROUP=group, BLOCK_Q=rows, num_warps=TUNE.get("fwd_warps", 8 if rows >= 128 else 4), **common,
         )
     elif n_q and n_k:
         _fwd_argmax_kernel[(n_q, n_k)](
-            q, q_mask if q_mask is not None else q, q_off, d, d_mask if d_mask is not None else d, d_off, out, arg,
-            n_k, arg.shape[2], PER_QUERY=per_query, HAS_QMASK=q_mask is not None, HAS_DMASK=d_mask is not None,
-            DIM=q.shape[1], BLOCK_DIM=bdim, BLOCK_Q=bq, BLOCK_D=bd, UPCAST=upcast, IEEE=q.dtype == torch.float32,
-            MASK_ZERO=mask_zero, num_warps=8 if bq >= 128 else 4, num_stages=3,
+            q, qm, q_off, d, dm, d_off, out, arg, nq if normalize else out, nd if normalize else out, n_k,
+            arg.shape[2], PER_QUERY=per_query, BLOCK_Q=bq, num_warps=TUNE.get("fwd_warps", 8 if bq >= 128 else 4),
+            **common,
         )
-    return out, arg
+    return out, arg, nq, nd
 
 
-def backward(kind, grad, q, q_off, d, d_off, arg, n_q, n_k, per_query, need_dq=True, need_dd=True):
-    """(dQ, dD) for packed q [Tq, dim] and d [Td, dim], as the inputs' dtypes."""
+def _project_rows(grad_n: torch.Tensor, x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """torch form of the kernels' ``_project``: from gradients of normalised rows to gradients of x."""
+    xn = x.float() / n[:, None]
+    proj = (grad_n - xn * (xn * grad_n).sum(1, keepdim=True)) / n[:, None]
+    return torch.where((n > EPS.value)[:, None], proj, grad_n / n[:, None])
+
+
+def backward(kind, grad, q, q_off, d, d_off, arg, n_q, n_k, per_query, need_dq=True, need_dd=True, norms=None,
+             covered=False):
+    """(dQ, dD) for packed q [Tq, dim] and d [Td, dim], as the inputs' dtypes. ``norms``: (nq, nd)
+    from a normalising forward. ``covered``: q_off and d_off tile q and d exactly (every row
+    belongs to one query / document), so outputs need no zero fill."""
     bdim, bq, _ = _blocks(q.shape[1])
     g = grad.float().contiguous()
     lq_max = arg.shape[2]
+    norm = norms is not None
+    nq, nd = norms if norm else (q, d)
+    dev = q.device
     if kind == "unified":
-        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        dd = torch.zeros(d.shape, dtype=torch.float32, device=q.device)
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=dev)
+        dd = torch.zeros(d.shape, dtype=torch.float32, device=dev)
         if n_q and n_k:
-            _bwd_unified_kernel[(n_q, n_k)](q, q_off, d, arg, g, dq, dd, n_k, lq_max, DIM=q.shape[1], BLOCK_DIM=bdim,
-                                            BLOCK_Q=bq, num_warps=4)
+            _bwd_unified_kernel[(n_q, n_k)](q, q_off, d, arg, g, dq, dd, nq, nd, n_k, lq_max, DIM=q.shape[1],
+                                            BLOCK_DIM=bdim, BLOCK_Q=bq, NORM=norm, num_warps=4)
+        if norm:
+            dq, dd = _project_rows(dq, q, nq), _project_rows(dd, d, nd)
         return dq.to(q.dtype) if need_dq else None, dd.to(d.dtype) if need_dd else None
     dq = dd = None
+    work = n_q and n_k
     if need_dq:
         # few queries: split each query's pairs over programs, fp32 slices summed in a fixed order
-        splits = _splits(n_q * triton.cdiv(lq_max, bq), n_k, q.numel() * 4)
-        dq = torch.zeros_like(q) if splits == 1 else torch.zeros((splits, *q.shape), dtype=torch.float32, device=q.device)
-        if n_q and n_k:
+        splits = TUNE.get("dq_splits") or _splits(n_q * triton.cdiv(lq_max, bq), n_k, q.numel() * 4,
+                                                 min_steps=TUNE.get("dq_min_steps", 32))
+        fill = torch.empty if covered and work else torch.zeros
+        dq = fill(q.shape, dtype=q.dtype, device=dev) if splits == 1 else \
+            fill((splits, *q.shape), dtype=torch.float32, device=dev)
+        if work:
             _bwd_lowmem_dq_kernel[(n_q, triton.cdiv(lq_max, bq), splits)](
-                d, arg, g, q_off, dq, n_k, lq_max, triton.cdiv(n_k, splits), q.numel(), DIM=q.shape[1],
-                BLOCK_DIM=bdim, BLOCK_Q=bq, num_warps=4)
+                q, d, arg, g, q_off, dq, nq, nd, n_k, lq_max, triton.cdiv(n_k, splits), q.numel(), DIM=q.shape[1],
+                BLOCK_DIM=bdim, BLOCK_Q=bq, NORM=norm, num_warps=TUNE.get("dq_warps", 4))
         if splits > 1:
             dq = dq.sum(0).to(q.dtype)
     if need_dd:
         n_docs = d_off.numel() - 1
         ld_max = int((d_off[1:] - d_off[:-1]).max()) if n_docs else 0
-        bj = 16 if interpreting() else 64
-        splits = 1 if per_query else _splits(n_docs * triton.cdiv(max(ld_max, 1), bj), n_q, d.numel() * 4)
-        dd = torch.zeros_like(d) if splits == 1 else torch.zeros((splits, *d.shape), dtype=torch.float32, device=d.device)
-        if n_q and n_k and ld_max:
+        bj = 16 if interpreting() else TUNE.get("dd_bj", 64)
+        bt = 16 if interpreting() else TUNE.get("dd_bt", 128 if not per_query else 32)
+        tq = q.shape[0]
+        row_query = None if per_query else torch.repeat_interleave(
+            torch.arange(n_q, device=dev, dtype=torch.int32), (q_off[1:] - q_off[:-1]), output_size=tq)
+        splits = 1 if per_query else (TUNE.get("dd_splits") or _splits(
+            n_docs * triton.cdiv(max(ld_max, 1), bj), triton.cdiv(tq, bt), d.numel() * 4,
+            min_steps=TUNE.get("dd_min_steps", 8)))
+        fill = torch.empty if covered and work and ld_max else torch.zeros
+        dd = fill(d.shape, dtype=d.dtype, device=dev) if splits == 1 else \
+            fill((splits, *d.shape), dtype=torch.float32, device=dev)
+        if work and ld_max:
+            rows_per_split = triton.cdiv(triton.cdiv(tq, splits), bt) * bt
             _bwd_lowmem_dd_kernel[(n_docs, triton.cdiv(ld_max, bj), splits)](
-                q, q_off, d_off, arg, g, dd, n_q, n_k, lq_max, triton.cdiv(n_q, splits), d.numel(),
-                PER_QUERY=per_query, DIM=q.shape[1], BLOCK_DIM=bdim,
-                BLOCK_J=bj, BLOCK_T=16 if interpreting() else 32, UPCAST=interpreting() or q.dtype == torch.float32,
-                IEEE=q.dtype == torch.float32, num_warps=4,
+                q, q_off, row_query if row_query is not None else q_off, d, d_off, arg, g, dd, nq, nd, n_k, lq_max,
+                tq, rows_per_split, d.numel(), PER_QUERY=per_query, NORM=norm, SCALE_G=q.dtype == torch.float16,
+                DIM=q.shape[1], BLOCK_DIM=bdim, BLOCK_J=bj, BLOCK_T=bt,
+                UPCAST=interpreting() or q.dtype == torch.float32, IEEE=q.dtype == torch.float32,
+                num_warps=TUNE.get("dd_warps", 4),
             )
         if splits > 1:
             dd = dd.sum(0).to(d.dtype)
@@ -342,19 +449,24 @@ def backward(kind, grad, q, q_off, d, d_off, arg, n_q, n_k, per_query, need_dq=T
 class _MaxSimFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, d, q_off, d_off, n_q, n_k, lq_max, per_query, q_mask, d_mask, kind, mask_zero=False,
-                equal_lengths=False):
-        out, arg = forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask, d_mask, mask_zero, equal_lengths)
-        ctx.save_for_backward(q, d, q_off, d_off, arg)
-        ctx.meta = (n_q, n_k, per_query, kind)
+                equal_lengths=False, normalize=False):
+        out, arg, nq, nd = forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask, d_mask, mask_zero,
+                                   equal_lengths, normalize)
+        if normalize:
+            ctx.save_for_backward(q, d, q_off, d_off, arg, nq, nd)
+        else:
+            ctx.save_for_backward(q, d, q_off, d_off, arg)
+        # padded layouts (equal_lengths) tile q and d exactly
+        ctx.meta = (n_q, n_k, per_query, kind, equal_lengths)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, d, q_off, d_off, arg = ctx.saved_tensors
-        n_q, n_k, per_query, kind = ctx.meta
+        q, d, q_off, d_off, arg, *norms = ctx.saved_tensors
+        n_q, n_k, per_query, kind, covered = ctx.meta
         dq, dd = backward(kind, grad, q, q_off, d, d_off, arg, n_q, n_k, per_query,
-                          ctx.needs_input_grad[0], ctx.needs_input_grad[1])
-        return dq, dd, None, None, None, None, None, None, None, None, None, None, None
+                          ctx.needs_input_grad[0], ctx.needs_input_grad[1], tuple(norms) if norms else None, covered)
+        return dq, dd, None, None, None, None, None, None, None, None, None, None, None, None
 
 
 def choose_backward(kind: str, n_pairs: int, lq: int) -> str:
@@ -369,10 +481,10 @@ def _flat_mask(mask):
     return None if mask is None else mask.reshape(-1).to(torch.uint8).contiguous()
 
 
-def padded(Q, D, q_mask, d_mask, kind: str, mask_zero: bool = False) -> torch.Tensor:
+def padded(Q, D, q_mask, d_mask, kind: str, mask_zero: bool = False, normalize: bool = False) -> torch.Tensor:
     """Differentiable MaxSim of padded Q [Nq, Lq, d] against D [Nd, Ld, d] or [Nq, K, Ld, d].
     ``mask_zero``: a masked document token counts as similarity 0 (PyLate's semantics) instead of
-    being left out."""
+    being left out. ``normalize``: of the L2-normalised tokens, inside the kernels."""
     nq, lq, dim = Q.shape
     per_query = D.dim() == 4
     n_k, ld = D.shape[-3], D.shape[-2]
@@ -382,12 +494,12 @@ def padded(Q, D, q_mask, d_mask, kind: str, mask_zero: bool = False) -> torch.Te
     d_off = torch.arange(n_docs + 1, device=dev, dtype=torch.int64) * ld
     kind = choose_backward(kind, nq * n_k, lq)
     return _MaxSimFn.apply(Q.reshape(-1, dim).contiguous(), D.reshape(-1, dim).contiguous(), q_off, d_off, nq, n_k,
-                           lq, per_query, _flat_mask(q_mask), _flat_mask(d_mask), kind, mask_zero, True)
+                           lq, per_query, _flat_mask(q_mask), _flat_mask(d_mask), kind, mask_zero, True, normalize)
 
 
-def varlen(q, cu_q, d, cu_d, max_seqlen_q: int, kind: str) -> torch.Tensor:
+def varlen(q, cu_q, d, cu_d, max_seqlen_q: int, kind: str, normalize: bool = False) -> torch.Tensor:
     """Differentiable MaxSim of packed queries against packed documents (cross product)."""
     nq, nd = cu_q.numel() - 1, cu_d.numel() - 1
     kind = choose_backward(kind, nq * nd, max_seqlen_q)
     return _MaxSimFn.apply(q.contiguous(), d.contiguous(), cu_q.long(), cu_d.long(), nq, nd, max_seqlen_q, False,
-                           None, None, kind)
+                           None, None, kind, False, False, normalize)

@@ -1,0 +1,183 @@
+"""Tuning data for the training kernels (issue #5): where the time of a fwd+bwd step goes, how
+the launch parameters move it, and which backward wins on which shape (the ``auto`` rule).
+
+    python benchmarks/training_sweep.py [--cases colbert,hardneg,colpali] [--grid] [--out DIR]
+
+For each case of benchmarks/training.py (bf16): the step (forward, loss, backward) at the
+defaults, its parts (forward; dQ-only and dD-only lowmem backwards from the saved winners), the
+step with each launch parameter of ``train.TUNE`` changed one at a time (each variant's gradients
+checked against the defaults' first), and normalize=True fused vs F.normalize in torch.
+``--grid``: unified vs lowmem over a grid of in-batch and per-query shapes. Writes
+training_sweep.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).parent))
+from training import CASES, loss_of, make  # noqa: E402
+
+from mvdb.kernels import maxsim  # noqa: E402
+from mvdb.kernels.maxsim import train  # noqa: E402
+
+VARIANTS = {
+    "fwd_bd": [32, 128],
+    "fwd_warps": [4, 8],
+    "fwd_stages": [2, 4],
+    "fwd_rows": [64],
+    "dq_splits": [1, 2, 4, 16],
+    "dq_min_steps": [8, 16],
+    "dq_warps": [2, 8],
+    "dd_bj": [32, 128],
+    "dd_bt": [32, 64, 128],
+    "dd_splits": [1, 2, 4],
+    "dd_warps": [8],
+}
+
+
+def bench(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=5, rep=40, return_mode="median")
+
+
+def step(Q, D, kind="lowmem", normalize=False):
+    Qg, Dg = Q.detach().requires_grad_(), D.detach().requires_grad_()
+    loss_of(maxsim(Qg, Dg, backward=kind, normalize=normalize)).backward()
+    return Qg.grad, Dg.grad
+
+
+def parts(Q, D):
+    """ms of the forward alone and of dQ-only / dD-only lowmem backwards from its saved winners."""
+    nq, lq, dim = Q.shape
+    per_query = D.dim() == 4
+    n_k, ld = D.shape[-3], D.shape[-2]
+    n_docs = D.shape[0] * (D.shape[1] if per_query else 1)
+    q, d = Q.reshape(-1, dim).contiguous(), D.reshape(-1, dim).contiguous()
+    q_off = torch.arange(nq + 1, device=Q.device) * lq
+    d_off = torch.arange(n_docs + 1, device=Q.device) * ld
+    out, arg, _, _ = train.forward(q, q_off, d, d_off, nq, n_k, lq, per_query, equal_lengths=True)
+    g = torch.randn_like(out)
+    res = {"fwd": bench(lambda: train.forward(q, q_off, d, d_off, nq, n_k, lq, per_query, equal_lengths=True))}
+    for name, need in (("bwd_dq", (True, False)), ("bwd_dd", (False, True)), ("bwd_unified", None)):
+        kind = "unified" if need is None else "lowmem"
+        need = need or (True, True)
+        res[name] = bench(lambda kind=kind, need=need: train.backward(kind, g, q, q_off, d, d_off, arg, nq, n_k,
+                                                                      per_query, *need, covered=True))
+    return res
+
+
+def close(a, b) -> float:
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
+
+
+def tune_case(case: str) -> dict:
+    Q, D = make(case, "cuda")
+    row = {"shape": CASES[case], "parts": parts(Q, D)}
+    train.TUNE.clear()
+    ref = step(Q, D)
+    row["default_ms"] = bench(lambda: step(Q, D))
+    row["unified_ms"] = bench(lambda: step(Q, D, "unified"))
+    print(case, "parts", row["parts"], "default", row["default_ms"], "unified", row["unified_ms"], flush=True)
+    row["variants"] = {}
+    for key, values in VARIANTS.items():
+        for v in values:
+            train.TUNE.clear()
+            train.TUNE[key] = v
+            name = f"{key}={v}"
+            try:
+                got = step(Q, D)
+                err = max(close(got[0], ref[0]), close(got[1], ref[1]))
+                row["variants"][name] = {"ms": bench(lambda: step(Q, D)), "rel_diff_vs_default": err}
+            except Exception as e:  # noqa: BLE001 - a variant that does not compile is a data point
+                row["variants"][name] = {"error": f"{type(e).__name__}: {str(e)[:160]}"}
+            print(case, name, row["variants"][name], flush=True)
+    train.TUNE.clear()
+    # normalize=True: fused in the kernels vs torch's F.normalize before unnormalised kernels
+    Qn, Dn = Q.float().mul(3).bfloat16(), D.float().mul(0.5).bfloat16()
+    fused = step(Qn, Dn, normalize=True)
+
+    def unfused():
+        Qg, Dg = Qn.detach().requires_grad_(), Dn.detach().requires_grad_()
+        f = torch.nn.functional.normalize
+        loss_of(maxsim(f(Qg, dim=-1), f(Dg, dim=-1))).backward()
+        return Qg.grad, Dg.grad
+
+    want = unfused()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fused = step(Qn, Dn, normalize=True)
+    peak_fused = (torch.cuda.max_memory_allocated() - base) / 1e9
+    del fused
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    want2 = unfused()
+    peak_unfused = (torch.cuda.max_memory_allocated() - base) / 1e9
+    fused = step(Qn, Dn, normalize=True)
+    row["normalize"] = {
+        "fused_ms": bench(lambda: step(Qn, Dn, normalize=True)), "fused_peak_gb": peak_fused,
+        "torch_normalize_ms": bench(unfused), "torch_normalize_peak_gb": peak_unfused,
+        "rel_diff_dq": close(fused[0], want2[0]), "rel_diff_dd": close(fused[1], want2[1]),
+    }
+    del want
+    print(case, "normalize", row["normalize"], flush=True)
+    return row
+
+
+def grid() -> list:
+    """unified vs lowmem step time over in-batch (cross product) and per-query shapes, bf16."""
+    rows = []
+    shapes = []
+    for b in (16, 64, 256, 1024):
+        for lq, ld in ((32, 180), (32, 1024), (256, 256), (1024, 1024)):
+            if b * ld * 128 * 2 > 2e9 or b * b * lq * 4 > 2e9 or (lq == 1024 and b > 64):
+                continue
+            shapes.append(dict(b=b, lq=lq, ld=ld, neg=0))
+    for b, neg, ld in ((32, 16, 1030), (256, 4, 180), (256, 16, 180), (64, 64, 300), (256, 16, 1030)):
+        shapes.append(dict(b=b, lq=32, ld=ld, neg=neg))
+    for c in shapes:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        Q = torch.nn.functional.normalize(torch.randn(c["b"], c["lq"], 128, device="cuda", generator=g), dim=-1)
+        shape = (c["b"], c["neg"], c["ld"], 128) if c["neg"] else (c["b"], c["ld"], 128)
+        D = torch.nn.functional.normalize(torch.randn(*shape, device="cuda", generator=g), dim=-1)
+        Q, D = Q.bfloat16(), D.bfloat16()
+        r = dict(c)
+        for kind in ("unified", "lowmem"):
+            try:
+                r[kind] = bench(lambda kind=kind: step(Q, D, kind))
+            except torch.cuda.OutOfMemoryError:
+                r[kind] = None
+        print("grid", r, flush=True)
+        rows.append(r)
+        del Q, D
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", default="colbert,hardneg,colpali")
+    p.add_argument("--grid", action="store_true")
+    p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
+    args = p.parse_args()
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "cases": {}}
+    for case in [c for c in args.cases.split(",") if c]:
+        res["cases"][case] = tune_case(case)
+        torch.cuda.empty_cache()
+    if args.grid:
+        res["grid"] = grid()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "training_sweep.json").write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
