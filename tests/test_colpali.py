@@ -34,6 +34,13 @@ def _load_colpali():
 MS, LOSSES = _load_colpali()
 
 
+@pytest.fixture(autouse=True)
+def _torch_reference(monkeypatch):
+    """colpali-engine's own code on its torch path (with late-interaction-kernels installed its
+    default would run that package's kernels instead)."""
+    monkeypatch.setenv("COLPALI_SCORES_BACKEND", "torch")
+
+
 def _batch(device, b=4, lq=5, ld=7, n_neg=3, dim=16, seed=0):
     """Zero-padded embeddings as colpali-engine makes them (pad tokens are exact zeros)."""
     g = torch.Generator().manual_seed(seed)

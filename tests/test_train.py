@@ -183,3 +183,21 @@ def test_grouped_forward_with_a_partial_last_group(device):
     _close(out.cpu(), want, torch.float32)
     _close(Qt.grad.cpu(), dq, torch.float32)
     _close(Dt.grad.cpu(), dd, torch.float32)
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("kind", ["lowmem", "unified"])
+def test_a_token_every_query_picks(device, kind):
+    """dD of a document token that wins for every query token (more hits than the backward's
+    per-step rows take, so it is summed on its own in chunks), next to ordinary tokens."""
+    g = torch.Generator().manual_seed(7)
+    Q = torch.rand(5, 8, 16, generator=g) + 0.1  # all positive
+    D = torch.randn(3, 6, 16, generator=g)
+    D[1, 2] = 5.0  # a large positive token: every query token of every query picks it in document 1
+    G = torch.randn(5, 3, generator=g)
+    want, dq, dd = _ref_padded(Q, D, None, None, G)
+    Qt, Dt = Q.to(device).requires_grad_(), D.to(device).requires_grad_()
+    (maxsim(Qt, Dt, backward=kind, backend="triton") * G.to(device)).sum().backward()
+    _close(Qt.grad.cpu(), dq, torch.float32)
+    _close(Dt.grad.cpu(), dd, torch.float32)
+    assert (Dt.grad[1, [0, 1, 3, 4, 5]] == 0).all()

@@ -248,70 +248,62 @@ def _bwd_lowmem_dq_kernel(
 
 
 @triton.jit
+def _hit_rows(order, idx, ok, q_off, G, Nq, n_k, lq_max, NORM: tl.constexpr):
+    """For sorted hit slots ``idx``: the query-token row of each hit and its weight g (over the
+    query token's norm under NORM). A hit is an entry ``pair * lq_max + t`` of the winners."""
+    e = tl.load(order + idx, mask=ok, other=0)
+    pair = e // lq_max
+    row = tl.load(q_off + pair // n_k, mask=ok, other=0) + (e - pair * lq_max)
+    g = tl.load(G + pair, mask=ok, other=0.0)
+    if NORM:
+        g = g / tl.load(Nq + row, mask=ok, other=1.0)
+    return row, g
+
+
+@triton.jit
 def _bwd_lowmem_dd_kernel(
-    Q, q_off, row_query, D, d_off, Arg, G, dD, Nq, Nd, n_k, lq_max, tq, rows_per_split, split_stride,
-    PER_QUERY: tl.constexpr, NORM: tl.constexpr, SCALE_G: tl.constexpr, DIM: tl.constexpr,
-    BLOCK_DIM: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_T: tl.constexpr, UPCAST: tl.constexpr,
-    IEEE: tl.constexpr,
+    Q, q_off, order, starts, G, D, dD, Nq, Nd, n_k, lq_max, n_rows,
+    NORM: tl.constexpr, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_J: tl.constexpr,
+    BLOCK_H: tl.constexpr, LIGHT: tl.constexpr,
 ):
-    """dD rows of document ``doc``, tokens [jb, jb + BLOCK_J): a one-hot matmul over blocks of
-    query-token rows (several queries per block; ``row_query`` maps a row to its query): entry
-    (j, r) is g of row r's pair when row r picked token j. Split ``sp`` of the cross product takes
-    rows [sp * rows_per_split, ...) into its own slice. SCALE_G (fp16): the g's of a block are
-    divided by their largest magnitude before rounding to the input dtype, and multiplied back."""
-    doc = tl.program_id(0)
-    jb = tl.program_id(1) * BLOCK_J
-    sp = tl.program_id(2)
-    dD += sp.to(tl.int64) * split_stride
-    d_start = tl.load(d_off + doc)
-    d_n = tl.load(d_off + doc + 1) - d_start
-    if jb < d_n:
-        js = jb + tl.arange(0, BLOCK_J)
-        j_ok = js < d_n
-        offs_t = tl.arange(0, BLOCK_T)
-        offs_c = tl.arange(0, BLOCK_DIM)
-        c_ok = offs_c < DIM
-        acc = tl.zeros([BLOCK_J, BLOCK_DIM], dtype=tl.float32)
-        if PER_QUERY:  # the document's own query
-            qi = doc // n_k
-            r0 = tl.load(q_off + qi)
-            r1 = tl.load(q_off + qi + 1)
-        else:
-            r0 = sp * rows_per_split
-            r1 = tl.minimum(tq, r0 + rows_per_split)
-        for rb in range(r0, r1, BLOCK_T):
-            rows = rb + offs_t
-            r_ok = rows < r1
-            if PER_QUERY:
-                pair = doc.to(tl.int64) + 0 * rows
-                t = rows - r0
-            else:
-                qr = tl.load(row_query + rows, mask=r_ok, other=0)
-                pair = qr.to(tl.int64) * n_k + doc
-                t = rows - tl.load(q_off + qr, mask=r_ok, other=0)
-            a = tl.load(Arg + pair * lq_max + t, mask=r_ok, other=-1).to(tl.int64)
-            g = tl.load(G + pair, mask=r_ok, other=0.0)
-            if NORM:
-                g = g / tl.load(Nq + rows, mask=r_ok, other=1.0)
-            q = tl.load(Q + rows[:, None] * DIM + offs_c[None, :], mask=r_ok[:, None] & c_ok[None, :], other=0.0)
-            hit = tl.where(a[None, :] == (d_start + js)[:, None], g[None, :], 0.0)  # [BJ, BT]
-            if SCALE_G:
-                scale = tl.maximum(tl.max(tl.abs(g), axis=0), 1e-30)
-                hit = hit / scale
-            if UPCAST:
-                part = tl.dot(hit, q.to(tl.float32), input_precision="ieee", out_dtype=tl.float32)
-            elif IEEE:
-                part = tl.dot(hit, q, input_precision="ieee", out_dtype=tl.float32)
-            else:
-                part = tl.dot(hit.to(q.dtype), q, out_dtype=tl.float32)
-            if SCALE_G:
-                part = part * scale
-            acc += part
-        m2 = j_ok[:, None] & c_ok[None, :]
-        if NORM:
-            d = tl.load(D + (d_start + js)[:, None] * DIM + offs_c[None, :], mask=m2, other=0.0)
-            acc = _project(acc, d, tl.load(Nd + d_start + js, mask=j_ok, other=1.0))
-        tl.store(dD + (d_start + js)[:, None] * DIM + offs_c[None, :], acc.to(dD.dtype.element_ty), mask=m2)
+    """dD rows [jb, jb + BLOCK_J): each row sums g * Q[row] over the hits that picked it, read
+    in sorted order from ``order[starts[j]:starts[j+1]]`` (fp32, a fixed order: reproducible).
+    Rows with at most LIGHT hits advance together one hit per step; a row with more (a token
+    many queries pick) is summed on its own, BLOCK_H hits at a time."""
+    jb = tl.program_id(0) * BLOCK_J
+    offs_j = tl.arange(0, BLOCK_J)
+    js = jb + offs_j
+    j_ok = js < n_rows
+    offs_c = tl.arange(0, BLOCK_DIM)
+    c_ok = offs_c < DIM
+    s = tl.load(starts + js, mask=j_ok, other=0)
+    cnt = tl.load(starts + js + 1, mask=j_ok, other=0) - s
+    light = cnt <= LIGHT
+    acc = tl.zeros([BLOCK_J, BLOCK_DIM], dtype=tl.float32)
+    for h in range(0, tl.max(tl.where(light, cnt, 0), axis=0)):
+        ok = light & (h < cnt)
+        row, g = _hit_rows(order, s + h, ok, q_off, G, Nq, n_k, lq_max, NORM)
+        acc += g[:, None] * tl.load(Q + row[:, None] * DIM + offs_c[None, :], mask=ok[:, None] & c_ok[None, :],
+                                    other=0.0).to(tl.float32)
+    if tl.sum((~light).to(tl.int32), axis=0) > 0:
+        offs_h = tl.arange(0, BLOCK_H)
+        for r in range(0, BLOCK_J):
+            s_r = tl.sum(tl.where(offs_j == r, s, 0), axis=0)
+            c_r = tl.sum(tl.where(offs_j == r, cnt, 0), axis=0)
+            if c_r > LIGHT:
+                racc = tl.zeros([BLOCK_DIM], dtype=tl.float32)
+                for h0 in range(0, c_r, BLOCK_H):
+                    ok = h0 + offs_h < c_r
+                    row, g = _hit_rows(order, s_r + h0 + offs_h, ok, q_off, G, Nq, n_k, lq_max, NORM)
+                    qv = tl.load(Q + row[:, None] * DIM + offs_c[None, :], mask=ok[:, None] & c_ok[None, :],
+                                 other=0.0).to(tl.float32)
+                    racc += tl.sum(g[:, None] * qv, axis=0)
+                acc = tl.where((offs_j == r)[:, None], racc[None, :], acc)
+    m2 = j_ok[:, None] & c_ok[None, :]
+    if NORM:
+        d = tl.load(D + js[:, None] * DIM + offs_c[None, :], mask=m2, other=0.0)
+        acc = _project(acc, d, tl.load(Nd + js, mask=j_ok, other=1.0))
+    tl.store(dD + js[:, None] * DIM + offs_c[None, :], acc.to(dD.dtype.element_ty), mask=m2)
 
 
 # Launch parameters that benchmarks/training_sweep.py may override (name -> value); empty = the
@@ -415,34 +407,21 @@ def backward(kind, grad, q, q_off, d, d_off, arg, n_q, n_k, per_query, need_dq=T
         if work:
             _bwd_lowmem_dq_kernel[(n_q, triton.cdiv(lq_max, bq), splits)](
                 q, d, arg, g, q_off, dq, nq, nd, n_k, lq_max, triton.cdiv(n_k, splits), q.numel(), DIM=q.shape[1],
-                BLOCK_DIM=bdim, BLOCK_Q=bq, NORM=norm, num_warps=TUNE.get("dq_warps", 4))
+                BLOCK_DIM=bdim, BLOCK_Q=bq, NORM=norm, num_warps=TUNE.get("dq_warps", 2))
         if splits > 1:
             dq = dq.sum(0).to(q.dtype)
     if need_dd:
-        n_docs = d_off.numel() - 1
-        ld_max = int((d_off[1:] - d_off[:-1]).max()) if n_docs else 0
-        bj = 16 if interpreting() else TUNE.get("dd_bj", 64)
-        bt = 16 if interpreting() else TUNE.get("dd_bt", 128 if not per_query else 32)
-        tq = q.shape[0]
-        row_query = None if per_query else torch.repeat_interleave(
-            torch.arange(n_q, device=dev, dtype=torch.int32), (q_off[1:] - q_off[:-1]), output_size=tq)
-        splits = 1 if per_query else (TUNE.get("dd_splits") or _splits(
-            n_docs * triton.cdiv(max(ld_max, 1), bj), triton.cdiv(tq, bt), d.numel() * 4,
-            min_steps=TUNE.get("dd_min_steps", 8)))
-        fill = torch.empty if covered and work and ld_max else torch.zeros
-        dd = fill(d.shape, dtype=d.dtype, device=dev) if splits == 1 else \
-            fill((splits, *d.shape), dtype=torch.float32, device=dev)
-        if work and ld_max:
-            rows_per_split = triton.cdiv(triton.cdiv(tq, splits), bt) * bt
-            _bwd_lowmem_dd_kernel[(n_docs, triton.cdiv(ld_max, bj), splits)](
-                q, q_off, row_query if row_query is not None else q_off, d, d_off, arg, g, dd, nq, nd, n_k, lq_max,
-                tq, rows_per_split, d.numel(), PER_QUERY=per_query, NORM=norm, SCALE_G=q.dtype == torch.float16,
-                DIM=q.shape[1], BLOCK_DIM=bdim, BLOCK_J=bj, BLOCK_T=bt,
-                UPCAST=interpreting() or q.dtype == torch.float32, IEEE=q.dtype == torch.float32,
-                num_warps=TUNE.get("dd_warps", 4),
+        # the hits sorted by the document token they picked (stable: a fixed summation order)
+        keys, order = torch.sort(arg.view(-1), stable=True)
+        starts = torch.searchsorted(keys, torch.arange(d.shape[0] + 1, device=dev, dtype=keys.dtype))
+        dd = torch.empty_like(d)
+        if d.shape[0]:
+            bj = 16 if interpreting() else TUNE.get("dd_bj", 32)
+            _bwd_lowmem_dd_kernel[(triton.cdiv(d.shape[0], bj),)](
+                q, q_off, order, starts, g, d, dd, nq, nd, n_k, lq_max, d.shape[0], NORM=norm, DIM=q.shape[1],
+                BLOCK_DIM=bdim, BLOCK_J=bj, BLOCK_H=16 if interpreting() else TUNE.get("dd_bh", 64),
+                LIGHT=4 if interpreting() else TUNE.get("dd_light", 256), num_warps=TUNE.get("dd_warps", 4),
             )
-        if splits > 1:
-            dd = dd.sum(0).to(d.dtype)
     return dq, dd
 
 
