@@ -250,11 +250,14 @@ def _bwd_lowmem_dq_kernel(
 @triton.jit
 def _hit_rows(order, idx, ok, q_off, G, Nq, n_k, lq_max, NORM: tl.constexpr):
     """For sorted hit slots ``idx``: the query-token row of each hit and its weight g (over the
-    query token's norm under NORM). A hit is an entry ``pair * lq_max + t`` of the winners."""
-    e = tl.load(order + idx, mask=ok, other=0)
+    query token's norm under NORM). A hit is an entry ``pair * lq_max + t`` of the winners.
+    Lanes that are not ``ok`` read slot 0 (there is one whenever a row has a hit) and get g = 0;
+    nothing else is masked (masks shared between 1-D and 2-D uses here trip Triton 3.6's layout
+    pass)."""
+    e = tl.load(order + tl.where(ok, idx, 0))  # slot 0 exists whenever a row has a hit
     pair = e // lq_max
-    row = tl.load(q_off + pair // n_k, mask=ok, other=0) + (e - pair * lq_max)
-    g = tl.load(G + pair, mask=ok, other=0.0)
+    row = tl.load(q_off + pair // n_k) + (e - pair * lq_max)
+    g = tl.where(ok, tl.load(G + pair), 0.0)
     if NORM:
         g = g / tl.load(Nq + row, mask=ok, other=1.0)
     return row, g
@@ -283,27 +286,37 @@ def _bwd_lowmem_dd_kernel(
     for h in range(0, tl.max(tl.where(light, cnt, 0), axis=0)):
         ok = light & (h < cnt)
         row, g = _hit_rows(order, s + h, ok, q_off, G, Nq, n_k, lq_max, NORM)
-        acc += g[:, None] * tl.load(Q + row[:, None] * DIM + offs_c[None, :], mask=ok[:, None] & c_ok[None, :],
+        # lanes without a hit read a real row (slot 0's) and weigh it by g = 0
+        acc += g[:, None] * tl.load(Q + row[:, None] * DIM + offs_c[None, :], mask=c_ok[None, :],
                                     other=0.0).to(tl.float32)
-    if tl.sum((~light).to(tl.int32), axis=0) > 0:
-        offs_h = tl.arange(0, BLOCK_H)
-        for r in range(0, BLOCK_J):
-            s_r = tl.sum(tl.where(offs_j == r, s, 0), axis=0)
-            c_r = tl.sum(tl.where(offs_j == r, cnt, 0), axis=0)
-            if c_r > LIGHT:
-                racc = tl.zeros([BLOCK_DIM], dtype=tl.float32)
-                for h0 in range(0, c_r, BLOCK_H):
-                    ok = h0 + offs_h < c_r
-                    row, g = _hit_rows(order, s_r + h0 + offs_h, ok, q_off, G, Nq, n_k, lq_max, NORM)
-                    qv = tl.load(Q + row[:, None] * DIM + offs_c[None, :], mask=ok[:, None] & c_ok[None, :],
-                                 other=0.0).to(tl.float32)
-                    racc += tl.sum(g[:, None] * qv, axis=0)
-                acc = tl.where((offs_j == r)[:, None], racc[None, :], acc)
-    m2 = j_ok[:, None] & c_ok[None, :]
+    m2 = (j_ok & light)[:, None] & c_ok[None, :]
     if NORM:
         d = tl.load(D + js[:, None] * DIM + offs_c[None, :], mask=m2, other=0.0)
         acc = _project(acc, d, tl.load(Nd + js, mask=j_ok, other=1.0))
     tl.store(dD + js[:, None] * DIM + offs_c[None, :], acc.to(dD.dtype.element_ty), mask=m2)
+    n_heavy = tl.sum((j_ok & ~light).to(tl.int32), axis=0)
+    if n_heavy > 0:  # rows with many hits, each on its own: BLOCK_H hits at a time
+        offs_h = tl.arange(0, BLOCK_H)
+        for r in range(0, tl.minimum(BLOCK_J, n_rows - jb)):
+            s_r = tl.load(starts + jb + r)
+            c_r = tl.load(starts + jb + r + 1) - s_r
+            if c_r > LIGHT:
+                racc = tl.zeros([BLOCK_H, BLOCK_DIM], dtype=tl.float32)
+                for h0 in range(0, c_r, BLOCK_H):
+                    ok = h0 + offs_h < c_r
+                    row, g = _hit_rows(order, s_r + h0 + offs_h, ok, q_off, G, Nq, n_k, lq_max, NORM)
+                    racc += g[:, None] * tl.load(Q + row[:, None] * DIM + offs_c[None, :], mask=c_ok[None, :],
+                                                 other=0.0).to(tl.float32)
+                acc_r = tl.sum(racc, axis=0)
+                if NORM:
+                    x = tl.load(D + (jb + r) * DIM + offs_c, mask=c_ok, other=0.0).to(tl.float32)
+                    n = tl.load(Nd + jb + r)
+                    xn = x / n
+                    if n > EPS:
+                        acc_r = (acc_r - xn * tl.sum(xn * acc_r, axis=0)) / n
+                    else:
+                        acc_r = acc_r / n
+                tl.store(dD + (jb + r) * DIM + offs_c, acc_r.to(dD.dtype.element_ty), mask=c_ok)
 
 
 # Launch parameters that benchmarks/training_sweep.py may override (name -> value); empty = the
