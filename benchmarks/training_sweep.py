@@ -7,7 +7,7 @@ For each case of benchmarks/training.py (bf16): the step (forward, loss, backwar
 defaults, its parts (forward; dQ-only and dD-only lowmem backwards from the saved winners), the
 step with each launch parameter of ``train.TUNE`` changed one at a time (each variant's gradients
 checked against the defaults' first), and normalize=True fused vs F.normalize in torch.
-``--grid``: unified vs lowmem over a grid of in-batch and per-query shapes. Writes
+``--no-variants``: skip the parameter sweep. ``--grid``: unified vs lowmem over a grid of in-batch and per-query shapes. Writes
 training_sweep.json.
 """
 
@@ -79,7 +79,7 @@ def close(a, b) -> float:
     return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
 
 
-def tune_case(case: str) -> dict:
+def tune_case(case: str, variants: bool = True) -> dict:
     Q, D = make(case, "cuda")
     row = {"shape": CASES[case], "parts": parts(Q, D)}
     train.TUNE.clear()
@@ -88,7 +88,7 @@ def tune_case(case: str) -> dict:
     row["unified_ms"] = bench(lambda: step(Q, D, "unified"))
     print(case, "parts", row["parts"], "default", row["default_ms"], "unified", row["unified_ms"], flush=True)
     row["variants"] = {}
-    for key, values in VARIANTS.items():
+    for key, values in (VARIANTS if variants else {}).items():
         for v in values:
             name = f"{key}={v}"
             try:
@@ -176,12 +176,13 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", default="colbert,hardneg,colpali")
     p.add_argument("--grid", action="store_true")
+    p.add_argument("--no-variants", action="store_true", help="parts and normalize only")
     p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
     args = p.parse_args()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "cases": {}}
     for case in [c for c in args.cases.split(",") if c]:
-        res["cases"][case] = tune_case(case)
+        res["cases"][case] = tune_case(case, not args.no_variants)
         torch.cuda.empty_cache()
     if args.grid:
         res["grid"] = grid()

@@ -201,3 +201,28 @@ def test_a_token_every_query_picks(device, kind):
     _close(Qt.grad.cpu(), dq, torch.float32)
     _close(Dt.grad.cpu(), dd, torch.float32)
     assert (Dt.grad[1, [0, 1, 3, 4, 5]] == 0).all()
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("normalize", [False, True])
+def test_hard_negatives_layout_with_few_hits(device, normalize):
+    """Per-query negatives with long documents: fewer winners than document tokens (dD is filled
+    with zeros and only the rows picked are written), one token picked by every query token."""
+    g = torch.Generator().manual_seed(8)
+    Q = torch.rand(3, 8, 16, generator=g) + 0.1
+    D = torch.randn(3, 2, 40, 16, generator=g)
+    D[2, 1, 33] = 5.0
+    qm = torch.ones(3, 8, dtype=torch.bool)
+    qm[0, 5:] = False
+    G = torch.randn(3, 2, generator=g)
+    want, dq, dd = _ref_padded(Q, D, qm, None, G, normalize=normalize)
+    grads = []
+    for _ in range(2):
+        Qt, Dt = Q.to(device).clone().requires_grad_(), D.to(device).clone().requires_grad_()
+        out = maxsim(Qt, Dt, qm.to(device), normalize=normalize, backward="lowmem", backend="triton")
+        (out * G.to(device)).sum().backward()
+        grads.append((Qt.grad, Dt.grad))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+    _close(out.detach().cpu(), want, torch.float32)
+    _close(grads[0][0].cpu(), dq, torch.float32)
+    _close(grads[0][1].cpu(), dd, torch.float32)

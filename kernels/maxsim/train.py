@@ -265,27 +265,38 @@ def _hit_rows(order, idx, ok, q_off, G, Nq, n_k, lq_max, NORM: tl.constexpr):
 
 @triton.jit
 def _bwd_lowmem_dd_kernel(
-    Q, q_off, order, starts, G, D, dD, Nq, Nd, n_k, lq_max, n_rows,
-    NORM: tl.constexpr, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_J: tl.constexpr,
-    BLOCK_H: tl.constexpr, LIGHT: tl.constexpr,
+    Q, q_off, keys, order, starts, G, D, dD, Nq, Nd, n_k, lq_max, n_rows, n_slots,
+    SPARSE: tl.constexpr, NORM: tl.constexpr, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr,
+    BLOCK_J: tl.constexpr, BLOCK_H: tl.constexpr, LIGHT: tl.constexpr,
 ):
-    """dD rows [jb, jb + BLOCK_J): each row sums g * Q[row] over the hits that picked it, read
-    in sorted order from ``order[starts[j]:starts[j+1]]`` (fp32, a fixed order: reproducible).
-    Rows with at most LIGHT hits advance together one hit per step; a row with more (a token
-    many queries pick) is summed on its own, BLOCK_H hits at a time."""
+    """dD rows: each sums g * Q[row] over the hits that picked it, read in sorted order from
+    ``order[starts[j]:starts[j+1]]`` (fp32, a fixed order: reproducible). Dense: a program owns
+    rows [jb, jb + BLOCK_J) and writes them all. SPARSE (fewer hits than rows, dD zero-filled
+    before): a program takes sorted slots [jb, jb + BLOCK_J) and owns the rows that start there.
+    Rows with at most LIGHT hits advance together one hit per step; a row with more (a token many
+    queries pick) is summed on its own, BLOCK_H hits at a time."""
     jb = tl.program_id(0) * BLOCK_J
     offs_j = tl.arange(0, BLOCK_J)
-    js = jb + offs_j
-    j_ok = js < n_rows
     offs_c = tl.arange(0, BLOCK_DIM)
     c_ok = offs_c < DIM
-    s = tl.load(starts + js, mask=j_ok, other=0)
-    cnt = tl.load(starts + js + 1, mask=j_ok, other=0) - s
+    if SPARSE:
+        slot = jb + offs_j
+        in_n = slot < n_slots
+        key = tl.load(keys + slot, mask=in_n, other=-1)
+        prev = tl.load(keys + slot - 1, mask=in_n & (slot > 0), other=-1)
+        j_ok = (key >= 0) & (key != prev)
+        js = tl.where(j_ok, key, 0).to(tl.int64)
+        s = slot.to(tl.int64)
+        cnt = tl.where(j_ok, tl.load(starts + js + 1, mask=j_ok, other=0) - s, 0)
+    else:
+        js = (jb + offs_j).to(tl.int64)
+        j_ok = js < n_rows
+        s = tl.load(starts + js, mask=j_ok, other=0)
+        cnt = tl.load(starts + js + 1, mask=j_ok, other=0) - s
     light = cnt <= LIGHT
     acc = tl.zeros([BLOCK_J, BLOCK_DIM], dtype=tl.float32)
     for h in range(0, tl.max(tl.where(light, cnt, 0), axis=0)):
-        ok = light & (h < cnt)
-        row, g = _hit_rows(order, s + h, ok, q_off, G, Nq, n_k, lq_max, NORM)
+        row, g = _hit_rows(order, s + h, light & (h < cnt), q_off, G, Nq, n_k, lq_max, NORM)
         # lanes without a hit read a real row (slot 0's) and weigh it by g = 0
         acc += g[:, None] * tl.load(Q + row[:, None] * DIM + offs_c[None, :], mask=c_ok[None, :],
                                     other=0.0).to(tl.float32)
@@ -294,29 +305,29 @@ def _bwd_lowmem_dd_kernel(
         d = tl.load(D + js[:, None] * DIM + offs_c[None, :], mask=m2, other=0.0)
         acc = _project(acc, d, tl.load(Nd + js, mask=j_ok, other=1.0))
     tl.store(dD + js[:, None] * DIM + offs_c[None, :], acc.to(dD.dtype.element_ty), mask=m2)
-    n_heavy = tl.sum((j_ok & ~light).to(tl.int32), axis=0)
-    if n_heavy > 0:  # rows with many hits, each on its own: BLOCK_H hits at a time
+    if tl.sum((j_ok & ~light).to(tl.int32), axis=0) > 0:  # rows with many hits, one at a time
         offs_h = tl.arange(0, BLOCK_H)
-        for r in range(0, tl.minimum(BLOCK_J, n_rows - jb)):
-            s_r = tl.load(starts + jb + r)
-            c_r = tl.load(starts + jb + r + 1) - s_r
-            if c_r > LIGHT:
+        for r in range(0, BLOCK_J):
+            pick = (offs_j == r) & j_ok & ~light
+            c_r = tl.sum(tl.where(pick, cnt, 0), axis=0)
+            if c_r > 0:
+                s_r = tl.sum(tl.where(pick, s, 0), axis=0)
+                j_r = tl.sum(tl.where(pick, js, 0), axis=0)
                 racc = tl.zeros([BLOCK_H, BLOCK_DIM], dtype=tl.float32)
                 for h0 in range(0, c_r, BLOCK_H):
-                    ok = h0 + offs_h < c_r
-                    row, g = _hit_rows(order, s_r + h0 + offs_h, ok, q_off, G, Nq, n_k, lq_max, NORM)
+                    row, g = _hit_rows(order, s_r + h0 + offs_h, h0 + offs_h < c_r, q_off, G, Nq, n_k, lq_max, NORM)
                     racc += g[:, None] * tl.load(Q + row[:, None] * DIM + offs_c[None, :], mask=c_ok[None, :],
                                                  other=0.0).to(tl.float32)
                 acc_r = tl.sum(racc, axis=0)
                 if NORM:
-                    x = tl.load(D + (jb + r) * DIM + offs_c, mask=c_ok, other=0.0).to(tl.float32)
-                    n = tl.load(Nd + jb + r)
+                    x = tl.load(D + j_r * DIM + offs_c, mask=c_ok, other=0.0).to(tl.float32)
+                    n = tl.load(Nd + j_r)
                     xn = x / n
                     if n > EPS:
                         acc_r = (acc_r - xn * tl.sum(xn * acc_r, axis=0)) / n
                     else:
                         acc_r = acc_r / n
-                tl.store(dD + (jb + r) * DIM + offs_c, acc_r.to(dD.dtype.element_ty), mask=c_ok)
+                tl.store(dD + j_r * DIM + offs_c, acc_r.to(dD.dtype.element_ty), mask=c_ok)
 
 
 # Launch parameters that benchmarks/training_sweep.py may override (name -> value); empty = the
@@ -362,21 +373,23 @@ def forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask=None, d_mask
     upcast = interpreting() or q.dtype == torch.float32
     group = grouped_queries(lq_max, per_query, equal_lengths, n_q)
     common = dict(HAS_QMASK=q_mask is not None, HAS_DMASK=d_mask is not None, DIM=q.shape[1], BLOCK_DIM=bdim,
-                  BLOCK_D=bd, UPCAST=upcast, IEEE=q.dtype == torch.float32, MASK_ZERO=mask_zero, NORM=normalize,
-                  num_stages=TUNE.get("fwd_stages", 3))
+                  BLOCK_D=bd, UPCAST=upcast, IEEE=q.dtype == torch.float32, MASK_ZERO=mask_zero, NORM=normalize)
+    # measured (benchmarks/training_sweep.py, H100): 2 stages for the grouped short-query kernel
+    stages = TUNE.get("fwd_stages", 2 if group > 1 else 3)
     qm = q_mask if q_mask is not None else q
     dm = d_mask if d_mask is not None else d
     if n_q and n_k and group > 1:
         rows = triton.next_power_of_2(group * lq_max)
         _fwd_argmax_grouped_kernel[(triton.cdiv(n_q, group), n_k)](
             q, qm, d, dm, d_off, out, arg, nq if normalize else out, nd if normalize else out, n_q, n_k, lq_max,
-            GROUP=group, BLOCK_Q=rows, num_warps=TUNE.get("fwd_warps", 8 if rows >= 128 else 4), **common,
+            GROUP=group, BLOCK_Q=rows, num_warps=TUNE.get("fwd_warps", 8 if rows >= 128 else 4), num_stages=stages,
+            **common,
         )
     elif n_q and n_k:
         _fwd_argmax_kernel[(n_q, n_k)](
             q, qm, q_off, d, dm, d_off, out, arg, nq if normalize else out, nd if normalize else out, n_k,
             arg.shape[2], PER_QUERY=per_query, BLOCK_Q=bq, num_warps=TUNE.get("fwd_warps", 8 if bq >= 128 else 4),
-            **common,
+            num_stages=stages, **common,
         )
     return out, arg, nq, nd
 
@@ -427,12 +440,15 @@ def backward(kind, grad, q, q_off, d, d_off, arg, n_q, n_k, per_query, need_dq=T
         # the hits sorted by the document token they picked (stable: a fixed summation order)
         keys, order = torch.sort(arg.view(-1), stable=True)
         starts = torch.searchsorted(keys, torch.arange(d.shape[0] + 1, device=dev, dtype=keys.dtype))
-        dd = torch.empty_like(d)
+        # fewer hits than document tokens (per-query negatives): zero-fill, then write the rows hit
+        sparse = keys.numel() < d.shape[0] // 2
+        dd = torch.zeros_like(d) if sparse else torch.empty_like(d)
         if d.shape[0]:
             bj = 16 if interpreting() else TUNE.get("dd_bj", 32)
-            _bwd_lowmem_dd_kernel[(triton.cdiv(d.shape[0], bj),)](
-                q, q_off, order, starts, g, d, dd, nq, nd, n_k, lq_max, d.shape[0], NORM=norm, DIM=q.shape[1],
-                BLOCK_DIM=bdim, BLOCK_J=bj, BLOCK_H=16 if interpreting() else TUNE.get("dd_bh", 64),
+            _bwd_lowmem_dd_kernel[(triton.cdiv(keys.numel() if sparse else d.shape[0], bj),)](
+                q, q_off, keys, order, starts, g, d, dd, nq, nd, n_k, lq_max, d.shape[0], keys.numel(), SPARSE=sparse,
+                NORM=norm, DIM=q.shape[1], BLOCK_DIM=bdim, BLOCK_J=bj,
+                BLOCK_H=16 if interpreting() else TUNE.get("dd_bh", 128),
                 LIGHT=4 if interpreting() else TUNE.get("dd_light", 256), num_warps=TUNE.get("dd_warps", 4),
             )
     return dq, dd
