@@ -64,7 +64,8 @@ def parts(Q, D):
     d_off = torch.arange(n_docs + 1, device=Q.device) * ld
     out, arg, _, _ = train.forward(q, q_off, d, d_off, nq, n_k, lq, per_query, equal_lengths=True)
     g = torch.randn_like(out)
-    res = {"fwd": bench(lambda: train.forward(q, q_off, d, d_off, nq, n_k, lq, per_query, equal_lengths=True))}
+    res = {"fwd": bench(lambda: train.forward(q, q_off, d, d_off, nq, n_k, lq, per_query, equal_lengths=True)),
+           "zero_fill_dD": bench(lambda: torch.zeros_like(d))}
     keys = arg.view(-1)
     res["sort"] = bench(lambda: torch.sort(keys, stable=True))
     for name, need in (("bwd_dq", (True, False)), ("bwd_dd", (False, True)), ("bwd_unified", None)):
@@ -79,7 +80,7 @@ def close(a, b) -> float:
     return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
 
 
-def tune_case(case: str, variants: bool = True) -> dict:
+def tune_case(case: str, variants: dict = VARIANTS) -> dict:
     Q, D = make(case, "cuda")
     row = {"shape": CASES[case], "parts": parts(Q, D)}
     train.TUNE.clear()
@@ -88,7 +89,7 @@ def tune_case(case: str, variants: bool = True) -> dict:
     row["unified_ms"] = bench(lambda: step(Q, D, "unified"))
     print(case, "parts", row["parts"], "default", row["default_ms"], "unified", row["unified_ms"], flush=True)
     row["variants"] = {}
-    for key, values in (VARIANTS if variants else {}).items():
+    for key, values in variants.items():
         for v in values:
             name = f"{key}={v}"
             try:
@@ -177,12 +178,15 @@ def main():
     p.add_argument("--cases", default="colbert,hardneg,colpali")
     p.add_argument("--grid", action="store_true")
     p.add_argument("--no-variants", action="store_true", help="parts and normalize only")
+    p.add_argument("--only", default="", help="comma-separated TUNE keys to sweep (default: all)")
     p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
     args = p.parse_args()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "cases": {}}
     for case in [c for c in args.cases.split(",") if c]:
-        res["cases"][case] = tune_case(case, not args.no_variants)
+        only = [k for k in args.only.split(",") if k]
+        variants = {} if args.no_variants else {k: v for k, v in VARIANTS.items() if not only or k in only}
+        res["cases"][case] = tune_case(case, variants)
         torch.cuda.empty_cache()
     if args.grid:
         res["grid"] = grid()

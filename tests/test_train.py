@@ -226,3 +226,17 @@ def test_hard_negatives_layout_with_few_hits(device, normalize):
     _close(out.detach().cpu(), want, torch.float32)
     _close(grads[0][0].cpu(), dq, torch.float32)
     _close(grads[0][1].cpu(), dd, torch.float32)
+
+
+def test_auto_picks_the_backward_measured_faster():
+    """The rule from benchmarks/results/training-sweep-H100.json: unified for small problems,
+    lowmem from about 2^20 winners or 2^28 document elements."""
+    from mvdb.kernels.maxsim.train import choose_backward
+
+    assert choose_backward("auto", 16 * 16 * 32, 16 * 180 * 128) == "unified"  # ColBERT B=16
+    assert choose_backward("auto", 256 * 256 * 32, 256 * 180 * 128) == "lowmem"  # ColBERT B=256
+    assert choose_backward("auto", 64 * 64 * 1024, 64 * 1024 * 128) == "lowmem"  # ColPali B=64
+    assert choose_backward("auto", 256 * 17 * 32, 256 * 17 * 1030 * 128) == "lowmem"  # hard negatives
+    assert choose_backward("auto", 32 * 16 * 32, 32 * 16 * 1030 * 128) == "unified"
+    assert choose_backward("unified", 1 << 30, 1 << 30) == "unified"
+    assert choose_backward("lowmem", 1, 1) == "lowmem"

@@ -248,31 +248,34 @@ def _bwd_lowmem_dq_kernel(
 
 
 @triton.jit
-def _hit_rows(order, idx, ok, q_off, G, Nq, n_k, lq_max, NORM: tl.constexpr):
-    """For sorted hit slots ``idx``: the query-token row of each hit and its weight g (over the
-    query token's norm under NORM). A hit is an entry ``pair * lq_max + t`` of the winners.
-    Lanes that are not ``ok`` read slot 0 (there is one whenever a row has a hit) and get g = 0;
-    nothing else is masked (masks shared between 1-D and 2-D uses here trip Triton 3.6's layout
-    pass)."""
-    e = tl.load(order + tl.where(ok, idx, 0))  # slot 0 exists whenever a row has a hit
+def _hit_prep_kernel(order, q_off, G, Nq, rows, weights, n_slots, n_k, lq_max, NORM: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    """For each sorted hit slot (an entry ``pair * lq_max + t`` of the winners): the query-token
+    row it came from and its weight g (over that token's norm under NORM), so the dD kernel's
+    loop reads two arrays instead of chasing four dependent loads."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n_slots
+    e = tl.load(order + i, mask=ok, other=0)
     pair = e // lq_max
-    row = tl.load(q_off + pair // n_k) + (e - pair * lq_max)
-    g = tl.where(ok, tl.load(G + pair), 0.0)
+    row = tl.load(q_off + pair // n_k, mask=ok, other=0) + (e - pair * lq_max)
+    g = tl.load(G + pair, mask=ok, other=0.0)
     if NORM:
         g = g / tl.load(Nq + row, mask=ok, other=1.0)
-    return row, g
+    tl.store(rows + i, row.to(tl.int32), mask=ok)
+    tl.store(weights + i, g, mask=ok)
 
 
 @triton.jit
 def _bwd_lowmem_dd_kernel(
-    Q, q_off, keys, order, starts, G, D, dD, Nq, Nd, n_k, lq_max, n_rows, n_slots,
+    Q, keys, bounds, rows, weights, D, dD, Nd, n_rows, n_slots,
     SPARSE: tl.constexpr, NORM: tl.constexpr, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr,
     BLOCK_J: tl.constexpr, BLOCK_H: tl.constexpr, LIGHT: tl.constexpr,
 ):
-    """dD rows: each sums g * Q[row] over the hits that picked it, read in sorted order from
-    ``order[starts[j]:starts[j+1]]`` (fp32, a fixed order: reproducible). Dense: a program owns
-    rows [jb, jb + BLOCK_J) and writes them all. SPARSE (fewer hits than rows, dD zero-filled
-    before): a program takes sorted slots [jb, jb + BLOCK_J) and owns the rows that start there.
+    """dD rows: each sums g * Q[row] over the hits that picked it, in sorted order (``rows`` /
+    ``weights`` per sorted slot; fp32, a fixed order: reproducible). Dense: a program owns rows
+    [jb, jb + BLOCK_J) and writes them all; row j's hits are slots [bounds[j], bounds[j+1]).
+    SPARSE (fewer hits than rows, dD zero-filled before): a program takes sorted slots
+    [jb, jb + BLOCK_J) and owns the rows whose hits start there (bounds[slot]: where they end).
     Rows with at most LIGHT hits advance together one hit per step; a row with more (a token many
     queries pick) is summed on its own, BLOCK_H hits at a time."""
     jb = tl.program_id(0) * BLOCK_J
@@ -287,17 +290,21 @@ def _bwd_lowmem_dd_kernel(
         j_ok = (key >= 0) & (key != prev)
         js = tl.where(j_ok, key, 0).to(tl.int64)
         s = slot.to(tl.int64)
-        cnt = tl.where(j_ok, tl.load(starts + js + 1, mask=j_ok, other=0) - s, 0)
+        cnt = tl.where(j_ok, tl.load(bounds + slot, mask=j_ok, other=0) - s, 0)
     else:
         js = (jb + offs_j).to(tl.int64)
         j_ok = js < n_rows
-        s = tl.load(starts + js, mask=j_ok, other=0)
-        cnt = tl.load(starts + js + 1, mask=j_ok, other=0) - s
+        s = tl.load(bounds + js, mask=j_ok, other=0)
+        cnt = tl.load(bounds + js + 1, mask=j_ok, other=0) - s
     light = cnt <= LIGHT
     acc = tl.zeros([BLOCK_J, BLOCK_DIM], dtype=tl.float32)
     for h in range(0, tl.max(tl.where(light, cnt, 0), axis=0)):
-        row, g = _hit_rows(order, s + h, light & (h < cnt), q_off, G, Nq, n_k, lq_max, NORM)
-        # lanes without a hit read a real row (slot 0's) and weigh it by g = 0
+        # lanes without a hit read slot 0 (there is one whenever a row has a hit) and weigh it by
+        # g = 0; nothing else is masked (masks shared between 1-D and 2-D uses here trip Triton
+        # 3.6's layout pass)
+        idx = tl.where(light & (h < cnt), s + h, 0)
+        row = tl.load(rows + idx)
+        g = tl.where(light & (h < cnt), tl.load(weights + idx), 0.0)
         acc += g[:, None] * tl.load(Q + row[:, None] * DIM + offs_c[None, :], mask=c_ok[None, :],
                                     other=0.0).to(tl.float32)
     m2 = (j_ok & light)[:, None] & c_ok[None, :]
@@ -315,7 +322,9 @@ def _bwd_lowmem_dd_kernel(
                 j_r = tl.sum(tl.where(pick, js, 0), axis=0)
                 racc = tl.zeros([BLOCK_H, BLOCK_DIM], dtype=tl.float32)
                 for h0 in range(0, c_r, BLOCK_H):
-                    row, g = _hit_rows(order, s_r + h0 + offs_h, h0 + offs_h < c_r, q_off, G, Nq, n_k, lq_max, NORM)
+                    idx = tl.where(h0 + offs_h < c_r, s_r + h0 + offs_h, 0)
+                    row = tl.load(rows + idx)
+                    g = tl.where(h0 + offs_h < c_r, tl.load(weights + idx), 0.0)
                     racc += g[:, None] * tl.load(Q + row[:, None] * DIM + offs_c[None, :], mask=c_ok[None, :],
                                                  other=0.0).to(tl.float32)
                 acc_r = tl.sum(racc, axis=0)
@@ -439,14 +448,22 @@ def backward(kind, grad, q, q_off, d, d_off, arg, n_q, n_k, per_query, need_dq=T
     if need_dd:
         # the hits sorted by the document token they picked (stable: a fixed summation order)
         keys, order = torch.sort(arg.view(-1), stable=True)
-        starts = torch.searchsorted(keys, torch.arange(d.shape[0] + 1, device=dev, dtype=keys.dtype))
+        n_slots = keys.numel()
+        rows = torch.empty(n_slots, dtype=torch.int32, device=dev)
+        weights = torch.empty(n_slots, dtype=torch.float32, device=dev)
+        _hit_prep_kernel[(triton.cdiv(n_slots, 1024),)](order, q_off, g, nq, rows, weights, n_slots, n_k, lq_max,
+                                                         NORM=norm, BLOCK=1024)
         # fewer hits than document tokens (per-query negatives): zero-fill, then write the rows hit
-        sparse = keys.numel() < d.shape[0] // 2
+        sparse = n_slots < d.shape[0] // 2
+        if sparse:  # per slot: where its token's hits end
+            bounds = torch.searchsorted(keys, keys, right=True)
+        else:  # per token: where its hits start
+            bounds = torch.searchsorted(keys, torch.arange(d.shape[0] + 1, device=dev, dtype=keys.dtype))
         dd = torch.zeros_like(d) if sparse else torch.empty_like(d)
         if d.shape[0]:
             bj = 16 if interpreting() else TUNE.get("dd_bj", 32)
-            _bwd_lowmem_dd_kernel[(triton.cdiv(keys.numel() if sparse else d.shape[0], bj),)](
-                q, q_off, keys, order, starts, g, d, dd, nq, nd, n_k, lq_max, d.shape[0], keys.numel(), SPARSE=sparse,
+            _bwd_lowmem_dd_kernel[(triton.cdiv(n_slots if sparse else d.shape[0], bj),)](
+                q, keys, bounds, rows, weights, d, dd, nd, d.shape[0], n_slots, SPARSE=sparse,
                 NORM=norm, DIM=q.shape[1], BLOCK_DIM=bdim, BLOCK_J=bj,
                 BLOCK_H=16 if interpreting() else TUNE.get("dd_bh", 128),
                 LIGHT=4 if interpreting() else TUNE.get("dd_light", 256), num_warps=TUNE.get("dd_warps", 4),
@@ -477,12 +494,17 @@ class _MaxSimFn(torch.autograd.Function):
         return dq, dd, None, None, None, None, None, None, None, None, None, None, None, None
 
 
-def choose_backward(kind: str, n_pairs: int, lq: int) -> str:
-    """``auto``: lowmem. On the H100 (benchmarks/training.py) it was as fast or faster than
-    unified on all three measured shapes (ColBERT in-batch 1.85 vs 2.84 ms, hard negatives 1.55
-    vs 2.30, ColPali 7.35 vs 7.52) and it is deterministic; no shape measured so far favours
-    unified, so ``auto`` does not switch yet."""
-    return "lowmem" if kind == "auto" else kind
+def choose_backward(kind: str, n_hits: int, doc_elems: int) -> str:
+    """``auto``: lowmem for big problems, unified for small ones. Measured on the H100
+    (benchmarks/results/training-sweep-H100.json, bf16 fwd+bwd over 19 shapes): lowmem's sort and
+    extra launches cost more than unified's atomics below about 2^20 winners (pairs x query
+    tokens) unless the documents are large, where unified's fp32 dD buffer is the cost (per-query
+    negatives B=256 x 16 x 1030 tokens: lowmem 1.31 ms vs 2.31). The rule picks the faster one on
+    18 of the 19 shapes (the miss: 0.98 vs 0.89 ms). Ask for ``lowmem`` for reproducible
+    gradients."""
+    if kind != "auto":
+        return kind
+    return "lowmem" if n_hits >= 1 << 20 or doc_elems >= 1 << 28 else "unified"
 
 
 def _flat_mask(mask):
@@ -500,7 +522,7 @@ def padded(Q, D, q_mask, d_mask, kind: str, mask_zero: bool = False, normalize: 
     dev = Q.device
     q_off = torch.arange(nq + 1, device=dev, dtype=torch.int64) * lq
     d_off = torch.arange(n_docs + 1, device=dev, dtype=torch.int64) * ld
-    kind = choose_backward(kind, nq * n_k, lq)
+    kind = choose_backward(kind, nq * n_k * lq, D.numel())
     return _MaxSimFn.apply(Q.reshape(-1, dim).contiguous(), D.reshape(-1, dim).contiguous(), q_off, d_off, nq, n_k,
                            lq, per_query, _flat_mask(q_mask), _flat_mask(d_mask), kind, mask_zero, True, normalize)
 
@@ -508,6 +530,6 @@ def padded(Q, D, q_mask, d_mask, kind: str, mask_zero: bool = False, normalize: 
 def varlen(q, cu_q, d, cu_d, max_seqlen_q: int, kind: str, normalize: bool = False) -> torch.Tensor:
     """Differentiable MaxSim of packed queries against packed documents (cross product)."""
     nq, nd = cu_q.numel() - 1, cu_d.numel() - 1
-    kind = choose_backward(kind, nq * nd, max_seqlen_q)
+    kind = choose_backward(kind, nq * nd * max_seqlen_q, d.numel())
     return _MaxSimFn.apply(q.contiguous(), d.contiguous(), cu_q.long(), cu_d.long(), nq, nd, max_seqlen_q, False,
                            None, None, kind, False, False, normalize)
