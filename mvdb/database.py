@@ -523,13 +523,20 @@ class Database:
 
 
 def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index="auto", nlist=None,  # noqa: A001
-         residency="auto") -> Database:
+         residency="auto", devices=None):
     """Open (or create) a database directory. ``dtype``: "float16" (the default) or "int8" for a new
     database; for an existing one, None or the stored dtype; ``index``: "flat" (exact token
     search), "ivf" (centroid lists, persisted), or "auto" (flat below 1M tokens); ``nlist``: IVF
     lists when training (default about 2 * sqrt(tokens), a power of two); ``residency``: where the
     stored tokens live for the exact rerank: "device", "host" (pinned memory, candidates copied per
-    search), or "auto" (the device when they fit in 80% of its free memory)."""
+    search), or "auto" (the device when they fit in 80% of its free memory); ``devices``: a list
+    of devices to shard the documents over, one shard each (:class:`mvdb.sharded.ShardedDatabase`;
+    a directory created sharded is always opened sharded, on ``devices`` or on ``device``)."""
+    from mvdb.sharded import ShardedDatabase, is_sharded
+
+    if devices is not None or is_sharded(path):
+        return ShardedDatabase(path, devices=devices, dim=dim, dtype=dtype, device=device, read_only=read_only,
+                               index=index, nlist=nlist, residency=residency)
     return Database(path, dim=dim, dtype=dtype, device=device, read_only=read_only, index=index, nlist=nlist,
                     residency=residency)
 

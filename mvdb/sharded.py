@@ -1,0 +1,286 @@
+"""One database over several GPUs of a host: ``mvdb.open(path, devices=["cuda:0", "cuda:1"])``.
+
+The directory holds ``shards.json`` and one ordinary mvdb database per shard (``shard-000`` ...),
+each with its own token index and resident tokens on its device. Documents live in exactly one
+shard; ids are global (auto ids continue after the largest id of any shard) and never move. A
+query batch runs on every shard at once (one thread per CUDA shard; the GPU work of the shards
+overlaps; CPU shards run in turn) and the per-shard exact top-k lists are merged by score.
+
+An ``add`` places each document on the shard with the fewest tokens at that moment and commits
+shard by shard: a crash in between leaves the shards committed so far, and re-adding the same
+ids then reports them as duplicates (skip them with ``db.contains``). The number of shards is
+fixed when the directory is created; it may be opened with fewer devices (shards go round-robin
+onto them) or with none (every shard on ``device``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from mvdb.database import Database, Hit, _check_k, _queries
+from mvdb.errors import DuplicateIdError, FormatError, InvalidInputError, UnknownIdError
+from mvdb.storage import _validate
+from mvdb.storage.manifest import MANIFEST
+
+SHARDS = "shards.json"
+FORMAT = "mvdb-shards"
+
+
+def is_sharded(path) -> bool:
+    return os.path.exists(os.path.join(os.fspath(path), SHARDS))
+
+
+def _write_layout(path: str, names: list[str]) -> None:
+    tmp = os.path.join(path, SHARDS + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump({"format": FORMAT, "version": 1, "shards": names}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(path, SHARDS))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_layout(path: str) -> list[str]:
+    try:
+        with open(os.path.join(path, SHARDS)) as f:
+            layout = json.load(f)
+    except (OSError, ValueError) as e:
+        raise FormatError(f"{path}: unreadable {SHARDS}: {e}") from None
+    if not isinstance(layout, dict) or layout.get("format") != FORMAT or not isinstance(layout.get("shards"), list):
+        raise FormatError(f"{path}/{SHARDS}: expected {{'format': '{FORMAT}', 'shards': [...]}}, got {layout!r}")
+    return layout["shards"]
+
+
+def _as_docs(docs) -> list:
+    """Validated documents as a list of [L_i, dim] items (a [n, L, dim] array or tensor is split)."""
+    return list(docs)
+
+
+def _merge(per_shard: list[list[Hit]], k: int | None) -> list[Hit]:
+    hits = sorted((h for hs in per_shard for h in hs), key=lambda h: -h.score)
+    return hits if k is None else hits[:k]
+
+
+class ShardedDatabase:
+    """The :class:`mvdb.Database` API over one shard per device; see the module docstring."""
+
+    def __init__(self, path, *, devices=None, dim=None, dtype=None, device="auto", read_only=False, **options):
+        path = os.fspath(path)
+        self.path = path
+        if devices is not None:
+            if isinstance(devices, (str, torch.device)) or not devices:
+                raise InvalidInputError(f"devices: expected a non-empty list of devices, got {devices!r}")
+            devices = [torch.device(d) if not isinstance(d, torch.device) else d for d in devices]
+        if os.path.exists(os.path.join(path, MANIFEST)):
+            raise InvalidInputError(
+                f"{path}: holds a single-shard database; open it without devices= (it cannot be split in place)"
+            )
+        if is_sharded(path):
+            names = _read_layout(path)
+        elif read_only:
+            raise FileNotFoundError(f"{path}: no {SHARDS} here (read_only=True does not create one)")
+        else:
+            if devices is None:
+                raise InvalidInputError(f"devices: creating a sharded database at {path} needs the list of devices")
+            os.makedirs(path, exist_ok=True)
+            if any(not n.startswith(".") for n in os.listdir(path)):
+                raise FormatError(f"{path}: holds other files and no {SHARDS}; not an mvdb database")
+            names = [f"shard-{i:03d}" for i in range(len(devices))]
+            _write_layout(path, names)
+        placement = [devices[i % len(devices)] for i in range(len(names))] if devices else [device] * len(names)
+        self.shards: list[Database] = []
+        try:
+            for name, dev in zip(names, placement):
+                self.shards.append(Database(os.path.join(path, name), dim=dim, dtype=dtype, device=dev,
+                                            read_only=read_only, **options))
+        except BaseException:
+            self.close()
+            raise
+        self._pool = ThreadPoolExecutor(max_workers=len(self.shards), thread_name_prefix="mvdb-shard")
+
+    # ---- fan-out helpers
+
+    def _each(self, fn, shards=None) -> list:
+        """fn(shard) on every shard at once (each under its own CUDA device), results in order."""
+        shards = self.shards if shards is None else shards
+
+        def run(shard):
+            if shard.device.type == "cuda":
+                with torch.cuda.device(shard.device):
+                    return fn(shard)
+            return fn(shard)
+
+        if len(shards) == 1 or any(s.device.type != "cuda" for s in shards):
+            # CPU shards run one after another: no GPU work to overlap, and Triton's interpreter
+            # (the CPU kernels) is not thread-safe
+            return [run(s) for s in shards]
+        return list(self._pool.map(run, shards))
+
+    @property
+    def dim(self) -> int | None:
+        return next((s.dim for s in self.shards if s.dim is not None), None)
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self.shards)
+
+    def contains(self, ids) -> np.ndarray:
+        """Bool mask: which of ``ids`` are stored (in any shard)."""
+        ids = list(ids)
+        found = np.zeros(len(ids), dtype=bool)
+        for s in self.shards:
+            if len(s):
+                found |= s.store.contains(ids)
+        return found
+
+    def __contains__(self, doc_id) -> bool:
+        return any(doc_id in s for s in self.shards)
+
+    def __enter__(self) -> "ShardedDatabase":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=True)
+        for s in getattr(self, "shards", []):
+            s.close()
+
+    # ---- writes
+
+    def _owner(self, ids) -> list[list[int]]:
+        """Positions of ``ids`` per shard; every id must be stored."""
+        ids = list(ids)
+        where = [[] for _ in self.shards]
+        found = np.zeros(len(ids), dtype=bool)
+        for si, s in enumerate(self.shards):
+            if not len(s):
+                continue
+            hit = s.store.contains(ids) & ~found
+            where[si] = np.flatnonzero(hit).tolist()
+            found |= hit
+        if not found.all():
+            missing = [ids[i] for i in np.flatnonzero(~found)[:5]]
+            raise UnknownIdError(f"ids: not in the database: {missing}")
+        return where
+
+    def add(self, docs, ids=None, metadata=None) -> list:
+        """Store documents, each on the shard holding the fewest tokens; returns their (global) ids.
+        Everything is checked before any shard writes."""
+        for s in self.shards:
+            s.store._writable()
+        _, lengths, _ = _validate.documents(docs, self.dim)  # shapes, dtypes, finiteness, dim
+        n = len(lengths)
+        id_type = next((s.store.manifest["id_type"] for s in self.shards if s.store.manifest["id_type"]), None)
+        next_id = max(s.store.manifest["next_id"] for s in self.shards)
+        id_arr, _ = _validate.ids(ids, n, id_type, next_id)
+        _validate.metadata(metadata, n)
+        ids = [_validate.decode_id(x) for x in id_arr]
+        dup = np.flatnonzero(self.contains(ids)) if n else []
+        if len(dup):
+            raise DuplicateIdError(f"ids: already in the database: {[ids[i] for i in dup[:5]]}")
+        items = _as_docs(docs)
+        load = [sum(seg["n_tokens"] for seg in s.store.manifest["segments"]) for s in self.shards]
+        parts = [[] for _ in self.shards]
+        for i, length in enumerate(lengths):
+            si = int(np.argmin(load))
+            parts[si].append(i)
+            load[si] += int(length)
+        jobs = {id(self.shards[si]): part for si, part in enumerate(parts) if part}
+
+        def add_part(shard):
+            part = jobs[id(shard)]
+            return shard.add([items[i] for i in part], ids=[ids[i] for i in part],
+                             metadata=None if metadata is None else [metadata[i] for i in part])
+
+        self._each(add_part, [s for s in self.shards if id(s) in jobs])
+        return ids
+
+    def delete(self, ids) -> None:
+        ids = list(ids)
+        for si, pos in enumerate(self._owner(ids)):
+            if pos:
+                self.shards[si].delete([ids[i] for i in pos])
+
+    def compact(self) -> int:
+        return sum(self._each(lambda s: s.compact()))
+
+    def refresh(self) -> bool:
+        return any(self._each(lambda s: s.refresh()))
+
+    # ---- reads
+
+    def get(self, ids) -> list[np.ndarray]:
+        ids = list(ids)
+        out = [None] * len(ids)
+        for si, pos in enumerate(self._owner(ids)):
+            if pos:
+                for i, arr in zip(pos, self.shards[si].get([ids[i] for i in pos])):
+                    out[i] = arr
+        return out
+
+    def metadata(self, ids) -> list:
+        ids = list(ids)
+        out = [None] * len(ids)
+        for si, pos in enumerate(self._owner(ids)):
+            if pos:
+                for i, m in zip(pos, self.shards[si].metadata([ids[i] for i in pos])):
+                    out[i] = m
+        return out
+
+    def verify(self):
+        return [s.verify() for s in self.shards]
+
+    def stats(self) -> dict:
+        per = [s.stats() for s in self.shards]
+        return {
+            "path": self.path,
+            "shards": per,
+            "documents": sum(p["documents"] for p in per),
+            "tokens": sum(p["tokens"] for p in per),
+            "devices": [p["device"] for p in per],
+        }
+
+    def search(self, queries, k: int = 10, where=None, **options):
+        """Top-k by exact MaxSim: every shard's own candidates and top-k, merged by score."""
+        _check_k(k)
+        if self.dim is None:  # nothing stored yet: the shards agree on the empty answer
+            return self.shards[0].search(queries, k, where, **options)
+        single = _queries(queries, self.dim, torch.device("cpu"))[2]
+        per = self._each(lambda s: s.search(queries, k, where, **options) if len(s) else None)
+        per = [p for p in per if p is not None]
+        if single:
+            return _merge(per, k)
+        return [_merge([p[i] for p in per], k) for i in range(len(per[0]))]
+
+    def rerank(self, queries, candidate_ids, k: int | None = None):
+        """Exact MaxSim of each query against its own candidate ids (one list, or one per query)."""
+        if k is not None:
+            _check_k(k)
+        if self.dim is None:
+            return self.shards[0].rerank(queries, candidate_ids, k)
+        single = _queries(queries, self.dim, torch.device("cpu"))[2]
+        q_list = [queries] if single else list(queries)
+        lists = [list(candidate_ids)] if single else [list(c) for c in candidate_ids]
+        if len(lists) != len(q_list):
+            raise InvalidInputError(f"candidate_ids: expected {len(q_list)} lists (one per query), got {len(lists)}")
+        # per shard, every query with the candidates that shard holds (possibly none): one batch each
+        per_shard = [[[] for _ in lists] for _ in self.shards]
+        for qi, c in enumerate(lists):
+            for si, pos in enumerate(self._owner(c)):
+                per_shard[si][qi] = [c[i] for i in pos]
+        busy = {id(s): per_shard[si] for si, s in enumerate(self.shards) if any(per_shard[si])}
+        per = self._each(lambda s: s.rerank(q_list, busy[id(s)]), [s for s in self.shards if id(s) in busy])
+        out = [_merge([p[qi] for p in per], k) for qi in range(len(lists))]
+        return out[0] if single else out
