@@ -31,6 +31,9 @@ for step in "$@"; do
         training:*) timeout 400 python3 benchmarks/training.py --cases "${step#training:}" --out "$OUT" 2>&1 | tee -a "$OUT/training.log" ;;
         tsweep:*) timeout ${TSWEEP_TIMEOUT:-420} python3 benchmarks/training_sweep.py --cases "${step#tsweep:}" ${TSWEEP_ARGS:-} \
                       --out "$OUT" 2>&1 | tee -a "$OUT/tsweep.log" ;;
+        multigpu:*) timeout ${MULTIGPU_TIMEOUT:-540} python3 benchmarks/multigpu.py --docs "${step#multigpu:}" \
+                        --out "$OUT" 2>&1 | tee -a "$OUT/multigpu.log" ;;
+        shardtests) timeout 300 python3 -m pytest -q tests/test_sharded.py 2>&1 | tee "$OUT/shardtests.log" | tail -5 ;;
         storage:*) df -h /tmp | tail -1; timeout 540 python3 benchmarks/storage.py --docs "${step#storage:}" \
                        --path /tmp/mvdb-bench.mvdb --out "$OUT" 2>&1 | tee -a "$OUT/storage.log" ;;
         *) echo "unknown step $step" ;;

@@ -1,0 +1,154 @@
+"""One GPU vs a database sharded over two GPUs of one host (issue #6).
+
+    python benchmarks/multigpu.py --docs 2000000 [--devices cuda:0,cuda:1]
+
+The same seeded synthetic corpus (benchmarks/synthetic.py, 64-128 tokens, dim 128) is stored
+twice: as one database on the first device, and as a sharded database with one shard per device
+(documents split by id into equal halves, ids global). Each is opened with default settings (IVF
+token index trained per shard on its own GPU) and measured like benchmarks/e2e.py: batched search
+QPS over the queries, single-query p50/p99, and recall@10 against exhaustive fused MaxSim over
+every document. JSON to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from synthetic import make_corpus, make_queries  # noqa: E402
+
+import mvdb  # noqa: E402
+from mvdb.kernels import maxsim_varlen  # noqa: E402
+from mvdb.storage import Store  # noqa: E402
+
+
+def _ingest(path, tokens, lengths, first_id, chunk=50_000):
+    off = np.concatenate(([0], np.cumsum(lengths)))
+    with Store(path, dim=tokens.shape[1]) as st:
+        for d0 in range(0, len(lengths), chunk):
+            d1 = min(len(lengths), d0 + chunk)
+            st.add_packed(tokens[off[d0] : off[d1]], lengths[d0:d1], ids=list(range(first_id + d0, first_id + d1)))
+
+
+def _sync():
+    for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
+        torch.cuda.synchronize(i)
+
+
+def _measure(db, q, ref, n, reps=5):
+    db.search(q[:8], k=10)
+    _sync()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        hits = db.search(q, k=10)
+        _sync()
+        times.append(time.perf_counter() - t0)
+    lat = []
+    for i in range(min(200, n)):
+        t0 = time.perf_counter()
+        db.search(q[i], k=10)
+        _sync()
+        lat.append((time.perf_counter() - t0) * 1e3)
+    lat.sort()
+    return {
+        "batch_qps": n / statistics.median(times), "batch_s_all": times,
+        "single_p50_ms": statistics.median(lat), "single_p99_ms": lat[int(0.99 * (len(lat) - 1))],
+        "recall10_vs_exhaustive": float(np.mean([len({h.id for h in g} & r) / 10 for g, r in zip(hits, ref)])),
+        "hits": [[h.id for h in g] for g in hits],
+    }
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--docs", type=int, default=2_000_000)
+    p.add_argument("--queries", type=int, default=1000)
+    p.add_argument("--devices", default="cuda:0,cuda:1")
+    p.add_argument("--root", default="/tmp/mvdb-multigpu")
+    p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
+    args = p.parse_args()
+    devices = args.devices.split(",")
+    shutil.rmtree(args.root, ignore_errors=True)
+    os.makedirs(args.root)
+    res = {"docs": args.docs, "devices": devices,
+           "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "faiss_gpu": mvdb.index.gpu_available()}
+    # the corpus in halves (each seeded), so no GPU holds all of it in fp32 work buffers at once
+    halves, q_src = [], None
+    per = args.docs // len(devices)
+    for h in range(len(devices)):
+        n_h = per if h < len(devices) - 1 else args.docs - per * (len(devices) - 1)
+        corpus = make_corpus(n_h, 64, 128, 128, device=devices[0], seed=21 + h)
+        if h == 0:
+            Q, src = make_queries(corpus, args.queries, 32, seed=22)
+        halves.append((corpus.tokens.cpu().numpy(), corpus.lengths.cpu().numpy()))
+        del corpus
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    res["tokens"] = int(sum(l.sum() for _, l in halves))
+    single_path, sharded_path = os.path.join(args.root, "single"), os.path.join(args.root, "sharded")
+    t0 = time.perf_counter()
+    first = 0
+    for toks, lens in halves:
+        _ingest(single_path, toks, lens, first)
+        first += len(lens)
+    res["ingest_single_s"] = time.perf_counter() - t0
+    mvdb.open(sharded_path, devices=devices).close()  # the layout: one empty shard per device
+    t0 = time.perf_counter()
+    first = 0
+    for h, (toks, lens) in enumerate(halves):
+        _ingest(os.path.join(sharded_path, f"shard-{h:03d}"), toks, lens, first)
+        first += len(lens)
+    res["ingest_sharded_s"] = time.perf_counter() - t0
+    del halves
+
+    q = Q.to(devices[0])
+    t0 = time.perf_counter()
+    db = mvdb.open(single_path, device=devices[0])
+    res["open_single_s"] = time.perf_counter() - t0
+    # exhaustive reference over every document, on the single database's resident tokens
+    cu_d = db._row_offsets.int()
+    cu1 = torch.tensor([0, q.shape[1]], dtype=torch.int32, device=q.device)
+    t0 = time.perf_counter()
+    ref = [maxsim_varlen(q[i], cu1, db._tokens, cu_d, max_seqlen_q=q.shape[1], check=False)[0].topk(10).indices
+           for i in range(args.queries)]
+    _sync()
+    res["exhaustive_qps"] = args.queries / (time.perf_counter() - t0)
+    ref = [{int(db._row_ids[j]) for j in r.tolist()} for r in ref]
+    one = _measure(db, q, ref, args.queries)
+    res["one_gpu"] = {k: v for k, v in one.items() if k != "hits"}
+    res["one_gpu"]["stats"] = {k: v for k, v in db.stats().items() if k != "path"}
+    print("one GPU:", json.dumps(res["one_gpu"]), flush=True)
+    db.close()
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    t0 = time.perf_counter()
+    sh = mvdb.open(sharded_path, devices=devices)
+    res["open_sharded_s"] = time.perf_counter() - t0
+    two = _measure(sh, q, ref, args.queries)
+    res["sharded"] = {k: v for k, v in two.items() if k != "hits"}
+    res["sharded"]["shards"] = [{k: v for k, v in s.items() if k in ("documents", "tokens", "device", "index", "nlist")}
+                                for s in sh.stats()["shards"]]
+    res["hits_overlap_one_vs_sharded"] = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(one["hits"], two["hits"])]))
+    res["speedup_batch_qps"] = res["sharded"]["batch_qps"] / res["one_gpu"]["batch_qps"]
+    print("sharded:", json.dumps(res["sharded"]), flush=True)
+    sh.close()
+    shutil.rmtree(args.root, ignore_errors=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"multigpu-{args.docs}.json").write_text(json.dumps(res, indent=1))
+    print(json.dumps({k: v for k, v in res.items() if k not in ("one_gpu", "sharded")}))
+
+
+if __name__ == "__main__":
+    main()
