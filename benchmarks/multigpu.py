@@ -46,28 +46,32 @@ def _sync():
         torch.cuda.synchronize(i)
 
 
-def _measure(db, q, ref, n, reps=5):
-    db.search(q[:8], k=10)
+def _measure(db, q, ref, n, reps=5, **kw):
+    db.search(q[:8], k=10, **kw)
     _sync()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        hits = db.search(q, k=10)
+        hits = db.search(q, k=10, **kw)
         _sync()
         times.append(time.perf_counter() - t0)
     lat = []
     for i in range(min(200, n)):
         t0 = time.perf_counter()
-        db.search(q[i], k=10)
+        db.search(q[i], k=10, **kw)
         _sync()
         lat.append((time.perf_counter() - t0) * 1e3)
     lat.sort()
     return {
-        "batch_qps": n / statistics.median(times), "batch_s_all": times,
+        **kw, "batch_qps": n / statistics.median(times), "batch_s_all": times,
         "single_p50_ms": statistics.median(lat), "single_p99_ms": lat[int(0.99 * (len(lat) - 1))],
         "recall10_vs_exhaustive": float(np.mean([len({h.id for h in g} & r) / 10 for g, r in zip(hits, ref)])),
         "hits": [[h.id for h in g] for g in hits],
     }
+
+
+SINGLE_SETTINGS = [(8, 2048), (8, 4096), (16, 4096)]  # (nprobe, n_candidates) beyond the defaults
+SHARDED_SETTINGS = [(2, 1024), (4, 1024), (2, 2048)]  # per shard
 
 
 def main():
@@ -130,6 +134,11 @@ def main():
     res["one_gpu"] = {k: v for k, v in one.items() if k != "hits"}
     res["one_gpu"]["stats"] = {k: v for k, v in db.stats().items() if k != "path"}
     print("one GPU:", json.dumps(res["one_gpu"]), flush=True)
+    res["one_gpu_sweep"] = []
+    for nprobe, n_cand in SINGLE_SETTINGS:
+        r = _measure(db, q, ref, args.queries, nprobe=nprobe, n_candidates=n_cand)
+        res["one_gpu_sweep"].append({k: v for k, v in r.items() if k != "hits"})
+        print("one GPU:", json.dumps(res["one_gpu_sweep"][-1]), flush=True)
     db.close()
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     t0 = time.perf_counter()
@@ -142,6 +151,12 @@ def main():
     res["hits_overlap_one_vs_sharded"] = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(one["hits"], two["hits"])]))
     res["speedup_batch_qps"] = res["sharded"]["batch_qps"] / res["one_gpu"]["batch_qps"]
     print("sharded:", json.dumps(res["sharded"]), flush=True)
+    # per-shard settings: each shard needs fewer probes and candidates for the merged recall
+    res["sharded_sweep"] = []
+    for nprobe, n_cand in SHARDED_SETTINGS:
+        r = _measure(sh, q, ref, args.queries, nprobe=nprobe, n_candidates=n_cand)
+        res["sharded_sweep"].append({k: v for k, v in r.items() if k != "hits"})
+        print("sharded:", json.dumps(res["sharded_sweep"][-1]), flush=True)
     sh.close()
     shutil.rmtree(args.root, ignore_errors=True)
     out = Path(args.out)

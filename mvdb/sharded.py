@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from mvdb.database import Database, Hit, _check_k, _queries
+from mvdb.database import Database, Hit, _check_k
 from mvdb.errors import DuplicateIdError, FormatError, InvalidInputError, UnknownIdError
 from mvdb.storage import _validate
 from mvdb.storage.manifest import MANIFEST
@@ -257,7 +257,7 @@ class ShardedDatabase:
         _check_k(k)
         if self.dim is None:  # nothing stored yet: the shards agree on the empty answer
             return self.shards[0].search(queries, k, where, **options)
-        single = _queries(queries, self.dim, torch.device("cpu"))[2]
+        single = _single(queries)
         per = self._each(lambda s: s.search(queries, k, where, **options) if len(s) else None)
         per = [p for p in per if p is not None]
         if single:
@@ -270,7 +270,7 @@ class ShardedDatabase:
             _check_k(k)
         if self.dim is None:
             return self.shards[0].rerank(queries, candidate_ids, k)
-        single = _queries(queries, self.dim, torch.device("cpu"))[2]
+        single = _single(queries)
         q_list = [queries] if single else list(queries)
         lists = [list(candidate_ids)] if single else [list(c) for c in candidate_ids]
         if len(lists) != len(q_list):
@@ -284,3 +284,13 @@ class ShardedDatabase:
         per = self._each(lambda s: s.rerank(q_list, busy[id(s)]), [s for s in self.shards if id(s) in busy])
         out = [_merge([p[qi] for p in per], k) for qi in range(len(lists))]
         return out[0] if single else out
+
+
+def _single(queries) -> bool:
+    """One query ([Lq, dim] array or tensor) rather than a batch (a list, or [Nq, Lq, dim]); the
+    shards validate the queries themselves."""
+    if isinstance(queries, (list, tuple)):
+        return False
+    if not hasattr(queries, "ndim"):
+        raise InvalidInputError(f"queries: expected a numpy array, torch tensor or list, got {type(queries).__name__}")
+    return queries.ndim == 2
