@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 import time
 
@@ -10,7 +12,7 @@ import click
 import numpy as np
 
 from mvdb import __version__
-from mvdb.errors import MvdbError
+from mvdb.errors import InvalidInputError, MvdbError
 
 QUIET = click.option("--quiet", "-q", is_flag=True, help="No progress bars or summaries.")
 DEVICE = click.option("--device", default="auto", show_default=True, help="cpu, cuda, or auto (cuda when present).")
@@ -35,15 +37,20 @@ def _fail(e: Exception) -> None:
 @click.option("--batch", default=10_000, show_default=True, help="Documents per committed batch.")
 @click.option("--index/--no-index", "build_index", default=True, show_default=True,
               help="Train and persist the token index at the end (else the first writable open does).")
+@click.option("--shards", default=0, show_default=True,
+              help="Create DB sharded into this many shards (mvdb.open(DB, devices=[...]) then puts one per device).")
 @DEVICE
 @QUIET
-def ingest(db: str, sources: tuple[str, ...], dtype: str | None, batch: int, build_index: bool, device: str,
-           quiet: bool) -> None:
+def ingest(db: str, sources: tuple[str, ...], dtype: str | None, batch: int, build_index: bool, shards: int,
+           device: str, quiet: bool) -> None:
     """Add document embeddings from files to DB (created if missing).
 
     SOURCES: packed X.npy + X.lengths.npy, .npz / .safetensors / .h5 with 'tokens' and 'lengths'
     (optional 'ids'), or a directory of per-document .npy files. Documents whose id is already
     stored are skipped, so an interrupted ingest can be re-run.
+
+    A sharded DB (created with --shards N, or by mvdb.open(DB, devices=[...])) gets each document
+    on the shard holding the fewest tokens.
 
     Example: mvdb ingest my.mvdb docs.npz more_docs/
     """
@@ -51,7 +58,10 @@ def ingest(db: str, sources: tuple[str, ...], dtype: str | None, batch: int, bui
     from mvdb.storage import Store
 
     try:
-        with Store(db, dtype=dtype) as st:
+        paths = _shard_paths(db, create=shards)
+        with contextlib.ExitStack() as stack:
+            stores = [stack.enter_context(Store(p, dtype=dtype)) for p in paths]
+            st = _Placement(stores) if len(stores) > 1 or shards else stores[0]
             added = skipped = tokens_added = 0
             t0 = time.perf_counter()
             for src in sources:
@@ -76,15 +86,67 @@ def ingest(db: str, sources: tuple[str, ...], dtype: str | None, batch: int, bui
         if build_index:
             import mvdb
 
-            t0 = time.perf_counter()
-            with mvdb.open(db, device=device) as d:
-                stats = d.stats()
-            if not quiet:
-                nlist = f", nlist {stats['nlist']}" if stats["nlist"] else ""
-                click.echo(f"token index: {stats['index']}{nlist} on {stats['device']}, ready in "
-                           f"{time.perf_counter() - t0:.1f} s")
+            for p in paths:
+                t0 = time.perf_counter()
+                with mvdb.open(p, device=device) as d:
+                    stats = d.stats()
+                if not quiet:
+                    nlist = f", nlist {stats['nlist']}" if stats["nlist"] else ""
+                    click.echo(f"token index{'' if p == db else ' of ' + os.path.basename(p)}: {stats['index']}{nlist} "
+                               f"on {stats['device']}, ready in {time.perf_counter() - t0:.1f} s")
     except (MvdbError, OSError) as e:
         _fail(e)
+
+
+def _shard_paths(db: str, create: int = 0) -> list[str]:
+    """The store directories of DB: its shards when it is sharded (``create`` > 0 makes a new
+    sharded layout), else DB itself."""
+    from mvdb.sharded import SHARDS, _read_layout, _write_layout, is_sharded
+
+    if create < 0:
+        raise InvalidInputError(f"--shards: expected 0 or more, got {create}")
+    if create and not is_sharded(db):
+        if os.path.isdir(db) and any(not n.startswith(".") for n in os.listdir(db)):
+            raise InvalidInputError(f"--shards: {db} already exists and is not sharded ({SHARDS} missing)")
+        os.makedirs(db, exist_ok=True)
+        _write_layout(db, [f"shard-{i:03d}" for i in range(create)])
+    if is_sharded(db):
+        names = _read_layout(db)
+        if create and create != len(names):
+            raise InvalidInputError(f"--shards: {db} has {len(names)} shards, got --shards {create}")
+        return [os.path.join(db, n) for n in names]
+    return [db]
+
+
+class _Placement:
+    """The Store calls ``ingest`` makes, over several shard stores: ids are looked up in every
+    shard, and each document goes to the shard holding the fewest tokens."""
+
+    def __init__(self, stores):
+        self.stores = stores
+        self.load = [sum(s["n_tokens"] for s in st.manifest["segments"]) for st in stores]
+
+    def __len__(self) -> int:
+        return sum(len(st) for st in self.stores)
+
+    def contains(self, ids) -> np.ndarray:
+        found = np.zeros(len(ids), dtype=bool)
+        for st in self.stores:
+            if len(st):
+                found |= st.contains(ids)
+        return found
+
+    def add_packed(self, tokens, lengths, ids) -> None:
+        parts = [[] for _ in self.stores]
+        for i, n in enumerate(lengths):
+            si = int(np.argmin(self.load))
+            parts[si].append(i)
+            self.load[si] += int(n)
+        off = np.concatenate(([0], np.cumsum(lengths)))
+        for st, part in zip(self.stores, parts):
+            if part:
+                rows = np.concatenate([np.arange(off[i], off[i + 1]) for i in part])
+                st.add_packed(tokens[rows], lengths[part], ids=[ids[i] for i in part])
 
 
 @main.command()
@@ -124,19 +186,32 @@ def info(db: str, as_json: bool) -> None:
     from mvdb.storage import Store
 
     try:
-        with Store(db, read_only=True) as st:
-            m = st.manifest
-            out = {"path": db, "documents": len(st), "dim": m["dim"], "dtype": m["dtype"], "id_type": m["id_type"],
-                   "segments": len(m["segments"]), "tokens": sum(s["n_tokens"] for s in m["segments"]),
-                   "deleted": sum(len(s["deleted"]) for s in m["segments"]), "generation": m["generation"],
-                   "bytes": sum(s["file_size"] for s in m["segments"]), "index": _index_info(m)}
+        per = []
+        for p in _shard_paths(db):
+            with Store(p, read_only=True) as st:
+                m = st.manifest
+                per.append({"path": p, "documents": len(st), "dim": m["dim"], "dtype": m["dtype"],
+                            "id_type": m["id_type"], "segments": len(m["segments"]),
+                            "tokens": sum(s["n_tokens"] for s in m["segments"]),
+                            "deleted": sum(len(s["deleted"]) for s in m["segments"]), "generation": m["generation"],
+                            "bytes": sum(s["file_size"] for s in m["segments"]), "index": _index_info(m)})
     except (MvdbError, OSError) as e:
         _fail(e)
+    if len(per) == 1 and per[0]["path"] == db:
+        out = per[0]
+    else:
+        out = {"path": db, "shards": len(per), "documents": sum(p["documents"] for p in per),
+               "tokens": sum(p["tokens"] for p in per), "bytes": sum(p["bytes"] for p in per), "per_shard": per}
     if as_json:
         click.echo(json.dumps(out))
     else:
         for key, value in out.items():
-            click.echo(f"{key}: {value}")
+            if key == "per_shard":
+                for p in value:
+                    click.echo(f"{os.path.basename(p['path'])}: {p['documents']} documents, {p['tokens']:,} tokens, "
+                               f"index {p['index']}")
+            else:
+                click.echo(f"{key}: {value}")
 
 
 def _index_info(m: dict) -> str:
@@ -159,12 +234,15 @@ def verify(db: str) -> None:
     from mvdb.storage import Store
 
     try:
-        with Store(db, read_only=True) as st:
-            report = st.verify()
+        reports = []
+        for p in _shard_paths(db):
+            with Store(p, read_only=True) as st:
+                reports.append((p, st.verify()))
     except (MvdbError, OSError) as e:
         _fail(e)
-    click.echo(str(report))
-    sys.exit(0 if report.ok else 1)
+    for p, report in reports:
+        click.echo(str(report) if p == db else f"{os.path.basename(p)}: {report}")
+    sys.exit(0 if all(r.ok for _, r in reports) else 1)
 
 
 @main.command()

@@ -142,3 +142,23 @@ def test_ingest_builds_and_persists_the_ivf_index(tmp_path, monkeypatch):
     assert info["index"].startswith("ivf, nlist 4, trained on 198 tokens") and info["index"].endswith("codes for 1 of 1 segments")
     r = run("ingest", db, tmp_path / "a.npz", "--no-index", "-q")
     assert r.exit_code == 0 and r.output == ""
+
+
+def test_sharded_ingest_info_verify_search(tmp_path):
+    import mvdb
+
+    toks, lens = _packed(40, seed=3)
+    np.savez(tmp_path / "a.npz", tokens=toks, lengths=lens)
+    db = tmp_path / "sh.mvdb"
+    r = run("ingest", db, tmp_path / "a.npz", "--shards", "2", "--device", "cpu", "--quiet")
+    assert r.exit_code == 0, r.output
+    info = json.loads(run("info", db, "--json").output)
+    assert info["shards"] == 2 and info["documents"] == 40
+    assert min(p["documents"] for p in info["per_shard"]) > 0  # both shards got documents
+    r = run("ingest", db, tmp_path / "a.npz", "--no-index")  # a re-run skips what is stored
+    assert "skipped 40 already stored" in r.output
+    assert run("verify", db).exit_code == 0
+    with mvdb.open(db, devices=["cpu", "cpu"]) as sh:
+        assert len(sh) == 40 and sh.search(toks[: lens[0]], k=1)[0].id.endswith("a.npz#0")  # ids from the source
+    r = CliRunner().invoke(main, ["ingest", str(db), str(tmp_path / "a.npz"), "--shards", "3"])
+    assert r.exit_code != 0 and "has 2 shards, got --shards 3" in r.output
