@@ -1,10 +1,12 @@
-"""Fused MaxSim kernels (Triton) with pure-torch references; usable without a database.
+"""Fused MaxSim and Sparton (SPLADE head) kernels (Triton) with pure-torch references; usable
+without a database.
 
-    from mvdb.kernels import maxsim, maxsim_varlen, maxsim_candidates, quantize_int8
+    from mvdb.kernels import maxsim, maxsim_varlen, maxsim_candidates, quantize_int8, sparton
 """
 
 from mvdb.kernels.maxsim import maxsim, maxsim_candidates, maxsim_varlen
 from mvdb.kernels.quant import dequantize_int8, quantize_int8
+from mvdb.kernels.sparton import SpartonHead, sparton
 from mvdb.kernels.warmup import warmup
 
 __all__ = [
@@ -13,5 +15,7 @@ __all__ = [
     "maxsim_candidates",
     "maxsim_varlen",
     "quantize_int8",
+    "sparton",
+    "SpartonHead",
     "warmup",
 ]

@@ -1,0 +1,130 @@
+"""Sparton (issue #7) against the PyTorch eager SPLADE head, bf16, on the GPU.
+
+    python benchmarks/sparton.py [--vocab 30522,250002] [--batches 32,64,128,256]
+
+Per vocabulary size: B=32, S=256, D=768 forward and forward+backward (gradients of hidden,
+weight and bias; the loss is the sum of the outputs times fixed random weights), median ms
+(triton.testing.do_bench) and peak extra memory, for the eager head (logits, relu, log1p, mask,
+amax) and mvdb.kernels.sparton. Correctness first: both against the eager head in fp32 on the same
+inputs. Then, per vocabulary, the batch sizes at which each one still runs fwd+bwd. JSON to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+from pathlib import Path
+
+import torch
+import triton
+
+from mvdb.kernels import sparton
+from mvdb.kernels.sparton import reference
+
+
+def make(B, S, D, V, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    h = torch.randn(B, S, D, device="cuda", generator=g, dtype=torch.float32).to(dtype)
+    w = (torch.randn(V, D, device="cuda", generator=g) * 0.05).to(dtype)
+    b = (torch.randn(V, device="cuda", generator=g) * 0.1 - 0.5).to(dtype)
+    m = torch.ones(B, S, dtype=torch.int64, device="cuda")
+    lens = torch.randint(S // 4, S + 1, (B,), device="cuda", generator=g)
+    m[torch.arange(S, device="cuda")[None, :] >= lens[:, None]] = 0
+    G = torch.randn(B, V, device="cuda", generator=g)
+    return h, w, b, m, G
+
+
+def eager(h, w, b, m):
+    return reference(h, w, b, m)
+
+
+def step(fn, h, w, b, m, G):
+    hh, ww, bb = (x.detach().requires_grad_() for x in (h, w, b))
+    (fn(hh, ww, bb, m).float() * G).sum().backward()
+    return hh.grad, ww.grad, bb.grad
+
+
+def peak(fn):
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    return out, (torch.cuda.max_memory_allocated() - base) / 1e9
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--vocab", default="30522,250002")
+    p.add_argument("--batches", default="32,64,128,256")
+    p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
+    args = p.parse_args()
+    S, D = 256, 768
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "cases": []}
+    impls = {"eager": eager, "sparton": lambda h, w, b, m: sparton(h, w, b, m)}
+    for V in [int(v) for v in args.vocab.split(",")]:
+        row = {"V": V, "B": 32, "S": S, "D": D, "flops_fwd": 2 * 32 * S * V * D}
+        h, w, b, m, G = make(32, S, D, V, torch.bfloat16)
+        try:  # fp32 eager reference on the same (bf16-rounded) inputs
+            ref_out = eager(h.float(), w.float(), b.float(), m)
+            ref_g = step(eager, h.float(), w.float(), b.float(), m, G)
+        except torch.cuda.OutOfMemoryError:
+            ref_out = ref_g = None
+        torch.cuda.empty_cache()
+        for name, fn in impls.items():
+            r = {}
+            try:
+                out, r["fwd_peak_gb"] = peak(lambda: fn(h, w, b, m))
+                grads, r["fwd_bwd_peak_gb"] = peak(lambda: step(fn, h, w, b, m, G))
+                if ref_out is not None:
+                    r["rel_err_out"] = rel(out, ref_out)
+                    r["rel_err_d_hidden"], r["rel_err_d_weight"], r["rel_err_d_bias"] = (
+                        rel(a, b_) for a, b_ in zip(grads, ref_g))
+                del out, grads
+                with torch.no_grad():
+                    r["fwd_ms"] = triton.testing.do_bench(lambda: fn(h, w, b, m), warmup=5, rep=50,
+                                                          return_mode="median")
+                r["fwd_bwd_ms"] = triton.testing.do_bench(lambda: step(fn, h, w, b, m, G), warmup=3, rep=30,
+                                                          return_mode="median")
+                r["fwd_tflops"] = row["flops_fwd"] / r["fwd_ms"] / 1e9
+            except torch.cuda.OutOfMemoryError as e:
+                r["error"] = f"out of memory: {str(e)[:100]}"
+            torch.cuda.empty_cache()
+            row[name] = r
+            print(V, name, json.dumps(r), flush=True)
+        if "fwd_ms" in row["eager"] and "fwd_ms" in row["sparton"]:
+            row["speedup_fwd"] = row["eager"]["fwd_ms"] / row["sparton"]["fwd_ms"]
+            row["speedup_fwd_bwd"] = row["eager"]["fwd_bwd_ms"] / row["sparton"]["fwd_bwd_ms"]
+            row["memory_ratio_fwd_bwd"] = row["eager"]["fwd_bwd_peak_gb"] / row["sparton"]["fwd_bwd_peak_gb"]
+        del h, w, b, m, G, ref_out, ref_g
+        torch.cuda.empty_cache()
+        # which batch sizes still run fwd+bwd
+        row["batches"] = {}
+        for B in [int(x) for x in args.batches.split(",")]:
+            h, w, b, m, G = make(B, S, D, V, torch.bfloat16)
+            for name, fn in impls.items():
+                try:
+                    _, gb = peak(lambda: step(fn, h, w, b, m, G))
+                    row["batches"].setdefault(name, {})[B] = {"fwd_bwd_peak_gb": gb}
+                except torch.cuda.OutOfMemoryError:
+                    row["batches"].setdefault(name, {})[B] = "out of memory"
+                torch.cuda.empty_cache()
+            print(V, B, json.dumps({k: v.get(B) for k, v in row["batches"].items()}), flush=True)
+            del h, w, b, m, G
+            torch.cuda.empty_cache()
+        res["cases"].append(row)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sparton.json").write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
