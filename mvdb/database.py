@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 import uuid
+import warnings
 from json import loads as json_loads
 from typing import NamedTuple
 
@@ -43,6 +44,7 @@ from mvdb.storage import Store
 # Defaults chosen so that nobody needs to tune them (see tests/test_database.py recall test).
 DEFAULT_K_TOKENS = 512  # flat index: nearest stored tokens per query token
 DEFAULT_CANDIDATES = 256  # flat index: documents reranked exactly per query (IVF: see mvdb.index)
+DEFAULT_SPARSE_CANDIDATES = 100  # documents the sparse (lexical) channel adds per query
 
 
 class Hit(NamedTuple):
@@ -98,6 +100,14 @@ def _queries(queries, dim: int, device: torch.device) -> tuple[torch.Tensor, tor
         i = int(torch.searchsorted(cu, torch.tensor(bad, dtype=torch.int32), right=True)) - 1
         raise InvalidInputError(f"query {i}: contains NaN or Inf")
     return q, cu.to(device), single
+
+
+def _union(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per row, the candidates of a and b without repeats (-1 pads the rest)."""
+    c = torch.cat([a, b.to(a.device)], dim=1).sort(dim=1, descending=True).values
+    dup = torch.zeros_like(c, dtype=torch.bool)
+    dup[:, 1:] = c[:, 1:] == c[:, :-1]
+    return torch.where(dup, -1, c)
 
 
 def _check_k(k, name: str = "k") -> None:
@@ -374,14 +384,16 @@ class Database:
         self.store.close()
         self._tokens = self._index = None
 
-    def add(self, docs, ids=None, metadata=None) -> list:
+    def add(self, docs, ids=None, metadata=None, sparse=None) -> list:
         """Store documents ([L_i, dim] arrays / tensors) and index their tokens; returns their ids.
+        ``sparse``: optional per-document sparse vectors ({term: weight} dicts or (terms, weights)
+        pairs, e.g. BM25 or SPLADE weights) for the lexical channel of :meth:`search`.
 
         Incremental: the new segments' tokens are appended to the resident store and the index
         (IVF: assigned to the existing centroids, no retraining; their codes are persisted).
         """
         self._sync()
-        out = self.store.add(docs, ids=ids, metadata=metadata)
+        out = self.store.add(docs, ids=ids, metadata=metadata, sparse=sparse)
         if self._tokens is None or self._tokens.shape[1] != self.store.dim:
             self._build()
         else:
@@ -453,12 +465,59 @@ class Database:
         ok = [isinstance(m, dict) and all(f in m and m[f] in vals for f, vals in conds) for m in self._meta]
         return torch.tensor(ok, dtype=torch.bool, device=self.device) & self._live
 
+    def _sparse_index(self) -> torch.Tensor:
+        """Every row's sparse vector as one CSR matrix [rows, vocabulary] on the device (rebuilt
+        when the snapshot changes)."""
+        if getattr(self, "_sparse_gen", None) != self._generation:
+            n = int(self._row_ids.shape[0])
+            off, terms, weights = self.store.sparse_rows(np.arange(n)) if n else (np.zeros(1, np.int64),
+                                                                                   np.zeros(0, np.int32),
+                                                                                   np.zeros(0, np.float32))
+            vocab = int(terms.max()) + 1 if terms.size else 1
+            with warnings.catch_warnings():  # "sparse CSR support is in beta"
+                warnings.simplefilter("ignore", UserWarning)
+                self._sparse = torch.sparse_csr_tensor(
+                    torch.from_numpy(off), torch.from_numpy(terms.astype(np.int64)), torch.from_numpy(weights),
+                    size=(n, vocab), check_invariants=True).to(self.device)
+            self._sparse_gen = self._generation
+        return self._sparse
+
+    def _sparse_candidates(self, sparse, n_queries: int, live: torch.Tensor, n: int) -> torch.Tensor:
+        """Rows with the highest sparse dot product per query [n_queries, n] (-1 where fewer
+        live rows share a term with the query)."""
+        if not isinstance(sparse, (list, tuple)) or len(sparse) != n_queries:
+            raise InvalidInputError(f"sparse: expected a list of {n_queries} query sparse vectors (one per query), "
+                                    f"got {type(sparse).__name__}" + (f" of {len(sparse)}" if hasattr(sparse, '__len__') else ""))
+        from mvdb.storage import _validate
+
+        off, terms, weights = _validate.sparse(list(sparse), n_queries)
+        index = self._sparse_index()
+        vocab = index.shape[1]
+        keep = terms < vocab  # terms no document holds score nothing
+        out = torch.full((n_queries, n), -1, dtype=torch.int64, device=self.device)
+        n = min(n, index.shape[0])
+        for q0 in range(0, n_queries, 256):
+            q1 = min(n_queries, q0 + 256)
+            dense = torch.zeros(vocab, q1 - q0, dtype=torch.float32)
+            for i in range(q0, q1):
+                a, b = int(off[i]), int(off[i + 1])
+                t = terms[a:b][keep[a:b]]
+                dense[torch.from_numpy(t.astype(np.int64)), i - q0] = torch.from_numpy(weights[a:b][keep[a:b]])
+            scores = (index @ dense.to(self.device)).T  # [queries, rows]
+            scores = scores.masked_fill(~live[None, :] | (scores <= 0), float("-inf"))
+            top = scores.topk(n, dim=1)
+            out[q0:q1, :n] = torch.where(torch.isfinite(top.values), top.indices, -1)
+        return out
+
     def search(self, queries, k: int = 10, where=None, *, n_candidates: int | None = None,
-               k_tokens: int | None = None, nprobe: int | None = None):
+               k_tokens: int | None = None, nprobe: int | None = None, sparse=None, n_sparse: int | None = None):
         """Top-k documents by exact MaxSim among the token index's candidates.
 
         ``where`` filters on metadata: {"lang": "en"} or {"lang": {"$in": ["en", "fr"]}}; when the
         candidates hold fewer than k matches but more exist, matching documents are scored exactly.
+        ``sparse``: the queries' sparse vectors (one, or a list for a batch; the same forms as
+        ``add``): the ``n_sparse`` documents (default 100) with the highest sparse dot product join
+        the candidates before the exact MaxSim rerank.
         """
         _check_k(k)
         if not len(self.store):
@@ -484,6 +543,11 @@ class Database:
             rows = torch.searchsorted(self._row_offsets, pos.to(self.device), right=True) - 1
             rows = torch.where(pos >= 0, rows, torch.full_like(rows, -1))
             cand = approximate_candidates(sims.to(self.device), rows, live, cu_q, n_cand)
+        if sparse is not None:
+            _check_k(n_sparse or DEFAULT_SPARSE_CANDIDATES, "n_sparse")
+            extra = self._sparse_candidates([sparse] if single else sparse, cu_q.numel() - 1, live,
+                                            n_sparse or DEFAULT_SPARSE_CANDIDATES)
+            cand = _union(cand, extra)
         scores = self._score(q, cu_q, cand)
         hits = _hits(scores, cand, self._row_ids, k)
         short = [i for i, h in enumerate(hits) if len(h) < k]

@@ -208,3 +208,54 @@ def metadata(given, n: int) -> list[str] | None:
         except (TypeError, ValueError) as e:
             raise InvalidInputError(f"metadata[{i}]: not JSON-serialisable ({e})") from None
     return out
+
+
+def sparse(given, n: int):
+    """Per-document sparse vectors -> None, or (offsets [n+1] int64, terms int32, weights float32)
+    with each document's terms sorted. An entry is None (no terms), a {term: weight} dict, or a
+    (terms, weights) pair of sequences; terms are ints in [0, 2^31), unique per document, and
+    weights finite numbers."""
+    if given is None:
+        return None
+    if not isinstance(given, (list, tuple)):
+        raise InvalidTypeError(f"sparse: expected a list of sparse vectors (one per document), got {type(given).__name__}")
+    if len(given) != n:
+        raise InvalidInputError(f"sparse: expected {n} entries (one per document), got {len(given)}")
+    terms, weights, counts = [], [], []
+    for i, e in enumerate(given):
+        if e is None:
+            t, w = np.zeros(0, np.int64), np.zeros(0, np.float64)
+        elif isinstance(e, dict):
+            t, w = np.array(list(e.keys())), np.array(list(e.values()))
+        elif isinstance(e, (list, tuple)) and len(e) == 2:
+            t, w = np.asarray(e[0]), np.asarray(e[1])
+        else:
+            raise InvalidTypeError(f"sparse[{i}]: expected a {{term: weight}} dict or a (terms, weights) pair, got "
+                                   f"{type(e).__name__}")
+        if t.shape != w.shape or t.ndim != 1:
+            raise InvalidInputError(f"sparse[{i}]: expected as many weights as terms, got {t.shape} terms and "
+                                    f"{w.shape} weights")
+        if t.size and (t.dtype.kind not in "iu" or t.min() < 0 or t.max() >= 2**31):
+            raise InvalidInputError(f"sparse[{i}]: expected int terms in [0, 2^31), got dtype {t.dtype}"
+                                    + (f", range [{t.min()}, {t.max()}]" if t.dtype.kind in "iuf" else ""))
+        if w.size and (w.dtype.kind not in "iuf" or not np.isfinite(w.astype(np.float64)).all()):
+            raise InvalidInputError(f"sparse[{i}]: expected finite numeric weights")
+        order = np.argsort(t, kind="stable")
+        t, w = t[order], w[order]
+        if t.size > 1 and (np.diff(t) == 0).any():
+            raise InvalidInputError(f"sparse[{i}]: term {int(t[1:][np.diff(t) == 0][0])} appears twice")
+        terms.append(t.astype(np.int32))
+        weights.append(w.astype(np.float32))
+        counts.append(t.size)
+    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))
+    return offsets, cat(terms, np.int32), cat(weights, np.float32)
+
+
+def sparse_slice(sp, d0: int, d1: int):
+    """Documents [d0, d1) of a packed sparse triple, offsets rebased to 0."""
+    if sp is None:
+        return None
+    off, t, w = sp
+    a, b = int(off[d0]), int(off[d1])
+    return off[d0 : d1 + 1] - a, t[a:b], w[a:b]

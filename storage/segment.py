@@ -2,8 +2,9 @@
 
 A segment file holds contiguous, uncompressed datasets ``tokens [T, dim]`` (float16 or int8),
 ``scales [T]`` (float32, int8 only), ``offsets [n+1]`` (int64), ``ids [n]`` (int64, or
-fixed-width UTF-8 bytes) and optionally ``metadata [n]`` (JSON strings); each dataset's CRC-32
-is an attribute. Contiguous storage lets readers memory-map the arrays straight from the file.
+fixed-width UTF-8 bytes), optionally ``metadata [n]`` (JSON strings) and optionally sparse
+vectors as CSR (``sparse_offsets [n+1]`` int64, ``sparse_terms`` int32, ``sparse_weights``
+float32); each dataset's CRC-32 is an attribute. Contiguous storage lets readers memory-map the arrays straight from the file.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from mvdb.storage._io import fsync_file, start_writeback
 
 SEGMENT_VERSION = 1
 _WRITE_CHUNK = 64 << 20
-_ARRAYS = ("tokens", "scales", "offsets", "ids")
+_ARRAYS = ("tokens", "scales", "offsets", "ids", "sparse_offsets", "sparse_terms", "sparse_weights")
 
 
 def crc32(a: np.ndarray) -> int:
@@ -53,6 +54,7 @@ def write_segment(
     offsets: np.ndarray,
     ids: np.ndarray,
     metadata: list[str] | None,
+    sparse: tuple | None = None,
 ) -> int:
     """Write a complete segment to ``path`` and fsync it; returns the file size. The caller renames it.
 
@@ -60,8 +62,10 @@ def write_segment(
     pwrite calls while another thread computes the checksums (both release the GIL), which is
     about twice as fast as writing through h5py.
     """
-    arrays = {n: np.ascontiguousarray(a) for n, a in
-              (("tokens", tokens), ("scales", scales), ("offsets", offsets), ("ids", ids)) if a is not None}
+    named = [("tokens", tokens), ("scales", scales), ("offsets", offsets), ("ids", ids)]
+    if sparse is not None:
+        named += list(zip(("sparse_offsets", "sparse_terms", "sparse_weights"), sparse))
+    arrays = {n: np.ascontiguousarray(a) for n, a in named if a is not None}
     crcs = {n: POOL.submit(crc32, a) for n, a in arrays.items()}
     with h5py.File(path, "w", libver="latest", locking=False) as f:
         f.attrs["mvdb_segment_version"] = SEGMENT_VERSION
@@ -109,6 +113,8 @@ class SegmentReader:
         ids = f["ids"][()]
         self.ids = ids
         self.has_metadata = "metadata" in f
+        self.sparse = tuple(np.asarray(_memmap(path, f[n])) for n in ("sparse_offsets", "sparse_terms", "sparse_weights")) \
+            if "sparse_offsets" in f else None
         self.n_docs = len(ids)
         self.n_tokens = int(self.tokens.shape[0])
         # For pread-based gathers: byte offsets of the contiguous datasets (None: not contiguous).

@@ -300,27 +300,30 @@ class Store:
         if self._snap is None:
             raise InvalidInputError(f"{self.path}: the store is closed")
 
-    def add(self, docs, ids=None, metadata=None) -> list:
+    def add(self, docs, ids=None, metadata=None, sparse=None) -> list:
         """Store documents (list of [L_i, dim] arrays/tensors, or one [n, L, dim]); returns their ids.
+        ``sparse``: optional per-document sparse vectors ({term: weight} dicts or (terms, weights)
+        pairs), stored in the same segments.
 
-        Everything is checked before anything is written: one bad document, id or metadata entry
-        and nothing is stored.
+        Everything is checked before anything is written: one bad document, id, metadata entry or
+        sparse vector and nothing is stored.
         """
         self._writable()
         tokens, lengths, dim = _validate.documents(docs, self.dim)
-        return self._add(tokens, lengths, dim, ids, metadata)
+        return self._add(tokens, lengths, dim, ids, metadata, sparse)
 
-    def add_packed(self, tokens, lengths, ids=None, metadata=None) -> list:
+    def add_packed(self, tokens, lengths, ids=None, metadata=None, sparse=None) -> list:
         """Store packed documents: tokens [T, dim] and lengths [n] (each >= 1)."""
         self._writable()
         tokens, lengths, dim = _validate.packed(tokens, lengths, self.dim)
-        return self._add(tokens, lengths, dim, ids, metadata)
+        return self._add(tokens, lengths, dim, ids, metadata, sparse)
 
-    def _add(self, tokens, lengths, dim, ids, metadata) -> list:
+    def _add(self, tokens, lengths, dim, ids, metadata, sparse=None) -> list:
         m = self.manifest
         n = len(lengths)
         id_arr, id_type = _validate.ids(ids, n, m["id_type"], m["next_id"])
         meta = _validate.metadata(metadata, n)
+        sp = _validate.sparse(sparse, n)
         if n == 0:
             return []
         _, found = self._snap.find(id_arr)
@@ -340,7 +343,7 @@ class Store:
                 written.append(
                     self._write_segment(
                         new, stored[t0:t1], None if scales is None else scales[t0:t1], offsets[d0 : d1 + 1] - t0,
-                        id_arr[d0:d1], None if meta is None else meta[d0:d1],
+                        id_arr[d0:d1], None if meta is None else meta[d0:d1], _validate.sparse_slice(sp, d0, d1),
                     )
                 )
             self._commit(new, [w["name"] for w in written])
@@ -360,13 +363,13 @@ class Store:
             d0 = d1
         return out
 
-    def _write_segment(self, new: dict, tokens, scales, offsets, ids, meta) -> dict:
+    def _write_segment(self, new: dict, tokens, scales, offsets, ids, meta, sparse=None) -> dict:
         new["segment_counter"] += 1
         name = f"seg-{new['segment_counter']:08d}-{uuid.uuid4().hex[:8]}.h5"
         seg_dir = os.path.join(self.path, SEGMENTS)
         tmp = os.path.join(seg_dir, TMP_PREFIX + name)
         try:
-            size = write_segment(tmp, tokens, scales, offsets, ids, meta)
+            size = write_segment(tmp, tokens, scales, offsets, ids, meta, sparse)
             os.replace(tmp, os.path.join(seg_dir, name))
         except BaseException:
             if os.path.exists(tmp):
@@ -498,11 +501,13 @@ class Store:
         rows = np.concatenate([snap.doc_start[i] + np.arange(snap.readers[i].n_docs) for i in seg_indices])
         rows = rows[snap.live[rows]]
         with_meta = any(snap.readers[i].has_metadata for i in seg_indices)
+        with_sparse = any(snap.readers[i].sparse is not None for i in seg_indices)
         lengths = self._row_lengths(*snap.locate(rows))
         for d0, d1 in self._split(np.concatenate(([0], np.cumsum(lengths)))):
             part = self._gather_rows(rows[d0:d1])
             meta = self._metadata_rows(part.rows) if with_meta else None
-            info = self._write_segment(new, part.tokens, part.scales, part.offsets, part.keys, meta)
+            sp = self.sparse_rows(part.rows) if with_sparse else None
+            info = self._write_segment(new, part.tokens, part.scales, part.offsets, part.keys, meta, sp)
             written.append(info["name"])
 
     # ---- reads
@@ -605,6 +610,31 @@ class Store:
             for i, v in zip(sel, self._snap.readers[s].metadata(local[sel])):
                 out[i] = v if v is not None else json.dumps(None)
         return out
+
+    def sparse_rows(self, rows: np.ndarray):
+        """Sparse vectors of snapshot rows as (offsets, terms, weights); documents stored without
+        one have no terms."""
+        seg, local = self._snap.locate(np.asarray(rows, dtype=np.int64))
+        counts = np.zeros(len(rows), dtype=np.int64)
+        pieces = [None] * len(rows)
+        for s in np.unique(seg):
+            sp = self._snap.readers[s].sparse
+            if sp is None:
+                continue
+            off, t, w = sp
+            for i in np.flatnonzero(seg == s):
+                a, b = int(off[local[i]]), int(off[local[i] + 1])
+                pieces[i] = (t[a:b], w[a:b])
+                counts[i] = b - a
+        offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        terms = np.concatenate([p[0] for p in pieces if p is not None] or [np.zeros(0, np.int32)]).astype(np.int32)
+        weights = np.concatenate([p[1] for p in pieces if p is not None] or [np.zeros(0, np.float32)])
+        return offsets, terms, weights.astype(np.float32)
+
+    def sparse(self, ids) -> list[dict]:
+        """Each document's sparse vector as a {term: weight} dict (empty where none was stored)."""
+        off, t, w = self.sparse_rows(self._rows(ids))
+        return [dict(zip(t[off[i] : off[i + 1]].tolist(), w[off[i] : off[i + 1]].tolist())) for i in range(len(off) - 1)]
 
     def metadata(self, ids) -> list:
         """Each document's metadata dict (None where none was given)."""

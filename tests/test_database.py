@@ -347,3 +347,48 @@ def test_host_residency_gives_the_same_results(tmp_path, index, dtype):
         assert [h.id for h in db.rerank(q, [120, 7])] == [120, 7]
     with pytest.raises(InvalidInputError, match="residency: expected 'auto', 'device' or 'host', got 'disk'"):
         mvdb.open(tmp_path / "db", residency="disk")
+
+
+# ---- the sparse (lexical) channel (issue #7)
+
+
+def test_sparse_channel_adds_candidates_and_survives_compaction(tmp_path):
+    rng = np.random.default_rng(11)
+    docs = [rng.standard_normal((int(rng.integers(3, 9)), 16)).astype(np.float32) for _ in range(60)]
+    sparse = [{int(t): 1.0 for t in rng.choice(50, 4, replace=False)} for _ in range(60)]
+    sparse[42] = {777: 3.0}  # only document 42 has term 777
+    db = mvdb.open(tmp_path / "db", device="cpu", index="flat")
+    db.add(docs, sparse=sparse)
+    q = docs[7][:3]
+    seen = []
+    score = db._score
+    db._score = lambda q_, cu, cand: seen.append(cand.clone()) or score(q_, cu, cand)  # the rows reranked
+    row42 = int(np.flatnonzero(db._row_ids == 42)[0])
+    db.search(q, k=3, n_candidates=5, k_tokens=4)
+    assert row42 not in seen[-1].tolist()[0]  # the token channel alone does not reach it
+    hits = db.search(q, k=3, n_candidates=5, k_tokens=4, sparse={777: 1.0, 99999: 1.0})
+    assert row42 in seen[-1].tolist()[0] and hits[0].id == 7
+    cand = seen[-1][0]
+    assert len(set(cand[cand >= 0].tolist())) == int((cand >= 0).sum())  # no repeats in the union
+    got = score(torch.as_tensor(q), torch.tensor([0, 3], dtype=torch.int32), torch.tensor([[row42]]))
+    exact = {h.id: h.score for h in db.search(q, k=60, n_candidates=60)}
+    assert abs(float(got[0, 0]) - exact[42]) < 1e-4
+    batch = db.search([q, docs[9][:2]], k=3, n_candidates=5, k_tokens=4, sparse=[{777: 1.0}, None])
+    assert row42 in seen[-1].tolist()[0] and row42 not in seen[-1].tolist()[1]
+    assert len(batch) == 2
+    db._score = score
+    db.delete([42])
+    assert 42 not in [h.id for h in db.search(q, k=59, n_candidates=5, k_tokens=4, sparse={777: 1.0})]
+    db.compact()
+    db.close()
+    with mvdb.open(tmp_path / "db", device="cpu", index="flat") as db:
+        assert db.store.sparse([3]) == [sparse[3]]
+        with pytest.raises(mvdb.InvalidInputError, match="expected a list of 2 query sparse vectors"):
+            db.search([q, q], k=3, sparse=[{1: 1.0}])
+        with pytest.raises(mvdb.InvalidInputError, match=r"sparse\[0\]: expected int terms"):
+            db.search(q, k=3, sparse={-1: 1.0})
+        with pytest.raises(mvdb.InvalidInputError, match="sparse: expected 2 entries"):
+            db.add(docs[:2], sparse=[{1: 1.0}])
+        with pytest.raises(mvdb.InvalidInputError, match="appears twice"):
+            db.add(docs[:1], sparse=[([3, 3], [1.0, 2.0])])
+        assert len(db) == 59
