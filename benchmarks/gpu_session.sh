@@ -36,6 +36,7 @@ for step in "$@"; do
         shardtests) timeout 300 python3 -m pytest -q tests/test_sharded.py 2>&1 | tee "$OUT/shardtests.log" | tail -5 ;;
         sparton:*) timeout ${SPARTON_TIMEOUT:-420} python3 benchmarks/sparton.py --vocab "${step#sparton:}" --out "$OUT" \
                        2>&1 | tee -a "$OUT/sparton.log" ;;
+        spartonsweep) timeout 400 python3 benchmarks/sparton.py --sweep --out "$OUT" 2>&1 | tee -a "$OUT/sparton.log" ;;
         spartontests) timeout 200 python3 -m pytest -q tests/test_sparton.py 2>&1 | tee "$OUT/spartontests.log" | tail -5 ;;
         storage:*) df -h /tmp | tail -1; timeout 540 python3 benchmarks/storage.py --docs "${step#storage:}" \
                        --path /tmp/mvdb-bench.mvdb --out "$OUT" 2>&1 | tee -a "$OUT/storage.log" ;;

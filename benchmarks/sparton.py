@@ -65,8 +65,11 @@ def main():
     p.add_argument("--vocab", default="30522,250002")
     p.add_argument("--batches", default="32,64,128,256")
     p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
+    p.add_argument("--sweep", action="store_true", help="time launch-parameter variants instead (V=30522)")
     args = p.parse_args()
     S, D = 256, 768
+    if args.sweep:
+        return sweep(S, D, args.out)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "cases": []}
     impls = {"eager": eager, "sparton": lambda h, w, b, m: sparton(h, w, b, m)}
@@ -124,6 +127,46 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sparton.json").write_text(json.dumps(res, indent=1))
+
+
+SWEEP = [
+    {}, {"BLOCK_V": 256}, {"BLOCK_S": 64}, {"BLOCK_K": 32}, {"BLOCK_K": 128}, {"fwd_stages": 4}, {"fwd_stages": 2},
+    {"fwd_warps": 4}, {"BLOCK_V": 256, "BLOCK_K": 32, "fwd_stages": 4}, {"BLOCK_S": 256, "BLOCK_V": 128, "BLOCK_K": 32},
+    {"dh_s": 128, "dh_v": 64}, {"dh_v": 128}, {"dh_warps": 8}, {"dh_stages": 2}, {"dh_d": 64},
+]
+
+
+def sweep(S, D, out_dir):
+    """fwd and fwd+bwd ms of Sparton per launch-parameter variant, V=30522, B=32, bf16."""
+    from mvdb.kernels import sparton as sp_fn  # noqa: F401
+    import importlib
+
+    mod = importlib.import_module("mvdb.kernels.sparton")
+    h, w, b, m, G = make(32, S, D, 30522, torch.bfloat16)
+    base = None
+    rows = []
+    for cfg in SWEEP:
+        mod.TUNE.clear()
+        mod.TUNE.update(cfg)
+        try:
+            out = sparton(h, w, b, m)
+            base = out if base is None else base
+            r = {"cfg": cfg, "max_diff": (out - base).abs().max().item(),
+                 "fwd_ms": triton.testing.do_bench(lambda: sparton(h, w, b, m), warmup=5, rep=40, return_mode="median"),
+                 "fwd_bwd_ms": triton.testing.do_bench(lambda: step(impl_sparton, h, w, b, m, G), warmup=3, rep=30,
+                                                       return_mode="median")}
+        except Exception as e:  # noqa: BLE001 - a config that does not compile or fit is a data point
+            r = {"cfg": cfg, "error": f"{type(e).__name__}: {str(e)[:150]}"}
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    mod.TUNE.clear()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sparton_sweep.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+
+
+def impl_sparton(h, w, b, m):
+    return sparton(h, w, b, m)
 
 
 if __name__ == "__main__":

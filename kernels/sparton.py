@@ -125,10 +125,14 @@ def _bwd_weight_kernel(GZ, Arg, H, dW, n_b, S, V,
              mask=v_ok[:, None] & d_ok[None, :])
 
 
+# Launch parameters benchmarks/sparton.py --sweep may override; empty = the defaults below.
+TUNE: dict = {}
+
+
 def _blocks():
     if interpreting():
         return dict(BLOCK_S=16, BLOCK_V=16, BLOCK_K=16)
-    return dict(BLOCK_S=128, BLOCK_V=128, BLOCK_K=64)
+    return dict(BLOCK_S=TUNE.get("BLOCK_S", 128), BLOCK_V=TUNE.get("BLOCK_V", 128), BLOCK_K=TUNE.get("BLOCK_K", 64))
 
 
 def _forward_triton(h, w, bias, mask):
@@ -141,7 +145,7 @@ def _forward_triton(h, w, bias, mask):
         _fwd_kernel[(B * triton.cdiv(V, bl["BLOCK_V"]),)](
             h, w, bias if bias is not None else w, mask if mask is not None else h, out, arg, B, S, V, D=D,
             HAS_BIAS=bias is not None, HAS_MASK=mask is not None, IEEE=h.dtype == torch.float32,
-            num_warps=8 if not interpreting() else 4, num_stages=3, **bl)
+            num_warps=TUNE.get("fwd_warps", 8) if not interpreting() else 4, num_stages=TUNE.get("fwd_stages", 3), **bl)
     return out, arg
 
 
@@ -150,13 +154,13 @@ def _backward_triton(gz, arg, h, w, need_h, need_w):
     V = w.shape[0]
     dh = dw = None
     ieee = h.dtype == torch.float32
-    bs, bv, bd = (16, 16, 16) if interpreting() else (64, 64, 128)
+    bs, bv, bd = (16, 16, 16) if interpreting() else (TUNE.get("dh_s", 64), TUNE.get("dh_v", 64), TUNE.get("dh_d", 128))
     if need_h:
         dh = torch.empty_like(h)
         if B and S:
             _bwd_hidden_kernel[(B, triton.cdiv(S, bs), triton.cdiv(D, bd))](
                 gz, arg, w, dh, S, V, D=D, BLOCK_S=bs, BLOCK_V=bv, BLOCK_D=bd, SCALE_G=h.dtype == torch.float16,
-                IEEE=ieee, num_warps=4)
+                IEEE=ieee, num_warps=TUNE.get("dh_warps", 4), num_stages=TUNE.get("dh_stages", 3))
     if need_w:
         dw = torch.empty_like(w)
         if V:
