@@ -130,9 +130,11 @@ def main():
 
 
 SWEEP = [
-    {}, {"BLOCK_V": 256}, {"BLOCK_S": 64}, {"BLOCK_K": 32}, {"BLOCK_K": 128}, {"fwd_stages": 4}, {"fwd_stages": 2},
-    {"fwd_warps": 4}, {"BLOCK_V": 256, "BLOCK_K": 32, "fwd_stages": 4}, {"BLOCK_S": 256, "BLOCK_V": 128, "BLOCK_K": 32},
-    {"dh_s": 128, "dh_v": 64}, {"dh_v": 128}, {"dh_warps": 8}, {"dh_stages": 2}, {"dh_d": 64},
+    {}, {"fwd_warps": 4}, {"fwd_warps": 4, "fwd_stages": 4}, {"fwd_warps": 4, "BLOCK_K": 32},
+    {"fwd_warps": 4, "BLOCK_S": 256, "BLOCK_K": 32}, {"fwd_warps": 4, "BLOCK_V": 64},
+    {"fwd_warps": 4, "BLOCK_S": 64, "BLOCK_V": 256}, {"fwd_warps": 4, "BLOCK_K": 128, "fwd_stages": 2},
+    {"fwd_warps": 4, "dh_s": 128, "dh_v": 64}, {"fwd_warps": 4, "dh_s": 128, "dh_v": 32},
+    {"fwd_warps": 4, "dh_s": 128, "dh_v": 64, "dh_stages": 4},
 ]
 
 
