@@ -175,7 +175,7 @@ class ShardedDatabase:
             raise UnknownIdError(f"ids: not in the database: {missing}")
         return where
 
-    def add(self, docs, ids=None, metadata=None) -> list:
+    def add(self, docs, ids=None, metadata=None, sparse=None) -> list:
         """Store documents, each on the shard holding the fewest tokens; returns their (global) ids.
         Everything is checked before any shard writes."""
         for s in self.shards:
@@ -186,6 +186,7 @@ class ShardedDatabase:
         next_id = max(s.store.manifest["next_id"] for s in self.shards)
         id_arr, _ = _validate.ids(ids, n, id_type, next_id)
         _validate.metadata(metadata, n)
+        _validate.sparse(sparse, n)
         ids = [_validate.decode_id(x) for x in id_arr]
         dup = np.flatnonzero(self.contains(ids)) if n else []
         if len(dup):
@@ -202,7 +203,8 @@ class ShardedDatabase:
         def add_part(shard):
             part = jobs[id(shard)]
             return shard.add([items[i] for i in part], ids=[ids[i] for i in part],
-                             metadata=None if metadata is None else [metadata[i] for i in part])
+                             metadata=None if metadata is None else [metadata[i] for i in part],
+                             sparse=None if sparse is None else [sparse[i] for i in part])
 
         self._each(add_part, [s for s in self.shards if id(s) in jobs])
         return ids

@@ -21,7 +21,8 @@ def _pair(tmp_path, docs, devices=("cpu", "cpu", "cpu"), **kw):
     one = mvdb.open(tmp_path / "one", device=devices[0], index="flat")
     sh = mvdb.open(tmp_path / "sh", devices=list(devices), index="flat")
     meta = [{"even": i % 2 == 0} for i in range(len(docs))]
-    assert one.add(docs, metadata=meta, **kw) == sh.add(docs, metadata=meta, **kw)
+    sparse = [{i % 7: 1.0, 100 + i: 2.0} for i in range(len(docs))]
+    assert one.add(docs, metadata=meta, sparse=sparse, **kw) == sh.add(docs, metadata=meta, sparse=sparse, **kw)
     return one, sh
 
 
@@ -38,7 +39,7 @@ def test_sharded_results_equal_a_single_database(tmp_path, devices):
     one, sh = _pair(tmp_path, docs, devices)
     assert len(sh) == 60 and sorted(len(s) for s in sh.shards) != [0, 0, 60]
     queries = [docs[3][:4], docs[10][:3], docs[41]]
-    for kw in ({}, {"where": {"even": True}}):
+    for kw in ({}, {"where": {"even": True}}, {"sparse": [{3: 1.0}, {141: 1.0}, None], "n_sparse": 5}):
         want = one.search(queries, k=7, n_candidates=60, **kw)
         got = sh.search(queries, k=7, n_candidates=60, **kw)
         for w, g in zip(want, got):
