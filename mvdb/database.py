@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 import uuid
-import warnings
 from json import loads as json_loads
 from typing import NamedTuple
 
@@ -465,48 +464,58 @@ class Database:
         ok = [isinstance(m, dict) and all(f in m and m[f] in vals for f, vals in conds) for m in self._meta]
         return torch.tensor(ok, dtype=torch.bool, device=self.device) & self._live
 
-    def _sparse_index(self) -> torch.Tensor:
-        """Every row's sparse vector as one CSR matrix [rows, vocabulary] on the device (rebuilt
-        when the snapshot changes)."""
+    def _sparse_index(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The inverted index of the stored sparse vectors on the device: per term, the rows
+        holding it and their weights (term_ptr [vocab + 1], rows, weights); rebuilt when the
+        snapshot changes."""
         if getattr(self, "_sparse_gen", None) != self._generation:
             n = int(self._row_ids.shape[0])
-            off, terms, weights = self.store.sparse_rows(np.arange(n)) if n else (np.zeros(1, np.int64),
-                                                                                   np.zeros(0, np.int32),
-                                                                                   np.zeros(0, np.float32))
-            vocab = int(terms.max()) + 1 if terms.size else 1
-            with warnings.catch_warnings():  # "sparse CSR support is in beta"
-                warnings.simplefilter("ignore", UserWarning)
-                self._sparse = torch.sparse_csr_tensor(
-                    torch.from_numpy(off), torch.from_numpy(terms.astype(np.int64)), torch.from_numpy(weights),
-                    size=(n, vocab), check_invariants=True).to(self.device)
+            off, terms, weights = self.store.sparse_rows(np.arange(n)) if n else (
+                np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.float32))
+            vocab = int(terms.max()) + 1 if terms.size else 0
+            rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(off))
+            order = np.argsort(terms, kind="stable")  # term-major, rows ascending within a term
+            ptr = np.zeros(vocab + 1, dtype=np.int64)
+            np.cumsum(np.bincount(terms, minlength=vocab), out=ptr[1:])
+            self._sparse = tuple(torch.from_numpy(x).to(self.device)
+                                 for x in (ptr, rows[order], weights[order].astype(np.float32)))
             self._sparse_gen = self._generation
         return self._sparse
 
     def _sparse_candidates(self, sparse, n_queries: int, live: torch.Tensor, n: int) -> torch.Tensor:
-        """Rows with the highest sparse dot product per query [n_queries, n] (-1 where fewer
-        live rows share a term with the query)."""
+        """Rows with the highest sparse dot product per query [n_queries, n] (-1 where fewer live
+        rows share a term with the query), from the postings of the query's terms only."""
         if not isinstance(sparse, (list, tuple)) or len(sparse) != n_queries:
-            raise InvalidInputError(f"sparse: expected a list of {n_queries} query sparse vectors (one per query), "
-                                    f"got {type(sparse).__name__}" + (f" of {len(sparse)}" if hasattr(sparse, '__len__') else ""))
+            got = type(sparse).__name__ + (f" of {len(sparse)}" if isinstance(sparse, (list, tuple)) else "")
+            raise InvalidInputError(f"sparse: expected a list of {n_queries} query sparse vectors (one per query), got {got}")
         from mvdb.storage import _validate
 
-        off, terms, weights = _validate.sparse(list(sparse), n_queries)
-        index = self._sparse_index()
-        vocab = index.shape[1]
-        keep = terms < vocab  # terms no document holds score nothing
+        q_off, q_terms, q_weights = _validate.sparse(list(sparse), n_queries)
+        ptr, post_rows, post_w = self._sparse_index()
+        n_rows = int(self._row_ids.shape[0])
         out = torch.full((n_queries, n), -1, dtype=torch.int64, device=self.device)
-        n = min(n, index.shape[0])
-        for q0 in range(0, n_queries, 256):
-            q1 = min(n_queries, q0 + 256)
-            dense = torch.zeros(vocab, q1 - q0, dtype=torch.float32)
-            for i in range(q0, q1):
-                a, b = int(off[i]), int(off[i + 1])
-                t = terms[a:b][keep[a:b]]
-                dense[torch.from_numpy(t.astype(np.int64)), i - q0] = torch.from_numpy(weights[a:b][keep[a:b]])
-            scores = (index @ dense.to(self.device)).T  # [queries, rows]
+        n = min(n, n_rows)
+        if not n or ptr.numel() <= 1:
+            return out
+        vocab = ptr.numel() - 1
+        q_idx = np.repeat(np.arange(n_queries), np.diff(q_off))
+        known = q_terms < vocab  # terms no document holds score nothing
+        q_idx, q_terms, q_weights = (torch.from_numpy(x[known]).to(self.device) for x in (q_idx, q_terms, q_weights))
+        chunk = max(1, (1 << 27) // max(1, n_rows))  # queries per dense [chunk, rows] score table
+        for c0 in range(0, n_queries, chunk):
+            sel = (q_idx >= c0) & (q_idx < c0 + chunk)
+            qi, t, qw = q_idx[sel] - c0, q_terms[sel].long(), q_weights[sel]
+            start, length = ptr[t], ptr[t + 1] - ptr[t]
+            total = int(length.sum())
+            scores = torch.zeros(min(chunk, n_queries - c0), n_rows, dtype=torch.float32, device=self.device)
+            if total:
+                rep = torch.repeat_interleave(torch.arange(t.numel(), device=self.device), length, output_size=total)
+                first = torch.cumsum(length, 0) - length  # where each posting list starts in the expansion
+                pos = start[rep] + torch.arange(total, device=self.device) - first[rep]
+                scores.index_put_((qi[rep], post_rows[pos]), post_w[pos] * qw[rep], accumulate=True)
             scores = scores.masked_fill(~live[None, :] | (scores <= 0), float("-inf"))
             top = scores.topk(n, dim=1)
-            out[q0:q1, :n] = torch.where(torch.isfinite(top.values), top.indices, -1)
+            out[c0 : c0 + scores.shape[0], :n] = torch.where(torch.isfinite(top.values), top.indices, -1)
         return out
 
     def search(self, queries, k: int = 10, where=None, *, n_candidates: int | None = None,

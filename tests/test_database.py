@@ -392,3 +392,25 @@ def test_sparse_channel_adds_candidates_and_survives_compaction(tmp_path):
         with pytest.raises(mvdb.InvalidInputError, match="appears twice"):
             db.add(docs[:1], sparse=[([3, 3], [1.0, 2.0])])
         assert len(db) == 59
+
+
+def test_sparse_candidates_equal_brute_force_dot_products(tmp_path):
+    rng = np.random.default_rng(12)
+    n, vocab = 80, 40
+    docs = [rng.standard_normal((3, 8)).astype(np.float32) for _ in range(n)]
+    dense = (rng.random((n, vocab)) < 0.15) * rng.random((n, vocab))
+    sparse = [{int(t): float(dense[i, t]) for t in np.flatnonzero(dense[i])} for i in range(n)]
+    db = mvdb.open(tmp_path / "db", device="cpu", index="flat")
+    db.add(docs, sparse=sparse)
+    db.delete([5])
+    queries = [{int(t): float(rng.random()) for t in rng.choice(vocab + 10, 3, replace=False)} for _ in range(7)]
+    got = db._sparse_candidates(queries, 7, db._live, 6)
+    for i, qv in enumerate(queries):
+        qd = np.zeros(vocab + 10)
+        for t, w in qv.items():
+            qd[t] = w
+        s = dense @ qd[:vocab]
+        s[5] = 0  # deleted
+        want = [j for j in np.argsort(-s, kind="stable")[:6] if s[j] > 0]
+        rows = [r for r in got[i].tolist() if r >= 0]
+        assert sorted(int(db._row_ids[r]) for r in rows) == sorted(want)
