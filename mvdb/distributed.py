@@ -154,18 +154,41 @@ def ingest(sources, shard_paths, *, dtype: str | None = None, dim: int | None = 
         for w in writers:
             ray.kill(w)
     except BaseException:
-        # a failed ingest closes the writers still alive (releasing their locks) before it raises
+        # a failed ingest closes the writers still alive and waits until every shard's writer lock
+        # is free (a killed writer's goes when its process has exited) before it raises
         for w in writers:
             try:
                 ray.get(w.close.remote(), timeout=60)
-            except Exception:  # noqa: BLE001 - a dead writer's lock went with its process
+            except Exception:  # noqa: BLE001 - a dead writer's lock goes with its process
                 pass
             ray.kill(w)
+        for p in paths:
+            _wait_unlocked(p)
         raise
     if progress:
         print(f"\ringest: {added} added, {skipped} already stored, {tokens:,} tokens in {t_write:.1f} s")
     return {"added": added, "skipped": skipped, "tokens": tokens, "write_s": t_write,
             "total_s": time.perf_counter() - t0, "shards": stats}
+
+
+def _wait_unlocked(path: str, timeout: float = 60.0) -> None:
+    """Block until no process holds the writer lock of the store at ``path`` (or ``timeout``)."""
+    import os
+
+    from mvdb.errors import DatabaseLockedError
+    from mvdb.storage import Store
+
+    if not os.path.isdir(path):
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            Store(path).close()
+            return
+        except DatabaseLockedError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
 
 
 @ray.remote
