@@ -90,7 +90,7 @@ def main():
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "faiss_gpu": mvdb.index.gpu_available()}
     # the corpus in halves (each seeded), so no GPU holds all of it in fp32 work buffers at once
-    halves, q_src = [], None
+    halves = []
     per = args.docs // len(devices)
     for h in range(len(devices)):
         n_h = per if h < len(devices) - 1 else args.docs - per * (len(devices) - 1)

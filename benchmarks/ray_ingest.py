@@ -17,7 +17,6 @@ import os
 import platform
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import numpy as np

@@ -140,7 +140,6 @@ SWEEP = [
 
 def sweep(S, D, out_dir):
     """fwd and fwd+bwd ms of Sparton per launch-parameter variant, V=30522, B=32, bf16."""
-    from mvdb.kernels import sparton as sp_fn  # noqa: F401
     import importlib
 
     mod = importlib.import_module("mvdb.kernels.sparton")
