@@ -120,30 +120,24 @@ def _shard_paths(db: str, create: int = 0) -> list[str]:
 
 class _Placement:
     """The Store calls ``ingest`` makes, over several shard stores: ids are looked up in every
-    shard, and each document goes to the shard holding the fewest tokens."""
+    shard, and each document goes to the shard holding the fewest tokens (as ShardedDatabase.add)."""
 
     def __init__(self, stores):
         self.stores = stores
-        self.load = [sum(s["n_tokens"] for s in st.manifest["segments"]) for st in stores]
 
     def __len__(self) -> int:
         return sum(len(st) for st in self.stores)
 
     def contains(self, ids) -> np.ndarray:
-        found = np.zeros(len(ids), dtype=bool)
-        for st in self.stores:
-            if len(st):
-                found |= st.contains(ids)
-        return found
+        from mvdb.sharded import contains_any
+
+        return contains_any(self.stores, list(ids))
 
     def add_packed(self, tokens, lengths, ids) -> None:
-        parts = [[] for _ in self.stores]
-        for i, n in enumerate(lengths):
-            si = int(np.argmin(self.load))
-            parts[si].append(i)
-            self.load[si] += int(n)
+        from mvdb.sharded import place
+
         off = np.concatenate(([0], np.cumsum(lengths)))
-        for st, part in zip(self.stores, parts):
+        for st, part in zip(self.stores, place(lengths, self.stores)):
             if part:
                 rows = np.concatenate([np.arange(off[i], off[i + 1]) for i in part])
                 st.add_packed(tokens[rows], lengths[part], ids=[ids[i] for i in part])

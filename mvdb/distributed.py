@@ -27,8 +27,8 @@ try:
 except ImportError as e:  # pragma: no cover - the message says what to install
     raise ImportError(f"mvdb.distributed needs Ray: pip install 'mvdb[distributed]' ({e})") from None
 
-from mvdb.database import Hit
 from mvdb.errors import InvalidInputError, UnknownIdError
+from mvdb.sharded import _merge
 
 
 def shard_of(doc_id, n_shards: int) -> int:
@@ -38,11 +38,6 @@ def shard_of(doc_id, n_shards: int) -> int:
     if isinstance(doc_id, str):
         return zlib.crc32(doc_id.encode()) % n_shards
     raise InvalidInputError(f"ids: expected int or str ids, got {type(doc_id).__name__}")
-
-
-def _merge(lists, k: int | None) -> list[Hit]:
-    hits = sorted((Hit(*h) for hs in lists for h in hs), key=lambda h: -h.score)
-    return hits if k is None else hits[:k]
 
 
 @ray.remote

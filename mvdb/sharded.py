@@ -66,8 +66,30 @@ def _as_docs(docs) -> list:
 
 
 def _merge(per_shard: list[list[Hit]], k: int | None) -> list[Hit]:
-    hits = sorted((h for hs in per_shard for h in hs), key=lambda h: -h.score)
+    """Per-shard hit lists merged by score (the best k, or all)."""
+    hits = sorted((Hit(*h) for hs in per_shard for h in hs), key=lambda h: -h.score)
     return hits if k is None else hits[:k]
+
+
+def contains_any(stores, ids: list) -> np.ndarray:
+    """Bool mask: which of ``ids`` are stored in any of ``stores``."""
+    found = np.zeros(len(ids), dtype=bool)
+    for st in stores:
+        if len(st):
+            found |= st.contains(ids)
+    return found
+
+
+def place(lengths, stores) -> list[list[int]]:
+    """Documents (their token counts) assigned in turn to the store holding the fewest tokens:
+    positions per store."""
+    load = [sum(seg["n_tokens"] for seg in st.manifest["segments"]) for st in stores]
+    parts = [[] for _ in stores]
+    for i, length in enumerate(lengths):
+        si = int(np.argmin(load))
+        parts[si].append(i)
+        load[si] += int(length)
+    return parts
 
 
 class ShardedDatabase:
@@ -134,12 +156,7 @@ class ShardedDatabase:
 
     def contains(self, ids) -> np.ndarray:
         """Bool mask: which of ``ids`` are stored (in any shard)."""
-        ids = list(ids)
-        found = np.zeros(len(ids), dtype=bool)
-        for s in self.shards:
-            if len(s):
-                found |= s.store.contains(ids)
-        return found
+        return contains_any([s.store for s in self.shards], list(ids))
 
     def __contains__(self, doc_id) -> bool:
         return any(doc_id in s for s in self.shards)
@@ -192,12 +209,7 @@ class ShardedDatabase:
         if len(dup):
             raise DuplicateIdError(f"ids: already in the database: {[ids[i] for i in dup[:5]]}")
         items = _as_docs(docs)
-        load = [sum(seg["n_tokens"] for seg in s.store.manifest["segments"]) for s in self.shards]
-        parts = [[] for _ in self.shards]
-        for i, length in enumerate(lengths):
-            si = int(np.argmin(load))
-            parts[si].append(i)
-            load[si] += int(length)
+        parts = place(lengths, [s.store for s in self.shards])
         jobs = {id(self.shards[si]): part for si, part in enumerate(parts) if part}
 
         def add_part(shard):
@@ -223,23 +235,21 @@ class ShardedDatabase:
 
     # ---- reads
 
-    def get(self, ids) -> list[np.ndarray]:
+    def _by_owner(self, ids, fn) -> list:
+        """fn(shard, its ids) for the shards holding ``ids``, results back in the order of ``ids``."""
         ids = list(ids)
         out = [None] * len(ids)
         for si, pos in enumerate(self._owner(ids)):
             if pos:
-                for i, arr in zip(pos, self.shards[si].get([ids[i] for i in pos])):
-                    out[i] = arr
+                for i, v in zip(pos, fn(self.shards[si], [ids[i] for i in pos])):
+                    out[i] = v
         return out
 
+    def get(self, ids) -> list[np.ndarray]:
+        return self._by_owner(ids, lambda s, part: s.get(part))
+
     def metadata(self, ids) -> list:
-        ids = list(ids)
-        out = [None] * len(ids)
-        for si, pos in enumerate(self._owner(ids)):
-            if pos:
-                for i, m in zip(pos, self.shards[si].metadata([ids[i] for i in pos])):
-                    out[i] = m
-        return out
+        return self._by_owner(ids, lambda s, part: s.metadata(part))
 
     def verify(self):
         return [s.verify() for s in self.shards]
