@@ -71,8 +71,8 @@ def parts(Q, D):
     for name, need in (("bwd_dq", (True, False)), ("bwd_dd", (False, True)), ("bwd_unified", None)):
         kind = "unified" if need is None else "lowmem"
         need = need or (True, True)
-        res[name] = bench(lambda kind=kind, need=need: train.backward(kind, g, q, q_off, d, d_off, arg, nq, n_k,
-                                                                      per_query, *need, covered=True))
+        res[name] = bench(lambda kind=kind, need=need: train.backward(kind, g, q, q_off, d, arg, nq, n_k, *need,
+                                                                      covered=True))
     return res
 
 

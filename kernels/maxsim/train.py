@@ -412,11 +412,10 @@ def _project_rows(grad_n: torch.Tensor, x: torch.Tensor, n: torch.Tensor) -> tor
     return torch.where((n > EPS.value)[:, None], proj, grad_n / n[:, None])
 
 
-def backward(kind, grad, q, q_off, d, d_off, arg, n_q, n_k, per_query, need_dq=True, need_dd=True, norms=None,
-             covered=False):
+def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True, norms=None, covered=False):
     """(dQ, dD) for packed q [Tq, dim] and d [Td, dim], as the inputs' dtypes. ``norms``: (nq, nd)
-    from a normalising forward. ``covered``: q_off and d_off tile q and d exactly (every row
-    belongs to one query / document), so outputs need no zero fill."""
+    from a normalising forward. ``covered``: q_off tiles q exactly (every row belongs to one
+    query), so dQ needs no zero fill. dD needs no document offsets: the winners are token indices."""
     bdim, bq, _ = _blocks(q.shape[1])
     g = grad.float().contiguous()
     lq_max = arg.shape[2]
@@ -480,19 +479,19 @@ class _MaxSimFn(torch.autograd.Function):
         out, arg, nq, nd = forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask, d_mask, mask_zero,
                                    equal_lengths, normalize)
         if normalize:
-            ctx.save_for_backward(q, d, q_off, d_off, arg, nq, nd)
+            ctx.save_for_backward(q, d, q_off, arg, nq, nd)
         else:
-            ctx.save_for_backward(q, d, q_off, d_off, arg)
-        # padded layouts (equal_lengths) tile q and d exactly
-        ctx.meta = (n_q, n_k, per_query, kind, equal_lengths)
+            ctx.save_for_backward(q, d, q_off, arg)
+        # padded layouts (equal_lengths) tile q exactly
+        ctx.meta = (n_q, n_k, kind, equal_lengths)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, d, q_off, d_off, arg, *norms = ctx.saved_tensors
-        n_q, n_k, per_query, kind, covered = ctx.meta
-        dq, dd = backward(kind, grad, q, q_off, d, d_off, arg, n_q, n_k, per_query,
-                          ctx.needs_input_grad[0], ctx.needs_input_grad[1], tuple(norms) if norms else None, covered)
+        q, d, q_off, arg, *norms = ctx.saved_tensors
+        n_q, n_k, kind, covered = ctx.meta
+        dq, dd = backward(kind, grad, q, q_off, d, arg, n_q, n_k, ctx.needs_input_grad[0], ctx.needs_input_grad[1],
+                          tuple(norms) if norms else None, covered)
         return dq, dd, None, None, None, None, None, None, None, None, None, None, None, None
 
 
