@@ -70,6 +70,16 @@ def _measure(db, q, ref, n, reps=5, **kw):
     }
 
 
+def _sweep(db, q, ref, n, settings, label) -> list[dict]:
+    """_measure at each (nprobe, n_candidates), without the hit lists."""
+    rows = []
+    for nprobe, n_cand in settings:
+        r = _measure(db, q, ref, n, nprobe=nprobe, n_candidates=n_cand)
+        rows.append({k: v for k, v in r.items() if k != "hits"})
+        print(f"{label}:", json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 SINGLE_SETTINGS = [(8, 2048), (8, 4096), (16, 4096)]  # (nprobe, n_candidates) beyond the defaults
 SHARDED_SETTINGS = [(2, 1024), (4, 1024), (2, 2048)]  # per shard
 
@@ -134,11 +144,7 @@ def main():
     res["one_gpu"] = {k: v for k, v in one.items() if k != "hits"}
     res["one_gpu"]["stats"] = {k: v for k, v in db.stats().items() if k != "path"}
     print("one GPU:", json.dumps(res["one_gpu"]), flush=True)
-    res["one_gpu_sweep"] = []
-    for nprobe, n_cand in SINGLE_SETTINGS:
-        r = _measure(db, q, ref, args.queries, nprobe=nprobe, n_candidates=n_cand)
-        res["one_gpu_sweep"].append({k: v for k, v in r.items() if k != "hits"})
-        print("one GPU:", json.dumps(res["one_gpu_sweep"][-1]), flush=True)
+    res["one_gpu_sweep"] = _sweep(db, q, ref, args.queries, SINGLE_SETTINGS, "one GPU")
     db.close()
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     t0 = time.perf_counter()
@@ -152,11 +158,7 @@ def main():
     res["speedup_batch_qps"] = res["sharded"]["batch_qps"] / res["one_gpu"]["batch_qps"]
     print("sharded:", json.dumps(res["sharded"]), flush=True)
     # per-shard settings: each shard needs fewer probes and candidates for the merged recall
-    res["sharded_sweep"] = []
-    for nprobe, n_cand in SHARDED_SETTINGS:
-        r = _measure(sh, q, ref, args.queries, nprobe=nprobe, n_candidates=n_cand)
-        res["sharded_sweep"].append({k: v for k, v in r.items() if k != "hits"})
-        print("sharded:", json.dumps(res["sharded_sweep"][-1]), flush=True)
+    res["sharded_sweep"] = _sweep(sh, q, ref, args.queries, SHARDED_SETTINGS, "sharded")
     sh.close()
     shutil.rmtree(args.root, ignore_errors=True)
     out = Path(args.out)
