@@ -28,11 +28,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 import mvdb
 from mvdb.embed import MiniLM
-from mvdb.kernels import maxsim_varlen
 
 DOC_TOKENS, QUERY_TOKENS = 256, 32
 SETTINGS = [
@@ -80,7 +78,7 @@ def main():
     doc_vecs, q_vecs = bm25(model.model.tokenizer, [r["body"] for r in rows], [r["summary"] for r in rows])
     res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "pages": len(rows),
            "device": "cpu", "model": MiniLM.name, "bm25": {"k1": 1.2, "b": 0.75, "terms": "MiniLM WordPiece ids"},
-           "n_sparse": mvdb.database.DEFAULT_SPARSE_CANDIDATES, "settings": []}
+           "n_sparse": mvdb.engine.search.DEFAULT_SPARSE_CANDIDATES, "settings": []}
     with tempfile.TemporaryDirectory() as tmp:
         for st in SETTINGS:
             path = os.path.join(tmp, st["index"])
@@ -90,35 +88,27 @@ def main():
                 db.close()
                 db = mvdb.open(path, device="cpu", index=st["index"])
             if "bm25_alone" not in res:
-                top = db._sparse_candidates(q_vecs, len(q_vecs), db._live, 100)
-                bm = [[int(db._row_ids[j]) for j in r if j >= 0] for r in top.tolist()]
+                # BM25 alone, from dense term-weight matrices (a property of the data, not of mvdb)
+                vocab = 1 + max(max(v) for v in doc_vecs + q_vecs if v)
+                dm, qm = np.zeros((len(doc_vecs), vocab), np.float32), np.zeros((len(q_vecs), vocab), np.float32)
+                for m, vecs in ((dm, doc_vecs), (qm, q_vecs)):
+                    for i, v in enumerate(vecs):
+                        m[i, list(v)] = list(v.values())
+                bm = [[ids[j] for j in r] for r in np.argsort(-(qm @ dm.T), axis=1, kind="stable")[:, :100].tolist()]
                 res["bm25_alone_mrr10"] = mrr10(bm, ids)
                 res["bm25_alone_recall_at_100"] = float(np.mean([w in r for r, w in zip(bm, ids)]))
-                cu_d = db._row_offsets.int()
-                toks = db._tokens.float()
-                q_all = torch.from_numpy(np.concatenate(queries))
-                cu_q = torch.from_numpy(np.concatenate(([0], np.cumsum([len(q) for q in queries])))).int()
-                ex = []
-                for q0 in range(0, len(queries), 64):  # exhaustive MaxSim, 64 queries at a time
-                    q1 = min(len(queries), q0 + 64)
-                    sc = maxsim_varlen(q_all[cu_q[q0] : cu_q[q1]], cu_q[q0 : q1 + 1] - cu_q[q0], toks, cu_d)
-                    ex += [[int(db._row_ids[j]) for j in r] for r in sc.topk(10, dim=1).indices.tolist()]
-                res["exhaustive_maxsim_mrr10"] = mrr10(ex, ids)
+                ex = db.search(queries, k=10, exact=True)
+                res["exhaustive_maxsim_mrr10"] = mrr10([[h.id for h in hs] for hs in ex], ids)
                 res["bm25_alone"] = True
-                print(f"BM25 alone MRR@10 {res['bm25_alone_mrr10']:.3f}; exhaustive MaxSim {res['exhaustive_maxsim_mrr10']:.3f}",
-                      flush=True)
+                print(f"BM25 alone MRR@10 {res['bm25_alone_mrr10']:.3f}; exhaustive MaxSim "
+                      f"{res['exhaustive_maxsim_mrr10']:.3f}", flush=True)
             row = {"name": st["name"], "index": db.stats()["index"], "search": st["search"]}
             for channel in ("tokens", "tokens+bm25"):
-                seen = []
-                score = db._score
-                db._score = lambda q_, cu, cand, score=score: seen.append(cand) or score(q_, cu, cand)
-                t0 = time.perf_counter()
                 kw = dict(st["search"], **({"sparse": q_vecs} if channel != "tokens" else {}))
+                cand_ids = db.candidates(queries, k=10, **kw)
+                t0 = time.perf_counter()
                 hits = db.search(queries, k=10, **kw)
                 dt = time.perf_counter() - t0
-                db._score = score
-                cand = seen[0]
-                cand_ids = [[int(db._row_ids[j]) for j in r if j >= 0] for r in cand.tolist()]
                 row[channel] = {
                     "candidates_mean": float(np.mean([len(c) for c in cand_ids])),
                     "candidate_recall": float(np.mean([w in c for c, w in zip(cand_ids, ids)])),

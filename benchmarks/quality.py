@@ -246,9 +246,9 @@ def _defaults() -> dict:
     import importlib
 
     out = {}
-    for module, name in [("mvdb.database", "DEFAULT_CANDIDATES"), ("mvdb.database", "DEFAULT_K_TOKENS"),
-                         ("mvdb.index", "DEFAULT_LISTS_PROBE"), ("mvdb.index", "DEFAULT_LISTS_CANDIDATES"),
-                         ("mvdb.index", "FLAT_MAX_TOKENS")]:
+    for module, name in [("mvdb.engine.search", "DEFAULT_CANDIDATES"), ("mvdb.engine.search", "DEFAULT_K_TOKENS"),
+                         ("mvdb.engine.search", "DEFAULT_LISTS_PROBE"),
+                         ("mvdb.engine.search", "DEFAULT_LISTS_CANDIDATES"), ("mvdb.engine.state", "FLAT_MAX_TOKENS")]:
         try:
             out[name.lower()] = getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError):

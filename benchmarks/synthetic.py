@@ -78,3 +78,85 @@ def make_queries(corpus: Corpus, n_queries: int, lq: int, *, noise: float = 0.3,
     q = corpus.tokens[start[:, None] + pos].float()  # [n, lq, dim]
     q = q + noise * torch.nn.functional.normalize(torch.randn(q.shape, device=device, generator=g), dim=-1)
     return torch.nn.functional.normalize(q, dim=-1), src
+
+
+# Structurally different corpora for checking defaults on data they were not tuned on (issue #13).
+GENERATORS = {
+    # the README's corpus: uniform lengths 64-128, one topic per document, dim 128
+    "topics": dict(dim=128, lengths=("uniform", 64, 128), n_topics=2_000, topic_share=0.35, private_share=0.0,
+                   topics_per_doc=1, dup_share=0.0, zipf=1.07, noise=0.45),
+    # wide lengths (log-uniform 16-200), per-document private words, 10% near-duplicates
+    "dups": dict(dim=128, lengths=("loguniform", 16, 200), n_topics=5_000, topic_share=0.25, private_share=0.25,
+                 topics_per_doc=1, dup_share=0.10, zipf=1.07, noise=0.40),
+    # dim 96, bimodal lengths (70% 20-60, 30% 150-400), two topics per document, steeper Zipf
+    "mixed96": dict(dim=96, lengths=("bimodal", 20, 60, 150, 400, 0.3), n_topics=8_000, topic_share=0.35,
+                    private_share=0.1, topics_per_doc=2, dup_share=0.03, zipf=1.2, noise=0.35),
+}
+
+
+def _lengths(spec, n: int, device, g) -> torch.Tensor:
+    kind = spec[0]
+    if kind == "uniform":
+        return torch.randint(spec[1], spec[2] + 1, (n,), device=device, generator=g)
+    if kind == "loguniform":
+        lo, hi = torch.log(torch.tensor(float(spec[1]))), torch.log(torch.tensor(float(spec[2]) + 1))
+        u = torch.rand(n, device=device, generator=g)
+        return torch.exp(lo + (hi - lo) * u).long().clamp(spec[1], spec[2])
+    if kind == "bimodal":
+        _, a0, a1, b0, b1, share = spec
+        short = torch.randint(a0, a1 + 1, (n,), device=device, generator=g)
+        long = torch.randint(b0, b1 + 1, (n,), device=device, generator=g)
+        return torch.where(torch.rand(n, device=device, generator=g) < share, long, short)
+    raise ValueError(f"unknown length distribution {kind!r}")
+
+
+def make_structured(kind: str, n_docs: int, *, dim: int | None = None, dtype: torch.dtype = torch.float16,
+                    device: str | torch.device = "cuda", seed: int = 0, vocab: int = 50_000,
+                    chunk_tokens: int = 1 << 22) -> Corpus:
+    """A corpus of one of the GENERATORS: documents mix Zipf-distributed general words, words of
+    their topic(s), and words of their own; near-duplicates copy an earlier document's tokens
+    (cyclically, from a random offset) with a little noise."""
+    p = GENERATORS[kind]
+    dim = dim or p["dim"]
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    words = torch.nn.functional.normalize(torch.randn(vocab, dim, device=device, generator=g), dim=-1)
+    zipf_cdf = (1.0 / torch.arange(1, vocab + 1, device=device, dtype=torch.float64) ** p["zipf"]).cumsum(0)
+    zipf_cdf = (zipf_cdf / zipf_cdf[-1]).float()
+    n_topics = min(p["n_topics"], max(2, n_docs // 4))
+    topic_words = torch.randint(0, vocab, (n_topics, 64), device=device, generator=g)
+    lengths = _lengths(p["lengths"], n_docs, device, g)
+    offsets = torch.zeros(n_docs + 1, dtype=torch.int64, device=device)
+    offsets[1:] = lengths.cumsum(0)
+    topics = torch.randint(0, n_topics, (n_docs, p["topics_per_doc"]), device=device, generator=g)
+    private = torch.randint(0, vocab, (n_docs, 6), device=device, generator=g)
+    total = int(offsets[-1])
+    tokens = torch.empty(total, dim, dtype=dtype, device=device)
+    doc_of = torch.repeat_interleave(torch.arange(n_docs, device=device), lengths)
+    for t0 in range(0, total, chunk_tokens):
+        t1 = min(total, t0 + chunk_tokens)
+        n, d = t1 - t0, doc_of[t0:t1]
+        general = torch.searchsorted(zipf_cdf, torch.rand(n, device=device, generator=g)).clamp_max(vocab - 1)
+        which = torch.randint(0, p["topics_per_doc"], (n,), device=device, generator=g)
+        from_topic = topic_words[topics[d, which], torch.randint(0, 64, (n,), device=device, generator=g)]
+        own = private[d, torch.randint(0, 6, (n,), device=device, generator=g)]
+        u = torch.rand(n, device=device, generator=g)
+        w = torch.where(u < p["topic_share"], from_topic,
+                        torch.where(u < p["topic_share"] + p["private_share"], own, general))
+        x = words[w] + p["noise"] * torch.nn.functional.normalize(torch.randn(n, dim, device=device, generator=g), dim=-1)
+        tokens[t0:t1] = torch.nn.functional.normalize(x, dim=-1).to(dtype)
+    n_dup = int(p["dup_share"] * n_docs)
+    if n_dup:
+        dups = torch.randperm(n_docs - 1, device=device, generator=g)[:n_dup] + 1
+        for c0 in range(0, n_dup, 1 << 16):
+            dd = dups[c0 : c0 + (1 << 16)]
+            src = (torch.rand(dd.numel(), device=device, generator=g) * dd).long()  # an earlier document
+            n_tok = lengths[dd]
+            rows = torch.repeat_interleave(torch.arange(dd.numel(), device=device), n_tok)
+            j = torch.arange(int(n_tok.sum()), device=device) - torch.repeat_interleave(n_tok.cumsum(0) - n_tok, n_tok)
+            shift = torch.randint(0, 1 << 20, (dd.numel(),), device=device, generator=g)
+            from_src = offsets[src][rows] + (j + shift[rows]) % lengths[src][rows]
+            x = tokens[from_src].float() + 0.1 * torch.nn.functional.normalize(
+                torch.randn(rows.numel(), dim, device=device, generator=g), dim=-1)
+            tokens[offsets[dd][rows] + j] = torch.nn.functional.normalize(x, dim=-1).to(dtype)
+    return Corpus(tokens, offsets, topics[:, 0], words)

@@ -85,11 +85,11 @@ def _read(row: dict, batch_docs: int) -> list[dict]:
 def _prepare(row: dict, n_shards: int, dim: int | None) -> list[dict]:
     """Ray Data flat_map: validate a batch (shapes, finiteness), convert it to float16, and split
     it by shard."""
-    from mvdb.storage import _validate
+    from mvdb.storage import validate
 
     tokens, lengths = row["tokens"], np.asarray(row["lengths"], dtype=np.int64)
-    tokens, lengths, _ = _validate.packed(tokens, lengths, dim)
-    stored, _ = _validate.convert(tokens, lengths, "float16")
+    tokens, lengths, _ = validate.packed(tokens, lengths, dim)
+    stored, _ = validate.convert(tokens, lengths, "float16")
     ids = list(row["ids"])
     shard = np.array([shard_of(i, n_shards) for i in ids], dtype=np.int64)
     offsets = np.concatenate(([0], np.cumsum(lengths)))

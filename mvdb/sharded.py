@@ -22,9 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from mvdb.database import Database, Hit, _check_k
+from mvdb.database import Database, Hit
+from mvdb.engine.search import check_k as _check_k
 from mvdb.errors import DuplicateIdError, FormatError, InvalidInputError, UnknownIdError
-from mvdb.storage import _validate
+from mvdb.storage import validate
 from mvdb.storage.manifest import MANIFEST
 
 SHARDS = "shards.json"
@@ -197,14 +198,14 @@ class ShardedDatabase:
         Everything is checked before any shard writes."""
         for s in self.shards:
             s.store._writable()
-        _, lengths, _ = _validate.documents(docs, self.dim)  # shapes, dtypes, finiteness, dim
+        _, lengths, _ = validate.documents(docs, self.dim)  # shapes, dtypes, finiteness, dim
         n = len(lengths)
         id_type = next((s.store.manifest["id_type"] for s in self.shards if s.store.manifest["id_type"]), None)
         next_id = max(s.store.manifest["next_id"] for s in self.shards)
-        id_arr, _ = _validate.ids(ids, n, id_type, next_id)
-        _validate.metadata(metadata, n)
-        _validate.sparse(sparse, n)
-        ids = [_validate.decode_id(x) for x in id_arr]
+        id_arr, _ = validate.ids(ids, n, id_type, next_id)
+        validate.metadata(metadata, n)
+        validate.sparse(sparse, n)
+        ids = [validate.decode_id(x) for x in id_arr]
         dup = np.flatnonzero(self.contains(ids)) if n else []
         if len(dup):
             raise DuplicateIdError(f"ids: already in the database: {[ids[i] for i in dup[:5]]}")

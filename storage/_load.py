@@ -29,9 +29,8 @@ class _Gathered:
         out[: t1 - t0] = (self.p.tokens if name == "tokens" else self.p.scales)[t0:t1]
 
 
-def _sources(store, include_deleted: bool, from_segment: int):
+def _sources(store, snap, include_deleted: bool, from_segment: int):
     """(source, offsets, ids or None, segment) in storage order."""
-    snap = store._snap
     for s, r in enumerate(snap.readers):
         if s < from_segment:
             continue
@@ -43,21 +42,59 @@ def _sources(store, include_deleted: bool, from_segment: int):
             yield _Gathered(part), part.offsets, part.ids, s
 
 
-def load_to_device(store, device, pin: bool, include_deleted: bool = False, from_segment: int = 0):
+class _Pieces:
+    """Destination rows spread over consecutive buffers (pieces of pages): row r of the load goes
+    to the piece holding it."""
+
+    def __init__(self, pieces: list[tuple[torch.Tensor, torch.Tensor | None]]):
+        self.pieces = pieces
+        self.starts = np.cumsum([0] + [int(t.shape[0]) for t, _ in pieces]).tolist()
+
+    def spans(self, r0: int, r1: int):
+        """(piece index, rows in the piece, rows of [r0, r1)) covering [r0, r1)."""
+        for i, (a, b) in enumerate(zip(self.starts[:-1], self.starts[1:])):
+            lo, hi = max(a, r0), min(b, r1)
+            if lo < hi:
+                yield i, slice(lo - a, hi - a), slice(lo - r0, hi - r0)
+
+    def copy_tokens(self, r0: int, src: torch.Tensor, non_blocking: bool) -> None:
+        for i, dst, part in self.spans(r0, r0 + src.shape[0]):
+            self.pieces[i][0][dst].copy_(src[part], non_blocking=non_blocking)
+
+    def copy_scales(self, r0: int, src: torch.Tensor) -> None:
+        for i, dst, part in self.spans(r0, r0 + src.shape[0]):
+            self.pieces[i][1][dst].copy_(src[part])
+
+
+def load_to_device(store, device, pin: bool, include_deleted: bool = False, from_segment: int = 0, *,
+                   snap=None, out: list | None = None):
+    """Every (live, or with ``include_deleted`` every) document of the snapshot from
+    ``from_segment`` on, as one buffer on ``device`` (pinned host memory with ``pin``), or written
+    into ``out``: consecutive (tokens, scales) buffers on one device whose rows add up to the
+    load's (then the returned Packed holds no tokens)."""
     from mvdb.storage.store import Packed
 
-    snap = store._snap
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    pieces = list(_sources(store, include_deleted, from_segment))
+    snap = store._snap if snap is None else snap
+    pieces = list(_sources(store, snap, include_deleted, from_segment))
     n_tokens = sum(int(p[0].shape[0]) for p in pieces)
-    dim = store.dim or 0
-    tdtype = torch.int8 if store.dtype == "int8" else torch.float16
+    dim = snap.manifest["dim"] or 0
+    int8 = snap.manifest["dtype"] == "int8"
+    tdtype = torch.int8 if int8 else torch.float16
+    if out is not None:
+        device = out[0][0].device if out else torch.device("cpu")
+        have = sum(int(t.shape[0]) for t, _ in out)
+        if have != n_tokens:
+            raise ValueError(f"out: buffers for {have} rows, the load has {n_tokens}")
+        tokens = scales = None
+        dest = _Pieces(out)
+    else:
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        pin = pin and torch.cuda.is_available()  # page-locked memory needs a CUDA driver
+        host = device.type != "cuda"
+        tokens = torch.empty((n_tokens, dim), dtype=tdtype, device=device, pin_memory=pin and host)
+        scales = torch.empty(n_tokens, dtype=torch.float32, device=device, pin_memory=pin and host) if int8 else None
+        dest = _Pieces([(tokens, scales)])
     on_gpu = device.type == "cuda"
-    pin = pin and torch.cuda.is_available()  # page-locked memory needs a CUDA driver
-    tokens = torch.empty((n_tokens, dim), dtype=tdtype, device=device, pin_memory=pin and not on_gpu)
-    scales = None
-    if store.dtype == "int8":
-        scales = torch.empty(n_tokens, dtype=torch.float32, device=device, pin_memory=pin and not on_gpu)
     staging = [torch.empty((CHUNK_TOKENS, dim), dtype=tdtype, pin_memory=True) for _ in range(2)] if on_gpu else []
     done = [None, None]
     lens, ids = [], []
@@ -72,16 +109,20 @@ def load_to_device(store, device, pin: bool, include_deleted: bool = False, from
                     done[slot].synchronize()  # the copy that last used this staging buffer has finished
                 buf = staging[slot][: t1 - t0]
                 src.read("tokens", buf.numpy(), t0, t1)  # disk / page cache -> pinned host
-                tokens[dst + t0 : dst + t1].copy_(buf, non_blocking=True)
+                dest.copy_tokens(dst + t0, buf, non_blocking=True)
                 done[slot] = torch.cuda.Event()
                 done[slot].record()
                 k += 1
-            else:
+            elif out is None:
                 src.read("tokens", tokens[dst + t0 : dst + t1].numpy(), t0, t1)
-        if scales is not None:
-            host = np.empty(n, np.float32)
-            src.read("scales", host, 0, n)
-            scales[dst : dst + n].copy_(torch.from_numpy(host))
+            else:
+                chunk = np.empty((t1 - t0, dim), dtype=np.int8 if int8 else np.float16)
+                src.read("tokens", chunk, t0, t1)
+                dest.copy_tokens(dst + t0, torch.from_numpy(chunk), non_blocking=False)
+        if int8:
+            sc = np.empty(n, np.float32)
+            src.read("scales", sc, 0, n)
+            dest.copy_scales(dst, torch.from_numpy(sc))
         lens.append(np.diff(np.asarray(off)))
         if piece_ids is None:
             r = snap.readers[s]

@@ -181,7 +181,15 @@ class SegmentReader:
         return problems
 
     def close(self) -> None:
-        self._file.close()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        f, self._file = getattr(self, "_file", None), None
+        if f is not None:
+            f.close()
+        fd, self._fd = getattr(self, "_fd", None), None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self):  # readers of snapshots nobody holds any more
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to release
+            pass

@@ -24,7 +24,7 @@ from mvdb.errors import (
     ReadOnlyError,
     UnknownIdError,
 )
-from mvdb.storage import _validate
+from mvdb.storage import validate
 from mvdb.storage._io import WriterLock, atomic_write, fsync_dir
 from mvdb.storage.manifest import MANIFEST, new_manifest, read_manifest, write_manifest
 from mvdb.storage.segment import SegmentReader, write_segment
@@ -87,8 +87,13 @@ def _runs(src: np.ndarray, dst: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, 
     return src[head], dst[head], total
 
 
-class _Snapshot:
-    """One committed manifest and its opened segments, with id lookup built on first use."""
+class Snapshot:
+    """One committed state: its manifest, its opened segments and every read of it. Immutable:
+    a writer's commit makes a new snapshot, and one held (by a search, say) keeps reading the
+    segments it opened, which stay open until the last holder drops it.
+
+    Rows are the snapshot's documents in storage order, deleted ones included (``live`` says
+    which are not); row numbers hold until a compaction rewrites segments."""
 
     def __init__(self, manifest: dict, readers: list[SegmentReader]):
         self.manifest = manifest
@@ -99,20 +104,43 @@ class _Snapshot:
         for i, seg in enumerate(manifest["segments"]):
             if seg["deleted"]:
                 self.live[self.doc_start[i] + np.asarray(seg["deleted"], dtype=np.int64)] = False
+        self.live.setflags(write=False)
         self.n_live = int(self.live.sum())
         self._keys = None
+        self._all_keys = None
+
+    @property
+    def generation(self) -> int:
+        return self.manifest["generation"]
+
+    @property
+    def dim(self) -> int | None:
+        return self.manifest["dim"]
+
+    @property
+    def dtype(self) -> str:
+        return self.manifest["dtype"]
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.doc_start[-1])
+
+    def row_keys(self) -> np.ndarray:
+        """Every row's stored id key (int64, or utf-8 bytes), in row order."""
+        if self._all_keys is None:
+            self._all_keys = np.concatenate([r.ids for r in self.readers]) if self.readers else np.zeros(0, np.int64)
+        return self._all_keys
 
     def _index(self):
         if self._keys is None:
             rows = np.flatnonzero(self.live)
-            keys = np.concatenate([r.ids for r in self.readers]) if self.readers else np.zeros(0, np.int64)
-            keys = keys[rows]
+            keys = self.row_keys()[rows]
             order = np.argsort(keys, kind="stable")
             self._keys, self._rows = keys[order], rows[order]
         return self._keys, self._rows
 
     def find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Global rows of live ids (and a found mask)."""
+        """Rows of live ids given as stored keys (and a found mask)."""
         sorted_keys, rows = self._index()
         if len(sorted_keys) == 0 or len(keys) == 0:
             return np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
@@ -122,9 +150,124 @@ class _Snapshot:
         found = sorted_keys[pos] == keys
         return rows[pos], found
 
+    def keys(self, ids, check_type: bool = True) -> np.ndarray | None:
+        """User ids -> the stored key representation (int64, or utf-8 bytes).
+
+        Ids of the wrong kind for this database raise UnknownIdError, or give None when
+        ``check_type`` is False (membership tests: such ids are simply absent).
+        """
+        if isinstance(ids, (str, int, np.integer)):
+            ids = [ids]
+        values = list(ids.tolist() if hasattr(ids, "tolist") else ids)
+        if not values:
+            return np.zeros(0, np.int64)
+        if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+            if any(not -(2**63) <= int(v) < 2**63 for v in values):  # never stored: ids are int64
+                if not check_type:
+                    return None
+                raise UnknownIdError(f"ids: not in the database (outside int64): {values[:5]}")
+            kind, keys = "int", lambda: np.array(values, dtype=np.int64)
+        elif all(isinstance(v, str) for v in values):
+            kind, keys = "str", lambda: np.array([v.encode() for v in values], dtype=bytes)
+        else:
+            kind, keys = None, None
+        stored = self.manifest["id_type"] or "int"
+        if kind == stored:
+            return keys()
+        if not check_type:
+            return None
+        if kind is None:
+            raise UnknownIdError(f"ids: expected int or str ids, got {[type(v).__name__ for v in values[:3]]}")
+        raise UnknownIdError(f"ids: this database uses {stored} ids; unknown ids {values[:5]}")
+
+    def rows(self, ids) -> np.ndarray:
+        """Rows of live ids (UnknownIdError naming the first missing ones)."""
+        keys = self.keys(ids)
+        rows, found = self.find(keys)
+        if not found.all():
+            missing = [validate.decode_id(x) for x in keys[~found][:5]]
+            raise UnknownIdError(f"ids: not in the database: {missing}" + (" ..." if (~found).sum() > 5 else ""))
+        return rows
+
+    def contains(self, ids) -> np.ndarray:
+        """Bool mask: which of ``ids`` are live (ids of the other type are simply absent)."""
+        keys = self.keys(ids, check_type=False)
+        if keys is None:
+            return np.zeros(len(list(ids)), bool)
+        return self.find(keys)[1]
+
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         seg = np.searchsorted(self.doc_start, rows, side="right") - 1
         return seg, rows - self.doc_start[seg]
+
+    def row_lengths(self, rows: np.ndarray) -> np.ndarray:
+        seg, local = self.locate(np.asarray(rows, dtype=np.int64))
+        lengths = np.zeros(len(seg), np.int64)
+        for s in np.unique(seg):
+            sel = seg == s
+            off = self.readers[s].offsets
+            lengths[sel] = off[local[sel] + 1] - off[local[sel]]
+        return lengths
+
+    def gather(self, rows: np.ndarray) -> "Packed":
+        """Packed tokens of rows, in the order given (as stored: float16, or int8 + scales)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        seg, local = self.locate(rows)
+        lengths = self.row_lengths(rows)
+        out_off = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+        dim = self.dim
+        tok_dtype = np.int8 if self.dtype == "int8" else np.float16
+        tokens = np.empty((int(out_off[-1]), dim or 0), dtype=tok_dtype)
+        scales = np.empty(int(out_off[-1]), dtype=np.float32) if self.dtype == "int8" else None
+        keys = None
+        for s in np.unique(seg):
+            sel = np.flatnonzero(seg == s)
+            r = self.readers[s]
+            src, dst, n = _runs(r.offsets[local[sel]], out_off[sel], lengths[sel])
+            r.read_runs("tokens", tokens, src, dst, n)
+            if scales is not None:
+                r.read_runs("scales", scales, src, dst, n)
+            k = r.ids[local[sel]]
+            if keys is None:
+                keys = np.empty(len(rows), dtype=k.dtype if k.dtype.kind != "S" else object)
+            keys[sel] = k
+        if keys is None:
+            keys = np.zeros(0, np.int64)
+        elif keys.dtype == object:
+            keys = keys.astype(bytes)
+        packed = Packed(tokens, out_off, scales, [validate.decode_id(x) for x in keys])
+        packed.rows, packed.keys = rows, keys
+        return packed
+
+    def metadata(self, rows: np.ndarray) -> list[str]:
+        """Each row's metadata as its JSON text ("null" where none was stored)."""
+        seg, local = self.locate(np.asarray(rows, dtype=np.int64))
+        out = [None] * len(seg)
+        for s in np.unique(seg):
+            sel = np.flatnonzero(seg == s)
+            for i, v in zip(sel, self.readers[s].metadata(local[sel])):
+                out[i] = v if v is not None else "null"
+        return out
+
+    def sparse(self, rows: np.ndarray):
+        """Sparse vectors of rows as (offsets, terms, weights); documents stored without one have
+        no terms."""
+        seg, local = self.locate(np.asarray(rows, dtype=np.int64))
+        counts = np.zeros(len(seg), dtype=np.int64)
+        pieces = [None] * len(seg)
+        for s in np.unique(seg):
+            sp = self.readers[s].sparse
+            if sp is None:
+                continue
+            off, t, w = sp
+            for i in np.flatnonzero(seg == s):
+                a, b = int(off[local[i]]), int(off[local[i] + 1])
+                pieces[i] = (t[a:b], w[a:b])
+                counts[i] = b - a
+        offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        terms = np.concatenate([p[0] for p in pieces if p is not None] or [np.zeros(0, np.int32)]).astype(np.int32)
+        weights = np.concatenate([p[1] for p in pieces if p is not None] or [np.zeros(0, np.float32)])
+        return offsets, terms, weights.astype(np.float32)
 
     def close(self) -> None:
         for r in self.readers:
@@ -187,7 +330,7 @@ class Store:
             raise FileNotFoundError(f"{p}: no {MANIFEST} here (read_only=True does not create one)")
         os.makedirs(p, exist_ok=True)
 
-    def _open_snapshot(self, manifest: dict) -> _Snapshot:
+    def _open_snapshot(self, manifest: dict) -> Snapshot:
         """Open every segment of ``manifest``, reusing the ones already open."""
         old = {r.path: r for r in self._snap.readers} if self._snap is not None else {}
         for attempt in range(5):
@@ -201,7 +344,7 @@ class Store:
                         r = SegmentReader(path)
                         opened.append(r)
                         readers.append(r)
-                return _Snapshot(manifest, readers)
+                return Snapshot(manifest, readers)
             except FileNotFoundError:
                 # A writer compacted between our manifest read and the open: read the new manifest.
                 for r in opened:
@@ -265,10 +408,7 @@ class Store:
 
     def contains(self, ids) -> np.ndarray:
         """Bool mask: which of ``ids`` are live (ids of the other type are simply absent)."""
-        keys = self._keys(ids, check_type=False)
-        if keys is None:
-            return np.zeros(len(list(ids)), bool)
-        return self._snap.find(keys)[1]
+        return self._snap.contains(ids)
 
     def __enter__(self) -> "Store":
         return self
@@ -309,28 +449,28 @@ class Store:
         sparse vector and nothing is stored.
         """
         self._writable()
-        tokens, lengths, dim = _validate.documents(docs, self.dim)
+        tokens, lengths, dim = validate.documents(docs, self.dim)
         return self._add(tokens, lengths, dim, ids, metadata, sparse)
 
     def add_packed(self, tokens, lengths, ids=None, metadata=None, sparse=None) -> list:
         """Store packed documents: tokens [T, dim] and lengths [n] (each >= 1)."""
         self._writable()
-        tokens, lengths, dim = _validate.packed(tokens, lengths, self.dim)
+        tokens, lengths, dim = validate.packed(tokens, lengths, self.dim)
         return self._add(tokens, lengths, dim, ids, metadata, sparse)
 
     def _add(self, tokens, lengths, dim, ids, metadata, sparse=None) -> list:
         m = self.manifest
         n = len(lengths)
-        id_arr, id_type = _validate.ids(ids, n, m["id_type"], m["next_id"])
-        meta = _validate.metadata(metadata, n)
-        sp = _validate.sparse(sparse, n)
+        id_arr, id_type = validate.ids(ids, n, m["id_type"], m["next_id"])
+        meta = validate.metadata(metadata, n)
+        sp = validate.sparse(sparse, n)
         if n == 0:
             return []
         _, found = self._snap.find(id_arr)
         if found.any():
-            dup = [_validate.decode_id(x) for x in id_arr[found][:5]]
+            dup = [validate.decode_id(x) for x in id_arr[found][:5]]
             raise DuplicateIdError(f"ids: already in the database: {dup}")
-        stored, scales = _validate.convert(tokens, lengths, m["dtype"])
+        stored, scales = validate.convert(tokens, lengths, m["dtype"])
         new = dict(m, dim=dim, id_type=id_type, segments=list(m["segments"]))
         if id_type == "int":
             new["next_id"] = max(m["next_id"], int(id_arr.max()) + 1)
@@ -343,14 +483,14 @@ class Store:
                 written.append(
                     self._write_segment(
                         new, stored[t0:t1], None if scales is None else scales[t0:t1], offsets[d0 : d1 + 1] - t0,
-                        id_arr[d0:d1], None if meta is None else meta[d0:d1], _validate.sparse_slice(sp, d0, d1),
+                        id_arr[d0:d1], None if meta is None else meta[d0:d1], validate.sparse_slice(sp, d0, d1),
                     )
                 )
             self._commit(new, [w["name"] for w in written])
         except BaseException:
             self._discard([w["name"] for w in written])
             raise
-        return [_validate.decode_id(x) for x in id_arr]
+        return [validate.decode_id(x) for x in id_arr]
 
     def _split(self, offsets: np.ndarray) -> list[tuple[int, int]]:
         """Document ranges of at most segment_tokens tokens each (a longer document gets its own)."""
@@ -391,13 +531,9 @@ class Store:
             fsync_dir(os.path.join(self.path, SEGMENTS))
 
     def _snap_swap(self, manifest: dict) -> None:
-        """Open ``manifest``'s snapshot and close the segments it no longer names."""
-        old = self._snap
+        """Open ``manifest``'s snapshot. Segments it no longer names close once the last holder of
+        an older snapshot (a search in another thread, say) lets go of it."""
         self._snap = self._open_snapshot(manifest)
-        keep = {id(r) for r in self._snap.readers}
-        for r in old.readers:
-            if id(r) not in keep:
-                r.close()
 
     def _discard(self, names: list[str]) -> None:
         """After a failed write: remove the new segments that no committed manifest names.
@@ -414,6 +550,19 @@ class Store:
             path = os.path.join(self.path, SEGMENTS, name)
             if name not in committed and os.path.exists(path):
                 os.unlink(path)
+
+    # ---- settings of the layers above (the database's index choice), versioned with the data
+
+    @property
+    def config(self) -> dict:
+        return dict(self.manifest.get("config") or {})
+
+    def commit_config(self, config: dict) -> None:
+        """Commit a manifest whose ``config`` is ``config`` (JSON values), data unchanged."""
+        self._writable()
+        m = self.manifest
+        if (m.get("config") or {}) != config:
+            self._commit(dict(m, config=dict(config)), [])
 
     # ---- derived index files (written by the database; the segments stay the data of record)
 
@@ -502,7 +651,7 @@ class Store:
         rows = rows[snap.live[rows]]
         with_meta = any(snap.readers[i].has_metadata for i in seg_indices)
         with_sparse = any(snap.readers[i].sparse is not None for i in seg_indices)
-        lengths = self._row_lengths(*snap.locate(rows))
+        lengths = snap.row_lengths(rows)
         for d0, d1 in self._split(np.concatenate(([0], np.cumsum(lengths)))):
             part = self._gather_rows(rows[d0:d1])
             meta = self._metadata_rows(part.rows) if with_meta else None
@@ -512,81 +661,20 @@ class Store:
 
     # ---- reads
 
-    def _keys(self, ids, check_type: bool = True) -> np.ndarray | None:
-        """User ids -> the stored key representation (int64, or utf-8 bytes).
+    def snapshot(self) -> Snapshot:
+        """The current committed state as an immutable read view (see :class:`Snapshot`)."""
+        if self._snap is None:
+            raise InvalidInputError(f"{self.path}: the store is closed")
+        return self._snap
 
-        Ids of the wrong kind for this database raise UnknownIdError, or give None when
-        ``check_type`` is False (membership tests: such ids are simply absent).
-        """
-        if isinstance(ids, (str, int, np.integer)):
-            ids = [ids]
-        values = list(ids.tolist() if hasattr(ids, "tolist") else ids)
-        if not values:
-            return np.zeros(0, np.int64)
-        if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
-            if any(not -(2**63) <= int(v) < 2**63 for v in values):  # never stored: ids are int64
-                if not check_type:
-                    return None
-                raise UnknownIdError(f"ids: not in the database (outside int64): {values[:5]}")
-            kind, keys = "int", lambda: np.array(values, dtype=np.int64)
-        elif all(isinstance(v, str) for v in values):
-            kind, keys = "str", lambda: np.array([v.encode() for v in values], dtype=bytes)
-        else:
-            kind, keys = None, None
-        stored = self.manifest["id_type"] or "int"
-        if kind == stored:
-            return keys()
-        if not check_type:
-            return None
-        if kind is None:
-            raise UnknownIdError(f"ids: expected int or str ids, got {[type(v).__name__ for v in values[:3]]}")
-        raise UnknownIdError(f"ids: this database uses {stored} ids; unknown ids {values[:5]}")
+    def _keys(self, ids, check_type: bool = True) -> np.ndarray | None:
+        return self._snap.keys(ids, check_type)
 
     def _rows(self, ids) -> np.ndarray:
-        keys = self._keys(ids)
-        rows, found = self._snap.find(keys)
-        if not found.all():
-            missing = [_validate.decode_id(x) for x in keys[~found][:5]]
-            raise UnknownIdError(f"ids: not in the database: {missing}" + (" ..." if (~found).sum() > 5 else ""))
-        return rows
-
-    def _row_lengths(self, seg: np.ndarray, local: np.ndarray) -> np.ndarray:
-        lengths = np.zeros(len(seg), np.int64)
-        for s in np.unique(seg):
-            sel = seg == s
-            off = self._snap.readers[s].offsets
-            lengths[sel] = off[local[sel] + 1] - off[local[sel]]
-        return lengths
+        return self._snap.rows(ids)
 
     def _gather_rows(self, rows: np.ndarray):
-        """Packed tokens of global rows, in the order given."""
-        snap = self._snap
-        seg, local = snap.locate(rows)
-        lengths = self._row_lengths(seg, local)
-        out_off = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-        dim = self.dim
-        tok_dtype = np.int8 if self.dtype == "int8" else np.float16
-        tokens = np.empty((int(out_off[-1]), dim), dtype=tok_dtype)
-        scales = np.empty(int(out_off[-1]), dtype=np.float32) if self.dtype == "int8" else None
-        keys = None
-        for s in np.unique(seg):
-            sel = np.flatnonzero(seg == s)
-            r = snap.readers[s]
-            src, dst, n = _runs(r.offsets[local[sel]], out_off[sel], lengths[sel])
-            r.read_runs("tokens", tokens, src, dst, n)
-            if scales is not None:
-                r.read_runs("scales", scales, src, dst, n)
-            k = r.ids[local[sel]]
-            if keys is None:
-                keys = np.empty(len(rows), dtype=k.dtype if k.dtype.kind != "S" else object)
-            keys[sel] = k
-        if keys is None:
-            keys = np.zeros(0, np.int64)
-        elif keys.dtype == object:
-            keys = keys.astype(bytes)
-        packed = Packed(tokens, out_off, scales, [_validate.decode_id(x) for x in keys])
-        packed.rows, packed.keys = rows, keys
-        return packed
+        return self._snap.gather(rows)
 
     def gather(self, ids) -> Packed:
         """The documents of ``ids`` packed in request order (tokens as stored: float16, or int8 + scales)."""
@@ -601,35 +689,11 @@ class Store:
         return [tokens[p.offsets[i] : p.offsets[i + 1]] for i in range(len(p.offsets) - 1)]
 
     def _metadata_rows(self, rows: np.ndarray) -> list[str]:
-        import json
-
-        seg, local = self._snap.locate(rows)
-        out = [None] * len(rows)
-        for s in np.unique(seg):
-            sel = np.flatnonzero(seg == s)
-            for i, v in zip(sel, self._snap.readers[s].metadata(local[sel])):
-                out[i] = v if v is not None else json.dumps(None)
-        return out
+        return self._snap.metadata(rows)
 
     def sparse_rows(self, rows: np.ndarray):
-        """Sparse vectors of snapshot rows as (offsets, terms, weights); documents stored without
-        one have no terms."""
-        seg, local = self._snap.locate(np.asarray(rows, dtype=np.int64))
-        counts = np.zeros(len(rows), dtype=np.int64)
-        pieces = [None] * len(rows)
-        for s in np.unique(seg):
-            sp = self._snap.readers[s].sparse
-            if sp is None:
-                continue
-            off, t, w = sp
-            for i in np.flatnonzero(seg == s):
-                a, b = int(off[local[i]]), int(off[local[i] + 1])
-                pieces[i] = (t[a:b], w[a:b])
-                counts[i] = b - a
-        offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-        terms = np.concatenate([p[0] for p in pieces if p is not None] or [np.zeros(0, np.int32)]).astype(np.int32)
-        weights = np.concatenate([p[1] for p in pieces if p is not None] or [np.zeros(0, np.float32)])
-        return offsets, terms, weights.astype(np.float32)
+        """Sparse vectors of snapshot rows as (offsets, terms, weights)."""
+        return self._snap.sparse(rows)
 
     def sparse(self, ids) -> list[dict]:
         """Each document's sparse vector as a {term: weight} dict (empty where none was stored)."""
@@ -640,7 +704,7 @@ class Store:
         """Each document's metadata dict (None where none was given)."""
         import json
 
-        return [json.loads(v) for v in self._metadata_rows(self._rows(ids))]
+        return [json.loads(v) for v in self._snap.metadata(self._rows(ids))]
 
     def ids(self) -> list:
         """Live ids in storage order."""
@@ -648,7 +712,7 @@ class Store:
         if not snap.readers:
             return []
         keys = np.concatenate([r.ids for r in snap.readers])[snap.live]
-        return [_validate.decode_id(x) for x in keys]
+        return [validate.decode_id(x) for x in keys]
 
     def iter_batches(self, max_tokens: int = 1 << 20):
         """Stream every live document in storage order as Packed batches of at most ~max_tokens tokens."""

@@ -130,9 +130,9 @@ def test_missing_database(tmp_path, cmd):
 
 
 def test_ingest_builds_and_persists_the_ivf_index(tmp_path, monkeypatch):
-    import mvdb.database
+    import mvdb.engine.state
 
-    monkeypatch.setattr(mvdb.database, "FLAT_MAX_TOKENS", 50)  # this small corpus counts as large
+    monkeypatch.setattr(mvdb.engine.state, "FLAT_MAX_TOKENS", 50)  # this small corpus counts as large
     tokens, lengths = _packed(40, seed=3)
     np.savez(tmp_path / "a.npz", tokens=tokens, lengths=lengths)
     db = tmp_path / "x.mvdb"

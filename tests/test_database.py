@@ -9,6 +9,8 @@ import torch
 
 import mvdb
 from mvdb import InvalidInputError, InvalidTypeError, ReadOnlyError, UnknownIdError
+from mvdb.engine.resident import Tokens
+from mvdb.engine.sparse import sparse_candidates
 from mvdb.kernels.maxsim import naive
 
 DIM = 32
@@ -194,7 +196,7 @@ def test_ivf_index_search_and_incremental_add(tmp_path, dtype):
         db.add(docs[:200])
         assert db.stats()["index"] == "ivf"
         db.add(docs[200:])  # appended to the trained index, no retraining
-        assert db._index.ntotal == db.stats()["tokens"]
+        assert db.stats()["index_tokens"] == db.stats()["tokens"]
         first = [db.search(_query(docs[i], rng), k=5, nprobe=64, n_candidates=40)[0].id == i for i in range(0, 300, 30)]
         assert sum(first) >= 9
 
@@ -234,15 +236,16 @@ def test_ivf_index_is_persisted_and_reopening_does_not_retrain(tmp_path, monkeyp
         assert [e["kind"] for e in entries] == ["centroids", "codes", "codes"]
         assert _index_files(tmp_path / "db") == sorted(e["name"] for e in entries)
         before = db.search(q, k=5)
-        codes = db._index.codes.clone()
+        lists = db._state.index.list_rows.clone()
 
     def no_training(*a, **k):
         raise AssertionError("reopening must not retrain")
 
-    monkeypatch.setattr(mvdb.database, "train_centroids", no_training)
-    monkeypatch.setattr(mvdb.index.CentroidLists, "assign", no_training)  # nor re-assign
-    with mvdb.open(tmp_path / "db", index="ivf", read_only=True) as db:
-        assert torch.equal(db._index.codes, codes)
+    monkeypatch.setattr(mvdb.engine.ivf, "train_centroids", no_training)
+    monkeypatch.setattr(mvdb.engine.ivf.Lists, "assign", no_training)  # nor re-assign
+    with mvdb.open(tmp_path / "db", read_only=True) as db:  # the index kind is recorded
+        assert db.stats()["index"] == "ivf"
+        assert torch.equal(db._state.index.list_rows, lists)
         assert db.search(q, k=5) == before
         assert db.stats()["nlist"] == 16
 
@@ -270,25 +273,34 @@ def test_ivf_index_file_damage_is_repaired_from_the_segments(tmp_path):
         assert "stray.npy" not in _index_files(tmp_path / "db")
 
 
-def test_ivf_compaction_drops_stale_codes_and_retrains_after_growth(tmp_path, monkeypatch):
+def _centroids(db):
+    return next(e for e in db.store.manifest["index_files"] if e["kind"] == "centroids")
+
+
+def test_ivf_retrains_as_the_corpus_grows_and_compaction_drops_stale_codes(tmp_path):
     docs = _corpus(200, seed=17)
     with mvdb.open(tmp_path / "db", index="ivf", nlist=8) as db:
         db.add(docs[:20])
-        first = db._index.entry["id"]
-        db.add(docs[20:40])
-        db.delete([3])
-        db.compact()  # 2x the training corpus: same centroids, codes for the new segment only
-        assert db._index.entry["id"] == first
+        first = _centroids(db)
+        assert first["trained_tokens"] == db.stats()["tokens"] == db.stats()["trained_tokens"]
+        ids = []
+        while db.stats()["tokens"] <= mvdb.engine.ivf.RETRAIN_GROWTH * first["trained_tokens"]:
+            assert _centroids(db)["id"] == first["id"]  # appended to the trained lists, no retraining
+            n = len(db)
+            ids += db.add(docs[n : n + 3])
+        second = _centroids(db)  # the add that crossed the growth factor retrained
+        assert second["id"] != first["id"] and second["trained_tokens"] == db.stats()["tokens"]
+        segs = {s["name"] for s in db.store.manifest["segments"]}
+        codes = [e for e in db.store.manifest["index_files"] if e["kind"] == "codes"]
+        assert {e["segment"] for e in codes} == segs and all(e["centroids"] == second["id"] for e in codes)
+        db.delete([3, 4])
+        db.compact()  # codes of the rewritten segments replace the old ones; no retraining
+        assert _centroids(db)["id"] == second["id"]
         segs = {s["name"] for s in db.store.manifest["segments"]}
         assert {e["segment"] for e in db.store.manifest["index_files"] if e["kind"] == "codes"} == segs
-        db.add(docs[40:])
-        db.delete([4])
-        db.compact()  # now far more than RETRAIN_GROWTH x: retrained
-        assert db._index.entry["id"] != first
-        assert db._index.entry["trained_tokens"] == db.stats()["tokens"]
         assert _index_files(tmp_path / "db") == sorted(e["name"] for e in db.store.manifest["index_files"])
-        q = _query(docs[150], np.random.default_rng(18))
-        assert [h.id for h in db.search(q, k=3)] == _exhaustive(db, q, 3)
+        q = _query(docs[15], np.random.default_rng(18))
+        assert [h.id for h in db.search(q, k=3, nprobe=8)] == _exhaustive(db, q, 3)
 
 
 def test_ivf_database_created_empty(tmp_path):
@@ -301,7 +313,7 @@ def test_ivf_database_created_empty(tmp_path):
 
 
 def test_flat_index_grows_into_ivf(tmp_path, monkeypatch):
-    monkeypatch.setattr(mvdb.database, "FLAT_MAX_TOKENS", 2000)
+    monkeypatch.setattr(mvdb.engine.state, "FLAT_MAX_TOKENS", 2000)
     docs = _corpus(160, seed=19)
     with mvdb.open(tmp_path / "db") as db:
         db.add(docs[:40])
@@ -336,10 +348,11 @@ def test_host_residency_gives_the_same_results(tmp_path, index, dtype):
         db.add(docs[:100])
         want = db.search(queries, k=5)
     with mvdb.open(tmp_path / "db", index=index, residency="host") as db:
-        assert db.stats()["residency"] == "host" and db._tokens.device.type == "cpu"
+        assert db.stats()["residency"] == "host" and db._state.tokens.home.type == "cpu"
         assert db.search(queries, k=5) == want
-        assert db._score(torch.from_numpy(queries[0]).to(db.device), torch.tensor([0, 8], dtype=torch.int32,
-                         device=db.device), torch.tensor([[3, -1, 3]], device=db.device), budget=1)[0, 1] == float("-inf")
+        assert db._state.tokens.score(torch.from_numpy(queries[0]).to(db.device), torch.tensor([0, 8], dtype=torch.int32,
+                                      device=db.device), torch.tensor([[3, -1, 3]], device=db.device), 8,
+                                      budget=1)[0, 1] == float("-inf")
         db.add(docs[100:])  # appended on the host
         assert db.stats()["residency"] == "host"
         q = _query(docs[120], rng)
@@ -352,7 +365,7 @@ def test_host_residency_gives_the_same_results(tmp_path, index, dtype):
 # ---- the sparse (lexical) channel (issue #7)
 
 
-def test_sparse_channel_adds_candidates_and_survives_compaction(tmp_path):
+def test_sparse_channel_adds_candidates_and_survives_compaction(tmp_path, monkeypatch):
     rng = np.random.default_rng(11)
     docs = [rng.standard_normal((int(rng.integers(3, 9)), 16)).astype(np.float32) for _ in range(60)]
     sparse = [{int(t): 1.0 for t in rng.choice(50, 4, replace=False)} for _ in range(60)]
@@ -361,22 +374,23 @@ def test_sparse_channel_adds_candidates_and_survives_compaction(tmp_path):
     db.add(docs, sparse=sparse)
     q = docs[7][:3]
     seen = []
-    score = db._score
-    db._score = lambda q_, cu, cand: seen.append(cand.clone()) or score(q_, cu, cand)  # the rows reranked
-    row42 = int(np.flatnonzero(db._row_ids == 42)[0])
+    score = Tokens.score
+    monkeypatch.setattr(Tokens, "score", lambda self, q_, cu, cand, lq, **kw: seen.append(cand.clone())
+                        or score(self, q_, cu, cand, lq, **kw))  # the rows reranked
+    row42 = int(np.flatnonzero(db._state.snap.row_keys() == 42)[0])
     db.search(q, k=3, n_candidates=5, k_tokens=4)
     assert row42 not in seen[-1].tolist()[0]  # the token channel alone does not reach it
     hits = db.search(q, k=3, n_candidates=5, k_tokens=4, sparse={777: 1.0, 99999: 1.0})
     assert row42 in seen[-1].tolist()[0] and hits[0].id == 7
     cand = seen[-1][0]
     assert len(set(cand[cand >= 0].tolist())) == int((cand >= 0).sum())  # no repeats in the union
-    got = score(torch.as_tensor(q), torch.tensor([0, 3], dtype=torch.int32), torch.tensor([[row42]]))
+    got = score(db._state.tokens, torch.as_tensor(q), torch.tensor([0, 3], dtype=torch.int32), torch.tensor([[row42]]), 3)
     exact = {h.id: h.score for h in db.search(q, k=60, n_candidates=60)}
     assert abs(float(got[0, 0]) - exact[42]) < 1e-4
     batch = db.search([q, docs[9][:2]], k=3, n_candidates=5, k_tokens=4, sparse=[{777: 1.0}, None])
     assert row42 in seen[-1].tolist()[0] and row42 not in seen[-1].tolist()[1]
     assert len(batch) == 2
-    db._score = score
+    monkeypatch.undo()
     db.delete([42])
     assert 42 not in [h.id for h in db.search(q, k=59, n_candidates=5, k_tokens=4, sparse={777: 1.0})]
     db.compact()
@@ -404,7 +418,7 @@ def test_sparse_candidates_equal_brute_force_dot_products(tmp_path):
     db.add(docs, sparse=sparse)
     db.delete([5])
     queries = [{int(t): float(rng.random()) for t in rng.choice(vocab + 10, 3, replace=False)} for _ in range(7)]
-    got = db._sparse_candidates(queries, 7, db._live, 6)
+    got = sparse_candidates(db._state, queries, 7, db._state.live, 6)
     for i, qv in enumerate(queries):
         qd = np.zeros(vocab + 10)
         for t, w in qv.items():
@@ -413,4 +427,4 @@ def test_sparse_candidates_equal_brute_force_dot_products(tmp_path):
         s[5] = 0  # deleted
         want = [j for j in np.argsort(-s, kind="stable")[:6] if s[j] > 0]
         rows = [r for r in got[i].tolist() if r >= 0]
-        assert sorted(int(db._row_ids[r]) for r in rows) == sorted(want)
+        assert sorted(int(db._state.snap.row_keys()[r]) for r in rows) == sorted(want)

@@ -52,24 +52,49 @@ def test_credit_lists_refuses_overlong_queries():
 
 
 def test_candidates_triton_and_torch_agree():
-    """CentroidLists.candidates: the Triton path (token groups for small batches) = the torch path."""
-    from mvdb.index import CentroidLists
+    """Lists.candidates: the Triton path (token groups for small batches) = the torch path."""
+    from mvdb.engine.ivf import Lists
 
     g = torch.Generator().manual_seed(0)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cent = torch.nn.functional.normalize(torch.randn(16, 8, generator=g), dim=1)
     lens = torch.randint(1, 20, (100,), generator=g)
     off = torch.zeros(101, dtype=torch.long)
     off[1:] = lens.cumsum(0)
     tok = torch.nn.functional.normalize(torch.randn(int(off[-1]), 8, generator=g), dim=1)
     off, tok = off.to(dev), tok.to(dev)
-    lists = CentroidLists(cent, torch.zeros(0, dtype=torch.int32), off[:1])
-    lists.add(lists.assign(tok.half(), None), off)
+    empty = Lists.empty(cent, {"id": "t", "trained_tokens": 1}, dev)
+    lists = empty.with_rows(empty.assign(tok.half(), None), off)
     q = torch.nn.functional.normalize(torch.randn(10, 8, generator=g), dim=1).to(dev)
     live = torch.ones(100, dtype=torch.bool, device=dev)
     live[7] = False
-    for cu in (torch.tensor([0, 4, 10], device=dev), torch.tensor([0, 10], device=dev)):
-        a = lists.candidates(q, cu, live, 30, backend="torch")
-        b = lists.candidates(q, cu, live, 30, backend="triton")
+    for cu in ([0, 4, 10], [0, 10]):
+        a = lists.candidates(q, cu, live, 30, 4, backend="torch")
+        b = lists.candidates(q, cu, live, 30, 4, backend="triton")
         assert torch.equal(a.sort(1).values, b.sort(1).values)
         assert not (a == 7).any()
+
+
+def test_lists_grown_in_pieces_equal_lists_built_at_once():
+    """Lists.with_rows merges new rows into every list (old entries keep their order)."""
+    from mvdb.engine.ivf import Lists
+
+    g = torch.Generator().manual_seed(1)
+    cent = torch.nn.functional.normalize(torch.randn(13, 8, generator=g), dim=1)
+    lens = torch.randint(1, 30, (90,), generator=g)
+    off = torch.zeros(91, dtype=torch.long)
+    off[1:] = lens.cumsum(0)
+    codes = torch.randint(0, 13, (int(off[-1]),), generator=g, dtype=torch.int32)
+    empty = Lists.empty(cent, {"id": "t", "trained_tokens": 1}, torch.device("cpu"))
+    whole = empty.with_rows(codes, off)
+    grown = empty
+    for a, b in ((0, 1), (1, 40), (40, 41), (41, 90)):
+        grown = grown.with_rows(codes[off[a] : off[b]], off[a : b + 1] - off[a])
+    assert grown.n_rows == whole.n_rows == 90 and grown.ntotal == whole.ntotal
+    assert torch.equal(grown.list_offsets, whole.list_offsets)
+    assert torch.equal(grown.list_rows, whole.list_rows)
+    # every list holds exactly the rows with a token coded to it, ascending
+    for c in range(13):
+        rows = whole.list_rows[whole.list_offsets[c] : whole.list_offsets[c + 1]].tolist()
+        want = sorted({r for r in range(90) if (codes[off[r] : off[r + 1]] == c).any()})
+        assert rows == want

@@ -19,6 +19,9 @@ PADDED_CROSS = tl.constexpr(0)  # D [Nd, Ld, d]: doc k starts at k * Ld
 PADDED_PER_QUERY = tl.constexpr(1)  # D [Nq, K, Ld, d]: doc (i, k) starts at (i * K + k) * Ld
 CSR_CROSS = tl.constexpr(2)  # tokens [T, d] + offsets: every doc for every query
 CSR_CAND = tl.constexpr(3)  # tokens [T, d] + offsets + cand [Nq, K]: doc cand[i, k], -1 = padding
+# CSR_CAND over a paged store: offsets give each document's length only; STARTS [n_docs] int64 gives
+# the row (counted from D, possibly in another allocation of the same device) where its tokens
+# start, and SC_STARTS the same for the int8 scales (counted from DS).
 
 LQ_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)
 
@@ -65,7 +68,7 @@ def _prune(configs, nargs, **kwargs):
 
 
 @triton.jit
-def _tile_max(best, qk, D, DS, DM, d_start, cols, d_n, offs_c, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr,
+def _tile_max(best, qk, D, DS, DM, d_start, s_start, cols, d_n, offs_c, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr,
               HAS_DMASK: tl.constexpr, INT8: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
               TAIL: tl.constexpr):
     """best[i] = max(best[i], max over valid doc tokens j in cols of <q_i, d_j>)."""
@@ -83,9 +86,9 @@ def _tile_max(best, qk, D, DS, DM, d_start, cols, d_n, offs_c, DIM: tl.constexpr
         dt = tl.load(d_ptrs, mask=dim_ok[:, None], other=0)
     if INT8:
         if TAIL:
-            scale = tl.load(DS + d_start + cols, mask=d_ok, other=0.0)
+            scale = tl.load(DS + s_start + cols, mask=d_ok, other=0.0)
         else:
-            scale = tl.load(DS + d_start + cols)
+            scale = tl.load(DS + s_start + cols)
         acc = tl.dot(qk, dt, out_dtype=tl.int32)  # [BQ, BD]
         if DIM * 127 * 127 < 4194304:
             # |acc| < 2**22: int -> float by adding 1.5 * 2**23's bit pattern (an integer add and a
@@ -120,6 +123,8 @@ def _maxsim_fwd_kernel(
     DM,  # [Td] uint8 doc-token mask (1 = valid) or None
     OFF,  # [n_docs + 1] int64 doc offsets (CSR layouts) or None
     CAND,  # [Nq, K] int64 candidate doc indices (CSR_CAND) or None
+    STARTS,  # [n_docs] int64 token rows of the documents, counted from D (PAGED) or None
+    SC_STARTS,  # [n_docs] int64 scale rows of the documents, counted from DS (PAGED and INT8) or None
     Out,  # [Nq, K] float32
     n_q,
     n_k,
@@ -135,6 +140,7 @@ def _maxsim_fwd_kernel(
     INT8: tl.constexpr,
     IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
+    PAGED: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -171,6 +177,11 @@ def _maxsim_fwd_kernel(
         d_start = tl.load(OFF + safe).to(tl.int64)
         d_n = tl.where(is_pad, 0, tl.load(OFF + safe + 1).to(tl.int64) - d_start)
         q_n = tl.where(is_pad, 0, q_n)
+        if PAGED:
+            d_start = tl.load(STARTS + safe)
+    s_start = d_start
+    if PAGED and INT8:  # PAGED implies CSR_CAND (launch checks): ``safe`` is the document
+        s_start = tl.load(SC_STARTS + safe)
 
     offs_q = tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, BLOCK_D)
@@ -203,14 +214,14 @@ def _maxsim_fwd_kernel(
         if LQ_BUCKET >= 128:
             n_full = (d_n // BLOCK_D) * BLOCK_D
             for db in range(0, n_full, BLOCK_D):
-                best = _tile_max(best, qk, D, DS, DM, d_start, db + offs_d, d_n, offs_c, DIM, BLOCK_DIM,
+                best = _tile_max(best, qk, D, DS, DM, d_start, s_start, db + offs_d, d_n, offs_c, DIM, BLOCK_DIM,
                                  HAS_DMASK, INT8, IEEE, UPCAST, False)
             if n_full < d_n:
-                best = _tile_max(best, qk, D, DS, DM, d_start, n_full + offs_d, d_n, offs_c, DIM, BLOCK_DIM,
+                best = _tile_max(best, qk, D, DS, DM, d_start, s_start, n_full + offs_d, d_n, offs_c, DIM, BLOCK_DIM,
                                  HAS_DMASK, INT8, IEEE, UPCAST, True)
         else:
             for db in range(0, d_n, BLOCK_D):
-                best = _tile_max(best, qk, D, DS, DM, d_start, db + offs_d, d_n, offs_c, DIM, BLOCK_DIM,
+                best = _tile_max(best, qk, D, DS, DM, d_start, s_start, db + offs_d, d_n, offs_c, DIM, BLOCK_DIM,
                                  HAS_DMASK, INT8, IEEE, UPCAST, True)
         if INT8:
             best = best * q_scale
@@ -222,7 +233,7 @@ def _maxsim_fwd_kernel(
     tl.store(Out + qi * n_k + k + tl.arange(0, 1), total)
 
 
-_KEY = ["LQ_BUCKET", "DIM", "Q_VARLEN", "D_LAYOUT", "HAS_QMASK", "HAS_DMASK", "INT8"]
+_KEY = ["LQ_BUCKET", "DIM", "Q_VARLEN", "D_LAYOUT", "HAS_QMASK", "HAS_DMASK", "INT8", "PAGED"]
 _tuned = triton.autotune(configs=_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune})(
     _maxsim_fwd_kernel
 )
@@ -256,9 +267,14 @@ def launch(
     n_k: int,
     layout: int,
     max_lq: int,
+    starts: torch.Tensor | None = None,
+    scale_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Launch the kernel over an [n_q, n_k] output; arguments are already validated and contiguous."""
+    """Launch the kernel over an [n_q, n_k] output; arguments are already validated and contiguous.
+    ``starts`` / ``scale_starts`` (CSR_CAND only): a paged store's document rows (see PAGED)."""
     n = n_q * n_k
+    if starts is not None and int(getattr(layout, "value", layout)) != int(CSR_CAND.value):
+        raise ValueError("starts: only the candidate layout (CSR_CAND) reads a paged store")
     if n == 0:
         return out
     if n >= 2**31:
@@ -273,6 +289,8 @@ def launch(
         None if d_mask is None else d_mask.view(torch.uint8),
         offsets,
         cand,
+        starts,
+        scale_starts,
         out,
         n_q,
         n_k,
@@ -291,6 +309,7 @@ def launch(
         IEEE=d.dtype == torch.float32,
         # Triton's CPU interpreter computes bf16 x bf16 dots wrongly (triton 3.9): upcast there.
         UPCAST=d.dtype == torch.bfloat16 and interpreting(),
+        PAGED=starts is not None,
     )
     grid = (n,)
     if out.is_cuda and out.device.index != torch.cuda.current_device():

@@ -216,12 +216,20 @@ def maxsim_candidates(
     check: bool = True,
     out: torch.Tensor | None = None,
     backend: str = "auto",
+    starts: torch.Tensor | None = None,
+    scale_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rerank primitive: MaxSim of query i against documents cand[i, :] of a CSR store -> [Nq, K].
 
     tokens [T, dim] (fp16/bf16/fp32, or int8 with float32 ``scales [T]``), offsets [n_docs+1]
     int64, cand [Nq, K] int64 with -1 for padding (scores -inf). Documents are read in place:
     no padded copy of the candidates is made.
+
+    Paged stores (Triton only): with ``starts`` [n_docs] int64, document j's tokens start at row
+    ``starts[j]`` counted from ``tokens``' first row, which may lie in another allocation of the
+    same device (a page), and ``offsets`` give only the lengths; int8 pages also need
+    ``scale_starts`` (rows counted from ``scales``). Nothing can check that such rows are valid
+    memory: this is for stores that manage their pages (mvdb.engine.resident).
     """
     _packed("q", q, "cu_q", cu_q, None, _checks.FLOAT_DTYPES)
     _checks.tensor("tokens", tokens, (2,), _checks.TOKEN_DTYPES)
@@ -241,9 +249,26 @@ def maxsim_candidates(
         (cand, n_docs),
     )
     out = _out(out, (nq, cand.shape[1]), device)
-    if _use_triton(device, backend):
+    tri = _use_triton(device, backend)
+    if starts is not None:
+        _checks.tensor("starts", starts, (1,), (torch.int64,))
+        _checks.shape_match("starts", starts, (n_docs,))
+        _checks.same_device(tokens=tokens, starts=starts, scale_starts=scale_starts)
+        if (scales is None) != (scale_starts is None):
+            raise InvalidInputError("scale_starts: expected it exactly when the tokens are int8 (with scales) and "
+                                    f"starts are given, got scales={scales is not None}, "
+                                    f"scale_starts={scale_starts is not None}")
+        if scale_starts is not None:
+            _checks.tensor("scale_starts", scale_starts, (1,), (torch.int64,))
+            _checks.shape_match("scale_starts", scale_starts, (n_docs,))
+        if not tri:
+            raise InvalidInputError("starts: a paged store needs the Triton kernel (CUDA tensors, or TRITON_INTERPRET=1)")
+    elif scale_starts is not None:
+        raise InvalidInputError("scale_starts: given without starts")
+    if tri:
         return fused.launch(
             out, q.contiguous(), None, cu_q, 0, tokens.contiguous(), _contig(scales), None, offsets,
-            cand.contiguous(), 0, nq, cand.shape[1], fused.CSR_CAND, max_seqlen_q,
+            cand.contiguous(), 0, nq, cand.shape[1], fused.CSR_CAND, max_seqlen_q, _contig(starts),
+            _contig(scale_starts),
         )
     return out.copy_(naive.maxsim_csr(q, cu_q, tokens, offsets, cand, scales))

@@ -21,7 +21,7 @@ except ImportError as e:  # pragma: no cover - the message says what to install
 
 import mvdb
 from mvdb.integrations._patching import Patches
-from mvdb.storage import _validate
+from mvdb.storage import validate
 
 
 def _arrays(embeddings) -> list[np.ndarray]:
@@ -54,8 +54,8 @@ class MvdbIndex(Base):
         if len(ids) != len(docs):
             raise mvdb.InvalidInputError(f"documents_ids: expected {len(docs)} ids (one per embedding), got {len(ids)}")
         # Check every document before the replaced ones are deleted: a bad batch must not lose them.
-        tokens, lengths, _ = _validate.documents(docs, self.db.store.dim)
-        _validate.convert(tokens, lengths, self.db.store.dtype)
+        tokens, lengths, _ = validate.documents(docs, self.db.store.dim)
+        validate.convert(tokens, lengths, self.db.store.dtype)
         present = [i for i, there in zip(ids, self.db.store.contains(ids)) if there]
         if present:
             self.db.delete(present)

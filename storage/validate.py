@@ -130,15 +130,11 @@ def convert(tokens: np.ndarray, lengths: np.ndarray, dtype: str, chunk: int = 1 
                 )
             out[r0 : r0 + chunk] = part
         return out, None
-    import torch
-
-    from mvdb.kernels.quant import quantize_int8
+    from mvdb.kernels.quant import quantize_array
 
     if tokens.dtype == np.float64 and tokens.size and np.abs(tokens).max() > np.finfo(np.float32).max:
         raise InvalidInputError("docs: values beyond the float32 range cannot be quantized to int8")
-
-    q, s = quantize_int8(torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.float32)))
-    return q.numpy(), s.numpy()
+    return quantize_array(tokens)
 
 
 def ids(given, n: int, id_type: str | None, next_id: int) -> tuple[np.ndarray, str]:

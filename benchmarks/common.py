@@ -1,0 +1,53 @@
+"""Shared measurement helpers of the database benchmarks (e2e.py, grow.py, multigpu.py)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+
+
+def sync(dev) -> None:
+    if torch.device(dev).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def exhaustive_reference(db, q: torch.Tensor, k: int = 10, batch: int = 64) -> tuple[list[set], float]:
+    """Exhaustive MaxSim over every document (``search(exact=True)``) -> (top-k id sets, QPS)."""
+    db.search(q[:1], k=k, exact=True)  # warm-up
+    sync(q.device)
+    t0 = time.perf_counter()
+    ref = []
+    for a in range(0, q.shape[0], batch):
+        ref += [{h.id for h in hs} for hs in db.search(q[a : a + batch], k=k, exact=True)]
+    sync(q.device)
+    return ref, q.shape[0] / (time.perf_counter() - t0)
+
+
+def measure(db, q: torch.Tensor, ref: list, kw: dict, latency_queries: int = 100, passes: int = 3) -> dict:
+    """Batched QPS (median of ``passes`` over all queries), single-query p50/p99 and recall@k
+    against ``ref`` for one search setting."""
+    n, dev = q.shape[0], q.device
+    db.search(q[:8], **kw)  # warm-up: compile, autotune
+    sync(dev)
+    times = []
+    for _ in range(passes):
+        t0 = time.perf_counter()
+        hits = db.search(q, **kw)
+        sync(dev)
+        times.append(time.perf_counter() - t0)
+    row = {**kw, "batch_qps": n / statistics.median(times)}
+    lat = []
+    for i in range(min(latency_queries, n)):
+        t0 = time.perf_counter()
+        db.search(q[i], **kw)
+        sync(dev)
+        lat.append((time.perf_counter() - t0) * 1e3)
+    lat.sort()
+    if lat:
+        row["single_p50_ms"], row["single_p99_ms"] = statistics.median(lat), lat[int(0.99 * (len(lat) - 1))]
+    k = kw.get("k", 10)
+    row[f"recall{k}"] = float(np.mean([len({h.id for h in g} & r) / k for g, r in zip(hits, ref)]))
+    return row

@@ -1,0 +1,209 @@
+"""The IVF token index ("centroid lists"): spherical k-means centroids, every stored token's list
+(its nearest centroid), and per list the document rows holding such a token (CSR).
+
+A query token is scored against every centroid (one GEMM) and probes its ``nprobe`` best lists; a
+document is credited, per query token, with the best probed centroid it holds minus the
+nprobe-th (the value imputed where it holds none), summed over the query's tokens
+(mvdb.kernels.lists). The best ``n_candidates`` go to the exact rerank. The index holds no second
+copy of the vectors, and it is persisted (centroids + per-segment codes, see
+mvdb.engine.persist), so opening neither retrains nor re-assigns.
+
+:class:`Lists` objects are immutable: adding rows returns a new one (the old one keeps serving
+searches that started before), merging the new rows into each list without re-sorting the old.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from mvdb.kernels.lists import credit_lists
+
+try:
+    import faiss
+except ImportError:  # pragma: no cover - faiss is a dependency; the message says what to install
+    faiss = None
+
+RETRAIN_GROWTH = 2.0  # retrain once the stored tokens exceed this many times the training corpus
+TRAIN_PER_LIST = 40  # k-means sample: tokens per list
+ASSIGN_CHUNK = 1 << 22  # tokens per assignment step
+
+
+def require_faiss():
+    if faiss is None:
+        raise ImportError("mvdb needs FAISS: pip install faiss-cpu (or faiss-gpu on a CUDA machine)")
+
+
+def gpu_available() -> bool:
+    return faiss is not None and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+
+
+def default_nlist(n_tokens: int) -> int:
+    """About 2 * sqrt(N) lists (a power of two, at most 65536, at least 39 tokens each): assigning
+    costs N x nlist dot products, so more lists trade build time for finer lists."""
+    n = 1
+    while n < 2 * n_tokens**0.5 and n < 65536 and 2 * n * 39 <= n_tokens:
+        n *= 2
+    return n
+
+
+def sample(n: int, m: int, seed: int = 0) -> np.ndarray:
+    """``min(n, m)`` distinct indices below ``n``, seeded, ascending (without a permutation of n)."""
+    rng = np.random.default_rng(seed)
+    if m >= n:
+        return np.arange(n)
+    if 4 * m > n:
+        return np.sort(rng.permutation(n)[:m])
+    x = np.unique(rng.integers(0, n, m + m // 8 + 16))
+    while len(x) < m:
+        x = np.unique(np.concatenate([x, rng.integers(0, n, m)]))
+    return np.sort(rng.choice(x, m, replace=False))
+
+
+def train_centroids(sample: torch.Tensor, nlist: int, seed: int = 0, niter: int = 10) -> torch.Tensor:
+    """Spherical k-means with FAISS (on the GPU when faiss-gpu is present) -> float32 [nlist, dim]."""
+    require_faiss()
+    x = np.ascontiguousarray(sample.float().cpu().numpy())
+    dim = x.shape[1]
+    cl = faiss.Clustering(dim, nlist)
+    cl.niter, cl.seed, cl.spherical = niter, seed, True
+    cl.max_points_per_centroid = max(1, x.shape[0] // nlist + 1)  # the caller sized the sample
+    if gpu_available():
+        res = faiss.StandardGpuResources()
+        quantizer = faiss.GpuIndexFlatIP(res, dim)
+    else:
+        quantizer = faiss.IndexFlatIP(dim)
+    cl.train(x, quantizer)
+    return torch.from_numpy(faiss.vector_to_array(cl.centroids).reshape(nlist, dim).copy())
+
+
+def assign(x: torch.Tensor, centroids: torch.Tensor, scratch: int = 1 << 30) -> torch.Tensor:
+    """Each row's nearest centroid by inner product (centroids are unit norm) -> int32 [n]; rows in
+    chunks whose [rows, nlist] similarity block stays near ``scratch`` bytes."""
+    out = torch.empty(x.shape[0], dtype=torch.int32, device=x.device)
+    c = centroids.to(x.device)
+    chunk = max(256, scratch // (c.shape[0] * c.element_size()))
+    for i in range(0, x.shape[0], chunk):
+        out[i : i + chunk] = (x[i : i + chunk].to(c.dtype) @ c.T).argmax(dim=1).int()
+    return out
+
+
+class Lists:
+    """Centroids and, per list, the document rows holding one of its tokens (CSR, rows ascending).
+
+    ``entry`` is the centroids' manifest entry (id, nlist, trained_tokens)."""
+
+    kind = "ivf"
+
+    def __init__(self, centroids: torch.Tensor, list_offsets: torch.Tensor, list_rows: torch.Tensor, n_rows: int,
+                 n_tokens: int, entry: dict):
+        self.device = list_offsets.device
+        self.nlist, self.dim = centroids.shape
+        self.centroids = centroids
+        self.list_offsets, self.list_rows = list_offsets, list_rows
+        self.n_rows, self.ntotal = n_rows, n_tokens
+        self.entry = entry
+        self.trained_tokens = entry["trained_tokens"]
+        self.build_seconds: dict = {}
+
+    @classmethod
+    def empty(cls, centroids: torch.Tensor, entry: dict, device: torch.device) -> "Lists":
+        half = device.type == "cuda"
+        c = centroids.to(device, torch.float16 if half else torch.float32)
+        return cls(c, torch.zeros(c.shape[0] + 1, dtype=torch.int64, device=device),
+                   torch.zeros(0, dtype=torch.int32, device=device), 0, 0, entry)
+
+    def assign(self, tokens: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
+        """Lists of stored tokens (float16, or int8 with scales) -> int32 codes on the device."""
+        out = []
+        for i in range(0, tokens.shape[0], ASSIGN_CHUNK):
+            x = tokens[i : i + ASSIGN_CHUNK].to(self.device)
+            if scales is not None:
+                x = x.float() * scales[i : i + ASSIGN_CHUNK].to(self.device)[:, None]
+            out.append(assign(x, self.centroids))
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.int32, device=self.device)
+
+    def with_rows(self, codes: torch.Tensor, row_offsets: torch.Tensor) -> "Lists":
+        """A new index that also holds rows n_rows.. (their tokens' ``codes`` in row order;
+        ``row_offsets`` [new rows + 1] relative token offsets). Old entries keep their order; the
+        new rows (all later than every old one) go to the end of each list."""
+        dev = self.device
+        n_new = row_offsets.numel() - 1
+        lengths = (row_offsets[1:] - row_offsets[:-1]).to(dev)
+        row_of = torch.repeat_interleave(torch.arange(self.n_rows, self.n_rows + n_new, device=dev), lengths)
+        key = torch.unique(codes.to(dev).long() * (self.n_rows + n_new) + row_of)  # by list, then row
+        del row_of
+        new_rows = (key % max(1, self.n_rows + n_new)).int()
+        new_counts = torch.bincount(key // max(1, self.n_rows + n_new), minlength=self.nlist)
+        shift = torch.zeros(self.nlist + 1, dtype=torch.int64, device=dev)
+        shift[1:] = new_counts.cumsum(0)  # new entries before the end of each list
+        offsets = self.list_offsets + shift
+        rows = torch.empty(offsets[-1].item(), dtype=torch.int32, device=dev)
+        n_old = self.list_rows.numel()
+        step = 1 << 24
+        for a in range(0, n_old, step):  # old entries move down by the new entries of earlier lists
+            b = min(n_old, a + step)
+            pos = torch.arange(a, b, device=dev)
+            which = torch.searchsorted(self.list_offsets, pos, right=True) - 1
+            rows[pos + shift[which]] = self.list_rows[a:b]
+        if new_rows.numel():
+            lists = key // max(1, self.n_rows + n_new)
+            rank = torch.arange(new_rows.numel(), device=dev) - (shift[1:] - new_counts)[lists]
+            rows[self.list_offsets[lists + 1] + shift[lists] + rank] = new_rows
+        out = Lists(self.centroids, offsets, rows, self.n_rows + n_new, self.ntotal + int(codes.numel()), self.entry)
+        return out
+
+    def candidates(self, q: torch.Tensor, cu: list[int], live: torch.Tensor, n_candidates: int, nprobe: int,
+                   scratch_bytes: int = 1 << 30, backend: str = "auto") -> torch.Tensor:
+        """Per query, the ``n_candidates`` live rows with the best approximate scores, batched.
+
+        q [Tq, dim] packed query tokens, ``cu`` their offsets (host ints). Every query token is
+        scored against every centroid (one GEMM) and probes its ``nprobe`` best lists. A row's
+        approximate score sums, over the query's tokens, the similarity of the best probed centroid
+        among the row's tokens minus the nprobe-th (the value imputed where the row holds none);
+        see mvdb.kernels.lists. Queries go in chunks whose score tables stay near
+        ``scratch_bytes``. Returns [Nq, n_candidates] rows, -1 where fewer rows exist.
+        """
+        nq, dev = len(cu) - 1, q.device
+        out = torch.full((nq, n_candidates), -1, dtype=torch.int64, device=dev)
+        if nq == 0 or self.n_rows == 0:
+            return out
+        p = max(1, min(nprobe, self.nlist))
+        sim = q.to(self.centroids.dtype) @ self.centroids.T  # [Tq, nlist]
+        sv, probes = sim.topk(p, dim=1)
+        del sim
+        gains = sv.float() - sv[:, -1:].float()  # >= 0, non-increasing along the probes
+        longest = max(cu[i + 1] - cu[i] for i in range(nq))
+        triton_path = backend == "triton" or (backend == "auto" and dev.type == "cuda")
+        # A program walks one query's lists in order; few queries would leave the GPU idle, so
+        # their tokens are split into groups (one program each) whose tables are summed.
+        groups = max(1, min(longest, 64 // nq)) if triton_path else 1
+        per_query = self.n_rows * (6 * groups if triton_path else 4 * (longest + 1))
+        chunk = max(1, scratch_bytes // max(1, per_query))
+        n = min(n_candidates, self.n_rows)
+        dead = ~live
+        for a in range(0, nq, chunk):
+            b = min(nq, a + chunk)
+            if groups > 1:
+                cu_g = [cu[i] + (cu[i + 1] - cu[i]) * g // groups for i in range(a, b) for g in range(groups)] + [cu[b]]
+                score = credit_lists(self.list_offsets, self.list_rows, self.n_rows, probes, gains,
+                                     torch.tensor(cu_g, device=dev), backend="triton")
+                score = score.view(b - a, groups, self.n_rows).sum(1)
+            else:
+                score = credit_lists(self.list_offsets, self.list_rows, self.n_rows, probes, gains,
+                                     torch.tensor(cu[a : b + 1], device=dev), backend="triton" if triton_path else "torch")
+            score.masked_fill_(dead[None], float("-inf"))
+            top = score.topk(n, dim=1)
+            out[a:b, :n] = top.indices.masked_fill(torch.isinf(top.values), -1)
+        return out
+
+
+def build_lists(centroids: torch.Tensor, entry: dict, codes: torch.Tensor, row_offsets: torch.Tensor,
+                device: torch.device) -> Lists:
+    """Lists over every row from scratch (codes [T] in row order, row_offsets [n_rows + 1])."""
+    t0 = time.perf_counter()
+    out = Lists.empty(centroids, entry, device).with_rows(codes, row_offsets)
+    out.build_seconds["lists"] = time.perf_counter() - t0
+    return out

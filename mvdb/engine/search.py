@@ -1,0 +1,217 @@
+"""The search pipeline over one engine :class:`~mvdb.engine.state.State`, batched end to end.
+
+1. Candidates from the token index: flat (each query token's k' nearest stored tokens, documents
+   scored by ``approximate_candidates``) or IVF (centroid lists, mvdb.engine.ivf); plus, when the
+   queries carry sparse vectors, the best sparse dot products (mvdb.engine.sparse).
+2. The exact rerank of the candidates (mvdb.engine.resident.Tokens.score), top-k out.
+3. Filters that leave a query with fewer than k candidates: every matching document is scored.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from mvdb.engine import ivf
+from mvdb.engine.filters import allowed_rows
+from mvdb.engine.flat import approximate_candidates
+from mvdb.engine.sparse import sparse_candidates
+from mvdb.errors import InvalidInputError, InvalidTypeError
+
+# Defaults chosen so that nobody needs to tune them (measured: README "Database benchmarks").
+DEFAULT_K_TOKENS = 512  # flat index: nearest stored tokens per query token
+DEFAULT_CANDIDATES = 256  # flat index: documents reranked exactly per query
+DEFAULT_LISTS_PROBE = 4  # IVF: lists probed per query token
+DEFAULT_LISTS_CANDIDATES = 2048  # IVF: documents reranked exactly per query
+DEFAULT_SPARSE_CANDIDATES = 100  # documents the sparse (lexical) channel adds per query
+
+
+class Hit(NamedTuple):
+    id: object
+    score: float
+
+
+class Queries(NamedTuple):
+    q: torch.Tensor  # [Tq, dim] float32 on the device
+    cu: torch.Tensor  # [Nq + 1] int32 on the device
+    cu_host: list  # the same offsets as ints
+    single: bool
+
+    @property
+    def n(self) -> int:
+        return len(self.cu_host) - 1
+
+    @property
+    def longest(self) -> int:
+        return max((b - a for a, b in zip(self.cu_host, self.cu_host[1:])), default=0)
+
+
+def check_k(k, name: str = "k") -> None:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise InvalidTypeError(f"{name}: expected a positive int, got {type(k).__name__}")
+    if k <= 0:
+        raise InvalidInputError(f"{name}: expected a positive int, got {k}")
+
+
+def is_batch(queries) -> bool:
+    """One query [Lq, dim], or a batch (a list / tuple, or [Nq, Lq, dim])."""
+    return isinstance(queries, (list, tuple)) or getattr(queries, "ndim", 2) == 3
+
+
+def prepare(queries, dim: int, device: torch.device) -> Queries:
+    """One query [Lq, dim] or a batch (list, or [Nq, Lq, dim]) -> packed float32 queries."""
+    def as_tensor(x, where):
+        if isinstance(x, np.ndarray):
+            if x.dtype.kind not in "fiu":
+                raise InvalidTypeError(f"{where}: expected a numeric array, got dtype {x.dtype}")
+            return torch.from_numpy(np.ascontiguousarray(x))
+        if isinstance(x, torch.Tensor):
+            if x.is_complex() or x.dtype == torch.bool:
+                raise InvalidTypeError(f"{where}: expected a real-valued tensor, got dtype {x.dtype}")
+            return x.detach()
+        raise InvalidTypeError(f"{where}: expected a numpy array or torch tensor, got {type(x).__name__}")
+
+    if isinstance(queries, (list, tuple)):
+        items, single = [as_tensor(x, f"queries[{i}]") for i, x in enumerate(queries)], False
+        for i, t in enumerate(items):
+            if t.dim() != 2 or t.shape[1] != dim:
+                raise InvalidInputError(f"query {i}: expected shape [Lq, {dim}], got {tuple(t.shape)}")
+            if t.shape[0] == 0:
+                raise InvalidInputError(f"query {i}: empty (0 tokens)")
+        lens = [t.shape[0] for t in items]
+        q = torch.cat([t.to(device, torch.float32) for t in items]) if items else torch.zeros(0, dim, device=device)
+    else:
+        t = as_tensor(queries, "queries")
+        if t.dim() not in (2, 3):
+            raise InvalidInputError(f"queries: expected [Lq, dim], [Nq, Lq, dim] or a list, got shape {tuple(t.shape)}")
+        single = t.dim() == 2
+        t = t[None] if single else t
+        if t.shape[2] != dim:
+            raise InvalidInputError(f"query 0: expected shape [Lq, {dim}], got {tuple(t.shape[1:])}")
+        if t.shape[1] == 0 and t.shape[0]:
+            raise InvalidInputError("query 0: empty (0 tokens)")
+        lens = [t.shape[1]] * t.shape[0]
+        q = t.to(device, torch.float32).reshape(-1, dim)
+    cu_host = [0] + np.cumsum(lens, dtype=np.int64).tolist()
+    cu = torch.tensor(cu_host, dtype=torch.int32)
+    if q.numel() and not bool(torch.isfinite(q).all()):  # one check for the batch; then name the query
+        bad = (~torch.isfinite(q).all(dim=1)).nonzero()[0, 0].item()
+        i = int(np.searchsorted(np.asarray(cu_host), bad, side="right")) - 1
+        raise InvalidInputError(f"query {i}: contains NaN or Inf")
+    return Queries(q, cu.to(device), cu_host, single)
+
+
+def union(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per row, the candidates of a and b without repeats (-1 pads the rest)."""
+    c = torch.cat([a, b.to(a.device)], dim=1).sort(dim=1, descending=True).values
+    dup = torch.zeros_like(c, dtype=torch.bool)
+    dup[:, 1:] = c[:, 1:] == c[:, :-1]
+    return torch.where(dup, -1, c)
+
+
+def decode_keys(keys: np.ndarray) -> list:
+    return [x.decode() for x in keys.tolist()] if keys.dtype.kind == "S" else keys.tolist()
+
+
+def hits(scores: torch.Tensor, rows: torch.Tensor, keys: np.ndarray, k: int | None) -> list[list[Hit]]:
+    """Best-first hits per query from scores/rows [Nq, K] (padding rows -1 / -inf dropped)."""
+    n = scores.shape[1] if k is None else min(k, scores.shape[1])
+    if n == 0:
+        return [[] for _ in range(scores.shape[0])]
+    top = scores.topk(n, dim=1)
+    sel = rows.gather(1, top.indices)
+    ok = (sel >= 0) & ~torch.isneginf(top.values)
+    vals, sel, ok = top.values.tolist(), sel.cpu().numpy(), ok.tolist()
+    ids = keys[np.maximum(sel, 0)]
+    ids = [[x.decode() for x in r] for r in ids.tolist()] if ids.dtype.kind == "S" else ids.tolist()
+    return [[Hit(i, v) for i, v, good in zip(kr, vr, okr) if good] for kr, vr, okr in zip(ids, vals, ok)]
+
+
+def exhaustive(state, qs: Queries, k: int, live: torch.Tensor, budget: int = 1 << 28) -> list[list[Hit]]:
+    """Exact MaxSim of every query against every live row (no candidate stage), top-k; queries
+    in chunks whose [queries, rows] score table stays near ``budget`` bytes."""
+    keys = state.snap.row_keys()
+    out = []
+    step = max(1, budget // max(1, 4 * state.n_rows))
+    for a in range(0, qs.n, step):
+        b = min(qs.n, a + step)
+        cu = qs.cu[a : b + 1] - qs.cu[a]
+        s = state.tokens.score_all(qs.q[qs.cu_host[a] : qs.cu_host[b]], cu, qs.longest)
+        s.masked_fill_(~live[None], float("-inf"))
+        rows = torch.arange(state.n_rows, device=s.device).expand(b - a, -1)
+        out += hits(s, rows, keys, k)
+    return out
+
+
+def candidates(state, qs: Queries, k: int, live: torch.Tensor, *, n_candidates=None, k_tokens=None, nprobe=None,
+               sparse=None, n_sparse=None) -> torch.Tensor:
+    """The rows the exact stage reranks per query [Nq, width] (-1 pads)."""
+    for name, v in (("n_candidates", n_candidates), ("k_tokens", k_tokens), ("nprobe", nprobe), ("n_sparse", n_sparse)):
+        if v is not None:
+            check_k(v, name)
+    index = state.index
+    is_ivf = isinstance(index, ivf.Lists)
+    n_cand = n_candidates or max(DEFAULT_LISTS_CANDIDATES if is_ivf else DEFAULT_CANDIDATES, 8 * k)
+    if is_ivf:
+        cand = index.candidates(qs.q, qs.cu_host, live, n_cand, nprobe or DEFAULT_LISTS_PROBE)
+    else:
+        kk = min(k_tokens or DEFAULT_K_TOKENS, index.ntotal)
+        sims, pos = index.search(qs.q, kk)
+        offsets = state.tokens.offsets
+        rows = torch.searchsorted(offsets, pos.to(offsets.device), right=True) - 1
+        rows = torch.where(pos >= 0, rows, torch.full_like(rows, -1))
+        cand = approximate_candidates(sims.to(qs.q.device), rows, live, qs.cu, n_cand)
+    if sparse is not None:
+        extra = sparse_candidates(state, [sparse] if qs.single else sparse, qs.n, live, n_sparse or DEFAULT_SPARSE_CANDIDATES)
+        cand = union(cand, extra)
+    return cand
+
+
+def search(state, qs: Queries, k: int, where=None, *, exact: bool = False, **options) -> list[list[Hit]]:
+    """Top-k documents per query by exact MaxSim among the candidates (see the module docstring);
+    ``exact=True`` scores every (matching) live document instead."""
+    check_k(k)
+    keys = state.snap.row_keys()
+    live = state.live if where is None else allowed_rows(state, where)
+    if exact:
+        return exhaustive(state, qs, k, live)
+    cand = candidates(state, qs, k, live, **options)
+    scores = state.tokens.score(qs.q, qs.cu, cand, qs.longest)
+    out = hits(scores, cand, keys, k)
+    short = [i for i, h in enumerate(out) if len(h) < k]
+    if short:
+        n_match = int(live.sum())
+        short = [i for i in short if len(out[i]) < n_match]
+    if short:
+        # Filters can leave too few candidates: score every matching document for those queries.
+        matching = torch.nonzero(live).flatten()
+        for i in short:
+            a, b = qs.cu_host[i], qs.cu_host[i + 1]
+            cu = torch.tensor([0, b - a], dtype=torch.int32, device=qs.q.device)
+            s = state.tokens.score(qs.q[a:b], cu, matching[None], b - a)
+            out[i] = hits(s, matching[None], keys, k)[0]
+    return out
+
+
+def rerank(state, qs: Queries, candidate_ids, k: int | None) -> list[list[Hit]]:
+    """Exact MaxSim of each query against its own candidate ids (one list per query)."""
+    lists = [candidate_ids] if qs.single else candidate_ids
+    if isinstance(lists, (str, bytes)) or not hasattr(lists, "__len__"):
+        raise InvalidTypeError(f"candidate_ids: expected a list of ids (one list per query for a batch), "
+                               f"got {type(candidate_ids).__name__}")
+    lists = list(lists)
+    if len(lists) != qs.n:
+        raise InvalidInputError(f"candidate_ids: expected {qs.n} lists (one per query), got {len(lists)}")
+    for i, c in enumerate(lists):
+        if isinstance(c, (str, bytes)) or not hasattr(c, "__len__"):
+            raise InvalidTypeError(f"candidate_ids[{i}]: expected a list of ids, got {type(c).__name__}")
+    width = max((len(c) for c in lists), default=0)
+    cand = torch.full((len(lists), width), -1, dtype=torch.int64)
+    for i, c in enumerate(lists):
+        if len(c):
+            cand[i, : len(c)] = torch.from_numpy(state.snap.rows(c))
+    cand = cand.to(qs.q.device)
+    scores = state.tokens.score(qs.q, qs.cu, cand, qs.longest)
+    return hits(scores, cand, state.snap.row_keys(), k)

@@ -1,0 +1,349 @@
+"""The engine's state: what one committed snapshot looks like to searches, and how a writer moves
+it forward.
+
+A :class:`State` is immutable: the store snapshot it serves, the resident tokens (a view of
+every row), the live mask and the token index. Searches take the current state once and use only
+it, so a write never changes what a running search reads. :class:`Engine` (one per database,
+driven by one writer at a time) builds a state from a snapshot and follows the store's commits:
+
+- appended segments: their tokens are appended to the resident pages and their codes to the
+  index (IVF: assigned to the current centroids, persisted per segment); once the live tokens
+  exceed ``RETRAIN_GROWTH`` times the tokens the centroids were trained on, the index is
+  retrained and every segment re-assigned (amortised: the retrain costs grow geometrically);
+- deletes: a new live mask;
+- anything else (a compaction rewrote segments): a rebuild, after letting go of the old
+  resident memory.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+import warnings
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from mvdb.engine import ivf
+from mvdb.engine.flat import FlatIndex, FlatView, build_flat
+from mvdb.engine.progress import Progress
+from mvdb.engine.resident import Resident, Tokens
+from mvdb.errors import CorruptionError, InvalidInputError
+
+FLAT_MAX_TOKENS = 1 << 20  # "auto": exact token search below this many tokens, centroid lists above
+INDEX_KINDS = ("auto", "flat", "ivf")
+
+
+@dataclass(frozen=True, eq=False)
+class State:
+    snap: object  # mvdb.storage.Snapshot
+    tokens: Tokens | None
+    live: torch.Tensor  # [n_rows] bool on the device
+    index: object | None  # FlatView | ivf.Lists
+    cache: dict = field(default_factory=dict)  # per-state derived data (metadata, sparse postings)
+
+    @property
+    def generation(self) -> int:
+        return self.snap.generation
+
+    @property
+    def n_rows(self) -> int:
+        return self.snap.n_rows
+
+    @property
+    def dim(self) -> int | None:
+        return self.snap.dim
+
+    def segment_names(self) -> list[str]:
+        return [s["name"] for s in self.snap.manifest["segments"]]
+
+
+def _lengths(snap, first_segment: int = 0) -> np.ndarray:
+    parts = [np.diff(np.asarray(r.offsets)) for r in snap.readers[first_segment:]]
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+
+def _token_bytes(snap) -> int:
+    int8 = snap.dtype == "int8"
+    return (snap.dim or 0) * (1 if int8 else 2) + (4 if int8 else 0)
+
+
+def stored_config(manifest: dict) -> dict:
+    """The index choice recorded with the data; older databases: inferred from their index files."""
+    cfg = dict((manifest.get("config") or {}).get("index") or {})
+    if not cfg:
+        has_ivf = any(e.get("kind") == "centroids" for e in manifest.get("index_files", []))
+        cfg = {"kind": "ivf" if has_ivf else "auto", "nlist": None}
+    return cfg
+
+
+def resolve_config(store, index: str | None, nlist: int | None) -> dict:
+    """The index configuration for this handle: the stored one, unless an argument says otherwise
+    (honoured, with a warning naming both; recorded when the handle can write)."""
+    if index is not None and index not in INDEX_KINDS:
+        raise InvalidInputError(f"index: expected 'auto', 'flat' or 'ivf', got {index!r}")
+    if nlist is not None and (isinstance(nlist, bool) or not isinstance(nlist, int) or nlist < 1):
+        raise InvalidInputError(f"nlist: expected a positive int or None, got {nlist!r}")
+    manifest = store.manifest
+    recorded = "index" in (manifest.get("config") or {})
+    cfg = stored_config(manifest)
+    new = {"kind": index if index is not None else cfg["kind"], "nlist": nlist if nlist is not None else cfg["nlist"]}
+    fresh = not manifest["segments"] and not recorded
+    if not fresh and new != cfg and (recorded or index not in (None, "auto") or nlist is not None):
+        asked = ", ".join(f"{k}={v!r}" for k, v in (("index", index), ("nlist", nlist)) if v is not None)
+        warnings.warn(f"{store.path}: {asked} asked for; the database was built with index={cfg['kind']!r}, "
+                      f"nlist={cfg['nlist']!r}: using {asked}"
+                      + ("" if store.read_only else " (and recording it)"), stacklevel=4)
+    if not store.read_only and (not recorded or new != cfg):
+        store.commit_config(dict(store.config, index=new))
+    return new
+
+
+class Engine:
+    """Builds states from store snapshots and moves them forward; see the module docstring."""
+
+    def __init__(self, store, device: torch.device, residency: str, config: dict, progress: Progress | None = None):
+        self.store, self.device, self.residency = store, device, residency
+        self.config = dict(config)
+        self.progress = progress or Progress()
+        self.resident: Resident | None = None
+        self.flat: FlatIndex | None = None
+        self.load_seconds = 0.0
+        self.state = self.build(store.snapshot())
+
+    # ---- decisions
+
+    def kind(self, n_tokens: int) -> str:
+        k = self.config["kind"]
+        if k != "auto":
+            return k
+        return "flat" if n_tokens < FLAT_MAX_TOKENS else "ivf"
+
+    def home(self, snap) -> torch.device:
+        """Where the tokens live: on the device, or (when they would not fit, or asked) in pinned
+        host memory, with each search copying only its candidates to the device. Memory this
+        engine already holds counts as available (it is let go of before a rebuild), as do
+        blocks PyTorch has cached but not handed out."""
+        if self.residency == "host":
+            return torch.device("cpu")
+        if self.residency == "device" or self.device.type != "cuda":
+            return self.device
+        need = sum(s["n_tokens"] for s in snap.manifest["segments"]) * _token_bytes(snap)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        held = self.resident.capacity_bytes if self.resident is not None else 0
+        cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        return self.device if need <= 0.8 * (free + held + cached) - (2 << 30) else torch.device("cpu")
+
+    # ---- full build
+
+    def release(self) -> None:
+        """Let go of the resident tokens and indexes (before a rebuild, or at close)."""
+        self.resident = self.flat = None
+        self.state = None
+
+    def build(self, snap, retrain: bool = False) -> State:
+        dim = snap.dim
+        if not dim:
+            self.resident = None
+            return State(snap, None, torch.zeros(0, dtype=torch.bool, device=self.device), None)
+        from mvdb.storage._load import load_to_device
+
+        home = self.home(snap)
+        self.resident = None  # before loading: a rebuild must not hold two copies
+        t0 = time.perf_counter()
+        res = Resident(dim, snap.dtype == "int8", home, self.device, staged=self.residency == "host")
+        pin = home.type == "cpu" and self.device.type == "cuda"
+        n_tok = sum(s["n_tokens"] for s in snap.manifest["segments"])
+        with self.progress.step("loading tokens", n_tok, "tokens") as step:
+            whole = load_to_device(self.store, home, pin, include_deleted=True, snap=snap)
+            step.update(n_tok)
+        tokens = res.adopt(whole.tokens, whole.scales, _lengths(snap))
+        self.resident = res
+        self.load_seconds = time.perf_counter() - t0
+        live = torch.from_numpy(snap.live.copy()).to(self.device)
+        state = State(snap, tokens, live, None)
+        index, snap = self._make_index(state, retrain)
+        return State(snap, tokens, live, index)
+
+    def _make_index(self, state: State, retrain: bool = False):
+        tokens = state.tokens
+        if self.kind(tokens.n_tokens) == "flat" or tokens.n_tokens == 0:  # IVF trains once there are tokens
+            self.flat = None
+            view = build_flat(tokens, self.device)
+            self.flat = view.index
+            return view, state.snap
+        self.flat = None
+        return self._ivf(state, retrain)
+
+    # ---- the IVF index and its files
+
+    def _read(self, entry: dict, shape: tuple, dtype) -> torch.Tensor | None:
+        try:
+            a = self.store.read_index_file(entry)
+        except (OSError, CorruptionError, ValueError):
+            return None
+        return torch.from_numpy(a) if a.shape == shape and a.dtype == dtype else None
+
+    def live_tokens(self, state: State) -> int:
+        t = state.tokens
+        if t is None or not t.n_rows:
+            return 0
+        off = t.host_offsets.numpy()
+        return int(np.diff(off)[state.snap.live].sum())
+
+    def _train(self, state: State) -> tuple[torch.Tensor, dict]:
+        tokens = state.tokens
+        n = self.live_tokens(state) or tokens.n_tokens
+        nlist = self.config["nlist"] or ivf.default_nlist(n)
+        nlist = min(nlist, 1 << max(0, tokens.n_tokens.bit_length() - 1))  # k-means needs n >= nlist
+        take = torch.from_numpy(ivf.sample(tokens.n_tokens, ivf.TRAIN_PER_LIST * nlist))
+        with self.progress.step(f"training {nlist} centroids on {take.numel():,} tokens"):
+            tok, sc = tokens.take(take.to(tokens.home))
+            sample = tok.float()
+            if sc is not None:
+                sample = sample * sc[:, None]
+            centroids = ivf.train_centroids(sample, nlist)
+        entry = {"kind": "centroids", "id": uuid.uuid4().hex[:12], "nlist": nlist, "trained_tokens": n}
+        return centroids, entry
+
+    def _ivf(self, state: State, retrain: bool = False):
+        """Load the persisted centroids and codes; train / assign what is missing (and persist it
+        when writable). Files that fail their checksum are recomputed: the segments are the record.
+        Returns (lists, the snapshot after any index commit)."""
+        t0 = time.perf_counter()
+        snap, store = state.snap, self.store
+        entries = snap.manifest.get("index_files", [])
+        cent = next((e for e in entries if e.get("kind") == "centroids"), None)
+        nlist = self.config["nlist"]
+        centroids = None
+        # reuse unless a different nlist was asked for (one clamped for a small corpus counts as it)
+        if cent is not None and not retrain and (nlist in (None, cent["nlist"]) or cent["trained_tokens"] < nlist):
+            centroids = self._read(cent, (cent["nlist"], snap.dim), np.float32)
+        fresh = centroids is None
+        if fresh:
+            centroids, cent = self._train(state)
+            if not store.read_only:
+                cent.update(store.write_index_file(f"centroids-{cent['id']}.npy", centroids.numpy()))
+        t1 = time.perf_counter()
+        lists = ivf.Lists.empty(centroids, cent, self.device)
+        codes, written = self._codes(state, lists, cent, entries, 0)
+        lists = lists.with_rows(codes, state.tokens.offsets)
+        t2 = time.perf_counter()
+        if fresh or written:
+            keep = [e for e in entries if e.get("kind") == "codes" and e["centroids"] == cent["id"]]
+            snap = self._commit_index(snap, [cent] + keep + written)
+        lists.build_seconds = {"train": t1 - t0, "assign": t2 - t1}
+        return lists, snap
+
+    def _codes(self, state: State, lists: ivf.Lists, cent: dict, entries: list, first_segment: int):
+        """Codes of the snapshot's segments from ``first_segment`` on: read, else assigned (and
+        written when writable) -> (codes on the device, new manifest entries)."""
+        snap, tokens = state.snap, state.tokens
+        have = {e["segment"]: e for e in entries if e.get("kind") == "codes" and e["centroids"] == cent["id"]}
+        segs = snap.manifest["segments"]
+        start = sum(s["n_tokens"] for s in segs[:first_segment])
+        total = sum(s["n_tokens"] for s in segs[first_segment:])
+        out, written = [], []
+        with self.progress.step(f"assigning tokens to {lists.nlist} lists", total, "tokens") as step:
+            for seg in segs[first_segment:]:
+                stop = start + seg["n_tokens"]
+                e = have.get(seg["name"])
+                c = self._read(e, (seg["n_tokens"],), np.int32) if e is not None else None
+                if c is None:
+                    parts = [lists.assign(t, s) for t, s in tokens.chunks(start, stop)]
+                    c = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int32, device=self.device)
+                    if not self.store.read_only:
+                        stem = seg["name"].rsplit(".", 1)[0]
+                        e = {"kind": "codes", "centroids": cent["id"], "segment": seg["name"]}
+                        e.update(self.store.write_index_file(f"codes-{cent['id']}-{stem}.npy", c.cpu().numpy()))
+                        written.append(e)
+                out.append(c.to(self.device))
+                step.update(seg["n_tokens"])
+                start = stop
+        codes = torch.cat(out) if out else torch.zeros(0, dtype=torch.int32, device=self.device)
+        return codes, written
+
+    def _commit_index(self, snap, entries: list):
+        """Name ``entries`` in a new manifest (codes of segments no longer stored are dropped);
+        returns the snapshot after the commit (same rows as ``snap``)."""
+        if self.store.read_only:
+            return snap
+        names = {s["name"] for s in snap.manifest["segments"]}
+        self.store.commit_index([e for e in entries if e.get("kind") != "codes" or e["segment"] in names])
+        return self.store.snapshot()
+
+    # ---- following the store
+
+    def follow(self, snap=None) -> State:
+        """The state of ``snap`` (default: the store's current snapshot), reached incrementally
+        from the current state when only documents were appended or deleted."""
+        snap = self.store.snapshot() if snap is None else snap
+        st = self.state
+        if st is not None and snap.generation == st.generation:
+            return st
+        if st is not None and st.tokens is not None and snap.dim == st.dim:
+            old, new = st.segment_names(), [s["name"] for s in snap.manifest["segments"]]
+            if new[: len(old)] == old:
+                try:
+                    if len(new) > len(old):
+                        st = self._append(st, snap, len(old))
+                    else:
+                        st = replace(st, snap=snap, live=torch.from_numpy(snap.live.copy()).to(self.device), cache={})
+                except torch.cuda.OutOfMemoryError:  # pages no longer fit: start over, maybe on the host
+                    warnings.warn(f"{self.store.path}: out of device memory while adding; reloading the "
+                                  "database (its tokens may move to host memory)", stacklevel=3)
+                    self.release()
+                    st = self.build(self.store.snapshot())
+                    self.state = st
+                    return st
+                st = self._follow_index(st)
+                self.state = st
+                return st
+        self.release()
+        self.state = self.build(snap)
+        return self.state
+
+    def _follow_index(self, st: State) -> State:
+        """A reader follows a writer's retrain (new centroids named in the manifest)."""
+        if not isinstance(st.index, ivf.Lists):
+            return st
+        cent = next((e for e in st.snap.manifest.get("index_files", []) if e.get("kind") == "centroids"), None)
+        if cent is None or cent["id"] == st.index.entry["id"]:
+            return st
+        index, snap = self._ivf(st)
+        return replace(st, snap=snap, index=index)
+
+    def _append(self, st: State, snap, first: int) -> State:
+        from mvdb.storage._load import load_to_device
+
+        lengths = _lengths(snap, first)
+        old_tokens = st.tokens.n_tokens
+        old_rows = st.tokens.n_rows
+
+        def loader(pieces):
+            load_to_device(self.store, None, False, include_deleted=True, from_segment=first, snap=snap, out=pieces)
+
+        tokens = self.resident.load(loader, lengths)
+        live = torch.from_numpy(snap.live.copy()).to(self.device)
+        new = State(snap, tokens, live, None)
+        index = st.index
+        if isinstance(index, FlatView):
+            if self.kind(tokens.n_tokens) == "flat":
+                index.index.add(tokens.chunks(old_tokens))
+                return replace(new, index=index.index.view())
+            index, snap = self._ivf(new)  # grown past the flat index's range: train the IVF index now
+            return replace(new, snap=snap, index=index)
+        if index is None:
+            index, snap = self._make_index(new)
+            return replace(new, snap=snap, index=index)
+        if not self.store.read_only and self.live_tokens(new) > ivf.RETRAIN_GROWTH * index.trained_tokens:
+            index, snap = self._ivf(new, retrain=True)
+            return replace(new, snap=snap, index=index)
+        entries = snap.manifest.get("index_files", [])
+        codes, written = self._codes(new, index, index.entry, entries, first)
+        rel = tokens.offsets[old_rows:] - tokens.offsets[old_rows]
+        index = index.with_rows(codes, rel)
+        if written:
+            snap = self._commit_index(snap, entries + written)
+        return replace(new, snap=snap, index=index)
