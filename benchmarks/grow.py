@@ -174,7 +174,13 @@ def main():
     del corpus
     if dev == "cuda":
         torch.cuda.empty_cache()
-    res["modes"] = [run_mode(m, args, tokens, lengths, q, ref, dev) for m in args.modes.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"grow-{args.generator}-{args.docs}-{'H100' if 'H100' in res['device'] else dev}.json"
+    res["modes"] = []
+    for m in args.modes.split(","):
+        res["modes"].append(run_mode(m, args, tokens, lengths, q, ref, dev))
+        (out / name).write_text(json.dumps(res, indent=1))  # what finished survives a time limit
     if args.int8:
         res["ingest_dtype_s"] = {}
         off = np.concatenate(([0], np.cumsum(lengths)))
@@ -188,9 +194,6 @@ def main():
             res["ingest_dtype_s"][dtype] = time.perf_counter() - t0
             print(f"ingest as {dtype}: {res['ingest_dtype_s'][dtype]:.1f} s", flush=True)
         shutil.rmtree(args.path, ignore_errors=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = f"grow-{args.generator}-{args.docs}-{'H100' if 'H100' in res['device'] else dev}.json"
     (out / name).write_text(json.dumps(res, indent=1))
     print(f"\n{'mode':<9} {'build s':>8} {'peak GB':>8} {'residency':>9} {'pages':>5} {'recall':>7} {'QPS':>7} {'p50 ms':>7}")
     for m in res["modes"]:

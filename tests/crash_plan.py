@@ -45,11 +45,14 @@ def run(store, op) -> None:
     """Apply one operation to a Store (the writer's side)."""
     if op[0] == "add":
         _, doc_seed, lengths, ids, meta = op
-        auto = ids == list(range(store.manifest["next_id"], store.manifest["next_id"] + len(ids)))
+        manifest = store.store.manifest if hasattr(store, "store") else store.manifest  # Database or Store
+        auto = ids == list(range(manifest["next_id"], manifest["next_id"] + len(ids)))
         got = store.add(docs_for(doc_seed, lengths), ids=None if auto else ids, metadata=meta)
         assert got == ids, (got, ids)
     elif op[0] == "delete":
         store.delete(op[1])
+    elif hasattr(store, "store"):
+        store.compact()
     else:
         store.compact(min_segment_tokens=200)
 

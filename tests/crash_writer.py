@@ -1,6 +1,9 @@
 """Crash-test writer: runs planned operations on a store, journaling each one that returned.
 
-    python tests/crash_writer.py DB SEED JOURNAL
+    python tests/crash_writer.py DB SEED JOURNAL [database]
+
+With ``database``, the operations go through ``mvdb.open`` with an IVF index that retrains
+after almost every add (RETRAIN_GROWTH 1.05), so kills land in retrains too.
 """
 
 import os
@@ -13,9 +16,17 @@ from crash_plan import plan, run  # noqa: E402
 from mvdb.storage import Store  # noqa: E402
 
 
-def main(db: str, seed: int, journal: str) -> None:
-    store = Store(db, dim=16)
-    ops = plan(seed, store.ids(), store.manifest["next_id"])
+def main(db: str, seed: int, journal: str, kind: str = "store") -> None:
+    if kind == "database":
+        import mvdb
+        from mvdb.engine import ivf
+
+        ivf.RETRAIN_GROWTH = 1.05
+        store = mvdb.open(db, dim=16, index="ivf", nlist=4, device="cpu", progress=False)
+        ops = plan(seed, store.store.ids(), store.store.manifest["next_id"])
+    else:
+        store = Store(db, dim=16)
+        ops = plan(seed, store.ids(), store.manifest["next_id"])
     with open(journal, "a") as j:
         j.write("ready\n")
         j.flush()
@@ -28,4 +39,4 @@ def main(db: str, seed: int, journal: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], *sys.argv[4:])

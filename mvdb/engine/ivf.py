@@ -28,7 +28,18 @@ except ImportError:  # pragma: no cover - faiss is a dependency; the message say
 
 RETRAIN_GROWTH = 2.0  # retrain once the stored tokens exceed this many times the training corpus
 TRAIN_PER_LIST = 40  # k-means sample: tokens per list
+TRAIN_PER_LIST_GPU = 160  # where k-means runs on the GPU (+0.004 to 0.007 recall@10 at 1M documents)
+KMEANS_NITER = 10
+# Two-level k-means (CPU, many lists) is cheap per point; a larger sample makes up for part of
+# what it loses against flat k-means (40k documents, 8192 lists: recall@10 0.836 at 40 tokens per
+# list, 0.860 at 100, against 0.905 for flat k-means; benchmarks/first_open.py)
+TRAIN_PER_LIST_TWO_LEVEL = 100
+TRAIN_MAX = 1 << 21  # tokens in a k-means sample at most
 ASSIGN_CHUNK = 1 << 22  # tokens per assignment step
+# On a CPU, from this many lists on, k-means runs in two levels and tokens are assigned through a
+# coarse quantizer over the centroids (COARSE_PROBE groups deep): minutes become seconds.
+CPU_COARSE_NLIST = 1024
+COARSE_PROBE = 6
 
 
 def require_faiss():
@@ -62,11 +73,23 @@ def sample(n: int, m: int, seed: int = 0) -> np.ndarray:
     return np.sort(rng.choice(x, m, replace=False))
 
 
-def train_centroids(sample: torch.Tensor, nlist: int, seed: int = 0, niter: int = 10) -> torch.Tensor:
-    """Spherical k-means with FAISS (on the GPU when faiss-gpu is present) -> float32 [nlist, dim]."""
+def train_centroids(sample: torch.Tensor, nlist: int, seed: int = 0, niter: int | None = None,
+                    two_level: bool = False) -> torch.Tensor:
+    """Spherical k-means with FAISS (on the GPU when faiss-gpu is present) -> float32 [nlist, dim].
+
+    ``two_level``: about sqrt(nlist) coarse clusters, each split into its share of the lists
+    (faiss.contrib.clustering.two_level_clustering): each point meets sqrt(nlist) centroids per
+    iteration instead of nlist, what a CPU can afford for thousands of lists."""
     require_faiss()
+    niter = KMEANS_NITER if niter is None else niter
     x = np.ascontiguousarray(sample.float().cpu().numpy())
     dim = x.shape[1]
+    if two_level and nlist >= 4:
+        from faiss.contrib.clustering import two_level_clustering
+
+        cent, _ = two_level_clustering(x, max(2, round(nlist**0.5)), nlist, clustering_niter=niter, spherical=True,
+                                       seed=seed)
+        return torch.from_numpy(np.ascontiguousarray(cent, dtype=np.float32))
     cl = faiss.Clustering(dim, nlist)
     cl.niter, cl.seed, cl.spherical = niter, seed, True
     cl.max_points_per_centroid = max(1, x.shape[0] // nlist + 1)  # the caller sized the sample
@@ -115,6 +138,27 @@ class Lists:
         return cls(c, torch.zeros(c.shape[0] + 1, dtype=torch.int64, device=device),
                    torch.zeros(0, dtype=torch.int32, device=device), 0, 0, entry)
 
+    @property
+    def approximate(self) -> bool:
+        """Assign through a coarse quantizer (CPU, many lists) rather than against every centroid."""
+        return self.device.type == "cpu" and self.nlist >= CPU_COARSE_NLIST
+
+    def _coarse(self):
+        """A FAISS IVF index over the centroids themselves (about sqrt(nlist) groups), probed
+        ``COARSE_PROBE`` groups deep: a token meets about (1 + COARSE_PROBE) sqrt(nlist)
+        centroids instead of nlist (its nearest centroid or a close second). Built on first use."""
+        ix = getattr(self, "_coarse_index", None)
+        if ix is None:
+            c = np.ascontiguousarray(self.centroids.float().cpu().numpy())
+            groups = max(2, round(self.nlist**0.5))
+            ix = faiss.IndexIVFFlat(faiss.IndexFlatIP(self.dim), self.dim, groups, faiss.METRIC_INNER_PRODUCT)
+            ix.cp.spherical, ix.cp.seed = True, 1
+            ix.train(c)
+            ix.add(c)
+            ix.nprobe = COARSE_PROBE
+            self._coarse_index = ix
+        return ix
+
     def assign(self, tokens: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
         """Lists of stored tokens (float16, or int8 with scales) -> int32 codes on the device."""
         out = []
@@ -122,7 +166,11 @@ class Lists:
             x = tokens[i : i + ASSIGN_CHUNK].to(self.device)
             if scales is not None:
                 x = x.float() * scales[i : i + ASSIGN_CHUNK].to(self.device)[:, None]
-            out.append(assign(x, self.centroids))
+            if self.approximate:
+                _, ids = self._coarse().search(np.ascontiguousarray(x.float().numpy()), 1)
+                out.append(torch.from_numpy(ids[:, 0].astype(np.int32)))
+            else:
+                out.append(assign(x, self.centroids))
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.int32, device=self.device)
 
     def with_rows(self, codes: torch.Tensor, row_offsets: torch.Tensor) -> "Lists":

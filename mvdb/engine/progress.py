@@ -37,6 +37,10 @@ class _Step:
     def _show(self, final: bool) -> None:
         if not self.owner.enabled:
             return
+        if final and self.shown and self.total and self.done == self.total:  # the last update said it all
+            self.owner.stream.write("\n")
+            self.owner.stream.flush()
+            return
         now = time.perf_counter()
         elapsed = now - self.t0
         if elapsed < self.owner.after or (not final and now - self.last < 0.5):

@@ -89,8 +89,9 @@ def resolve_config(store, index: str | None, nlist: int | None) -> dict:
     recorded = "index" in (manifest.get("config") or {})
     cfg = stored_config(manifest)
     new = {"kind": index if index is not None else cfg["kind"], "nlist": nlist if nlist is not None else cfg["nlist"]}
-    fresh = not manifest["segments"] and not recorded
-    if not fresh and new != cfg and (recorded or index not in (None, "auto") or nlist is not None):
+    # a choice was made before: recorded, or (older databases) visible in their IVF index files
+    known = recorded or any(e.get("kind") == "centroids" for e in manifest.get("index_files", []))
+    if known and new != cfg:
         asked = ", ".join(f"{k}={v!r}" for k, v in (("index", index), ("nlist", nlist)) if v is not None)
         warnings.warn(f"{store.path}: {asked} asked for; the database was built with index={cfg['kind']!r}, "
                       f"nlist={cfg['nlist']!r}: using {asked}"
@@ -192,18 +193,36 @@ class Engine:
         off = t.host_offsets.numpy()
         return int(np.diff(off)[state.snap.live].sum())
 
+    def _target_nlist(self, state: State) -> int:
+        """The list count a build of this state trains: the configured one, else default_nlist of
+        the live tokens; never more than the stored tokens (k-means needs n >= nlist)."""
+        tokens = state.tokens
+        nlist = self.config["nlist"] or ivf.default_nlist(self.live_tokens(state) or tokens.n_tokens)
+        return min(nlist, 1 << max(0, tokens.n_tokens.bit_length() - 1))
+
+    def _outgrown(self, state: State, index) -> bool:
+        """Retrain after an add once the live tokens exceed RETRAIN_GROWTH x those the centroids
+        were trained on, or once the corpus calls for more lists than they have (so a grown
+        database ends with the list count of a bulk build of the same size)."""
+        return (self.live_tokens(state) > ivf.RETRAIN_GROWTH * index.trained_tokens
+                or self._target_nlist(state) > index.nlist)
+
     def _train(self, state: State) -> tuple[torch.Tensor, dict]:
         tokens = state.tokens
         n = self.live_tokens(state) or tokens.n_tokens
-        nlist = self.config["nlist"] or ivf.default_nlist(n)
-        nlist = min(nlist, 1 << max(0, tokens.n_tokens.bit_length() - 1))  # k-means needs n >= nlist
-        take = torch.from_numpy(ivf.sample(tokens.n_tokens, ivf.TRAIN_PER_LIST * nlist))
-        with self.progress.step(f"training {nlist} centroids on {take.numel():,} tokens"):
+        nlist = self._target_nlist(state)
+        two_level = self.device.type == "cpu" and nlist >= ivf.CPU_COARSE_NLIST
+        per = ivf.TRAIN_PER_LIST_TWO_LEVEL if two_level else ivf.TRAIN_PER_LIST
+        if ivf.gpu_available() and self.device.type == "cuda":
+            per = max(per, ivf.TRAIN_PER_LIST_GPU)
+        take = torch.from_numpy(ivf.sample(tokens.n_tokens, min(ivf.TRAIN_MAX, per * nlist)))
+        how = "two-level k-means" if two_level else "k-means"
+        with self.progress.step(f"training {nlist} centroids ({how}) on {take.numel():,} tokens"):
             tok, sc = tokens.take(take.to(tokens.home))
             sample = tok.float()
             if sc is not None:
                 sample = sample * sc[:, None]
-            centroids = ivf.train_centroids(sample, nlist)
+            centroids = ivf.train_centroids(sample, nlist, two_level=two_level)
         entry = {"kind": "centroids", "id": uuid.uuid4().hex[:12], "nlist": nlist, "trained_tokens": n}
         return centroids, entry
 
@@ -337,7 +356,7 @@ class Engine:
         if index is None:
             index, snap = self._make_index(new)
             return replace(new, snap=snap, index=index)
-        if not self.store.read_only and self.live_tokens(new) > ivf.RETRAIN_GROWTH * index.trained_tokens:
+        if not self.store.read_only and self._outgrown(new, index):
             index, snap = self._ivf(new, retrain=True)
             return replace(new, snap=snap, index=index)
         entries = snap.manifest.get("index_files", [])
