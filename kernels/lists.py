@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from mvdb.kernels.maxsim.fused import launch_guard
+
 
 @triton.jit
 def _credit_lists_kernel(
@@ -78,11 +80,12 @@ def credit_lists(
     score = torch.zeros(nq, n_rows, dtype=torch.float32, device=dev)
     mark = torch.full((nq, n_rows), -1, dtype=torch.int16, device=dev)
     if nq and n_rows:
-        _credit_lists_kernel[(nq,)](
-            score, mark, n_rows, list_offsets.contiguous(), list_rows.contiguous(),
-            probes.to(torch.int32).contiguous(), gains.float().contiguous(), cu32,
-            P=probes.shape[1], BLOCK=1024, num_warps=4,
-        )
+        with launch_guard():
+            _credit_lists_kernel[(nq,)](
+                score, mark, n_rows, list_offsets.contiguous(), list_rows.contiguous(),
+                probes.to(torch.int32).contiguous(), gains.float().contiguous(), cu32,
+                P=probes.shape[1], BLOCK=1024, num_warps=4,
+            )
     return score
 
 

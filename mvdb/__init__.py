@@ -16,18 +16,22 @@ from mvdb.errors import (
     InvalidTypeError,
     MvdbError,
     ReadOnlyError,
+    StorageError,
     UnknownIdError,
 )
 
 __version__ = "0.1.0"
 
 from mvdb.database import Database, Hit, open, rerank  # noqa: E402,A004
+from mvdb.storage import recover, verify  # noqa: E402
 
 __all__ = [
     "Database",
     "Hit",
     "open",
     "rerank",
+    "recover",
+    "verify",
     "CorruptionError",
     "DatabaseLockedError",
     "DeviceMismatchError",
@@ -37,6 +41,7 @@ __all__ = [
     "InvalidTypeError",
     "MvdbError",
     "ReadOnlyError",
+    "StorageError",
     "UnknownIdError",
     "__version__",
 ]

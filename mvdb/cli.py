@@ -16,17 +16,51 @@ from mvdb.errors import InvalidInputError, MvdbError
 
 QUIET = click.option("--quiet", "-q", is_flag=True, help="No progress bars or summaries.")
 DEVICE = click.option("--device", default="auto", show_default=True, help="cpu, cuda, or auto (cuda when present).")
+_DEBUG_KEY = "mvdb.debug"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _set_debug(ctx: click.Context, _param, value: bool) -> None:
+    if value:
+        ctx.meta[_DEBUG_KEY] = True  # meta is shared by the group's and the command's contexts
+
+
+DEBUG = click.option("--debug", is_flag=True, expose_value=False, is_eager=True, callback=_set_debug,
+                     help="On an error, raise it with its traceback instead of printing one 'Error:' line.")
+
+
+class _Group(click.Group):
+    """Every error of a command becomes one ``Error: <message>`` line on stderr and exit status 1:
+    mvdb's own errors (MvdbError) and OSError by their message, anything else by its type and
+    message. ``--debug`` raises it instead, with its traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise  # usage errors, --help, Ctrl-C: click reports them
+        except Exception as e:
+            if ctx.meta.get(_DEBUG_KEY):
+                raise
+            _fail(e)
+
+
+def _message(e: BaseException) -> str:
+    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    if isinstance(e, (MvdbError, OSError)):
+        return text or type(e).__name__
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _fail(e: BaseException) -> None:
+    click.echo(f"Error: {_message(e)}", err=True)
+    sys.exit(1)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mvdb")
+@DEBUG
 def main() -> None:
     """mvdb: multi-vector (late-interaction) retrieval with fused MaxSim kernels."""
-
-
-def _fail(e: Exception) -> None:
-    click.echo(f"Error: {e}", err=True)
-    sys.exit(1)
 
 
 @main.command()
@@ -41,61 +75,124 @@ def _fail(e: Exception) -> None:
               help="Create DB sharded into this many shards (mvdb.open(DB, devices=[...]) then puts one per device).")
 @DEVICE
 @QUIET
+@DEBUG
 def ingest(db: str, sources: tuple[str, ...], dtype: str | None, batch: int, build_index: bool, shards: int,
            device: str, quiet: bool) -> None:
     """Add document embeddings from files to DB (created if missing).
 
-    SOURCES: packed X.npy + X.lengths.npy, .npz / .safetensors / .h5 with 'tokens' and 'lengths'
-    (optional 'ids'), or a directory of per-document .npy files. Documents whose id is already
-    stored are skipped, so an interrupted ingest can be re-run.
+    SOURCES: packed X.npy + X.lengths.npy (optional X.ids.npy; side files given among the
+    sources, as by *.npy, are read with their X.npy), .npz / .safetensors / .h5 with 'tokens' and
+    'lengths' (optional 'ids'), or a directory of per-document .npy files. Every source is checked
+    before DB is created or written.
+
+    Documents without ids in their file get ids from the file's content (<content key>#<row>),
+    not its path, so re-running an interrupted ingest skips what is stored however the path is
+    spelled, even from a copy of the file.
 
     A sharded DB (created with --shards N, or by mvdb.open(DB, devices=[...])) gets each document
     on the shard holding the fewest tokens.
 
     Example: mvdb ingest my.mvdb docs.npz more_docs/
     """
-    from mvdb.ingest import read_source
+    from mvdb.ingest import open_source, sources_of
+
+    if batch < 1:
+        raise InvalidInputError(f"--batch: expected 1 or more documents, got {batch}")
+    with contextlib.ExitStack() as opened:
+        srcs = []
+        for path in sources_of(sources):
+            srcs.append(open_source(path))
+            opened.callback(srcs[-1].close)
+        dims = {s.dim for s in srcs}
+        if len(dims) > 1:
+            raise InvalidInputError("sources: different embedding dims: " + ", ".join(f"{s.path} has {s.dim}" for s in srcs))
+        dim = dims.pop()
+        new = not os.path.lexists(db)
+        try:
+            _ingest(db, srcs, dim, dtype, batch, shards, quiet)
+        except BaseException:
+            if new:
+                _remove_if_empty(db)
+            raise
+    if build_index:
+        import mvdb
+
+        for p in _shard_paths(db):
+            t0 = time.perf_counter()
+            with mvdb.open(p, device=device) as d:
+                stats = d.stats()
+            if not quiet:
+                nlist = f", nlist {stats['nlist']}" if stats["nlist"] else ""
+                click.echo(f"token index{'' if p == db else ' of ' + os.path.basename(p)}: {stats['index']}{nlist} "
+                           f"on {stats['device']}, ready in {time.perf_counter() - t0:.1f} s")
+
+
+def _ingest(db: str, srcs: list, dim: int, dtype: str | None, batch: int, shards: int, quiet: bool) -> None:
+    """Add the documents of the checked sources ``srcs`` to DB (created if missing)."""
     from mvdb.storage import Store
 
-    try:
-        paths = _shard_paths(db, create=shards)
-        with contextlib.ExitStack() as stack:
-            stores = [stack.enter_context(Store(p, dtype=dtype)) for p in paths]
-            st = _Placement(stores) if len(stores) > 1 or shards else stores[0]
-            added = skipped = tokens_added = 0
-            t0 = time.perf_counter()
-            for src in sources:
-                n, batches = read_source(src, batch)
-                rate = {"text": ""}
-                with click.progressbar(length=n, label=src, show_pos=True, file=sys.stderr,
-                                       item_show_func=lambda _: rate["text"], hidden=quiet) as bar:
-                    for ids, toks, lens in batches:
-                        keep = ~st.contains(ids)
-                        if keep.any():
-                            st.add_packed(toks[np.repeat(keep, lens)], lens[keep], ids=[i for i, k in zip(ids, keep) if k])
-                        added += int(keep.sum())
-                        skipped += int((~keep).sum())
-                        tokens_added += int(lens[keep].sum())
-                        dt = max(time.perf_counter() - t0, 1e-9)
-                        rate["text"] = f"{added / dt:,.0f} docs/s, {tokens_added / dt:,.0f} tokens/s"
-                        bar.update(len(ids))
-            if not quiet:
-                dt = time.perf_counter() - t0
-                click.echo(f"ingested {added} documents ({tokens_added:,} tokens) in {dt:.1f} s; "
-                           f"skipped {skipped} already stored; {len(st)} in {db}")
-        if build_index:
-            import mvdb
+    paths = _shard_paths(db, create=shards)
+    with contextlib.ExitStack() as stack:
+        stores = [stack.enter_context(Store(p, dtype=dtype)) for p in paths]
+        for p, st in zip(paths, stores):
+            if st.dim is not None and st.dim != dim:
+                raise InvalidInputError(f"{p}: stores dim {st.dim}, but the sources have dim {dim}")
+        st = _Placement(stores) if len(stores) > 1 or shards else stores[0]
+        added = skipped = tokens_added = 0
+        t0 = time.perf_counter()
+        for src in srcs:
+            rate = {"text": ""}
+            with click.progressbar(length=src.n, label=src.path, show_pos=True, file=sys.stderr,
+                                   item_show_func=lambda _, r=rate: r["text"], hidden=quiet) as bar:
+                for ids, toks, lens in src.batches(batch):
+                    found = st.contains(ids)
+                    legacy = src.legacy_ids(ids)  # ids of the path-derived scheme, before content keys
+                    if legacy is not None and len(st):
+                        found |= st.contains(legacy)
+                    keep = ~found
+                    if keep.any():
+                        st.add_packed(toks[np.repeat(keep, lens)], lens[keep], ids=[i for i, k in zip(ids, keep) if k])
+                    added += int(keep.sum())
+                    skipped += int((~keep).sum())
+                    tokens_added += int(lens[keep].sum())
+                    dt = max(time.perf_counter() - t0, 1e-9)
+                    rate["text"] = f"{added / dt:,.0f} docs/s, {tokens_added / dt:,.0f} tokens/s"
+                    bar.update(len(ids))
+        if not quiet:
+            dt = time.perf_counter() - t0
+            click.echo(f"ingested {added} documents ({tokens_added:,} tokens) in {dt:.1f} s; "
+                       f"skipped {skipped} already stored; {len(st)} in {db}")
 
-            for p in paths:
-                t0 = time.perf_counter()
-                with mvdb.open(p, device=device) as d:
-                    stats = d.stats()
-                if not quiet:
-                    nlist = f", nlist {stats['nlist']}" if stats["nlist"] else ""
-                    click.echo(f"token index{'' if p == db else ' of ' + os.path.basename(p)}: {stats['index']}{nlist} "
-                               f"on {stats['device']}, ready in {time.perf_counter() - t0:.1f} s")
-    except (MvdbError, OSError) as e:
-        _fail(e)
+
+def _remove_if_empty(db: str) -> None:
+    """After a failed ingest that created DB: remove it again if it holds no document (a bad
+    document found while adding), so no empty database is left behind. Only the files a new
+    database consists of are removed, and only empty directories; best effort."""
+    from mvdb.sharded import SHARDS, is_sharded
+    from mvdb.storage import Store
+    from mvdb.storage.manifest import MANIFEST
+
+    try:
+        if not os.path.isdir(db):
+            return
+        paths = _shard_paths(db)
+        for p in paths:
+            if os.path.exists(os.path.join(p, MANIFEST)):
+                with Store(p, read_only=True) as st:
+                    if len(st) or st.manifest["segments"]:
+                        return
+        for p in paths:
+            for name in (MANIFEST, "LOCK"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(p, name))
+            for d in (os.path.join(p, "segments"), os.path.join(p, "index"), p):
+                with contextlib.suppress(OSError):
+                    os.rmdir(d)
+        if is_sharded(db) and not any(os.path.exists(p) for p in paths):
+            os.unlink(os.path.join(db, SHARDS))
+            os.rmdir(db)
+    except (MvdbError, OSError):  # best effort: never hide the error that brought us here
+        return
 
 
 def _shard_paths(db: str, create: int = 0) -> list[str]:
@@ -148,19 +245,20 @@ class _Placement:
 @click.argument("queries")
 @click.option("-k", default=10, show_default=True, help="Hits per query.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON list of [id, score] per query.")
+@DEBUG
 def search(db: str, queries: str, k: int, as_json: bool) -> None:
     """Search DB with query embeddings from a .npy file ([Lq, dim] or [Nq, Lq, dim]).
 
     Example: mvdb search my.mvdb query.npy -k 5
     """
     import mvdb
+    from mvdb.ingest import load_npy
 
-    try:
-        q = np.load(queries)
-        with mvdb.open(db, read_only=True) as d:
-            hits = d.search(q, k=k)
-    except (MvdbError, OSError, ValueError) as e:
-        _fail(e)
+    q = load_npy(queries, "the queries")
+    if q.ndim not in (2, 3):
+        raise InvalidInputError(f"{queries}: expected queries as [Lq, dim] or [Nq, Lq, dim], got shape {q.shape}")
+    with mvdb.open(db, read_only=True) as d:
+        hits = d.search(q, k=k)
     batch = hits if q.ndim == 3 else [hits]
     for i, row in enumerate(batch):
         if as_json:
@@ -172,6 +270,7 @@ def search(db: str, queries: str, k: int, as_json: bool) -> None:
 @main.command()
 @click.argument("db")
 @click.option("--json", "as_json", is_flag=True)
+@DEBUG
 def info(db: str, as_json: bool) -> None:
     """Show what DB holds.
 
@@ -179,18 +278,15 @@ def info(db: str, as_json: bool) -> None:
     """
     from mvdb.storage import Store
 
-    try:
-        per = []
-        for p in _shard_paths(db):
-            with Store(p, read_only=True) as st:
-                m = st.manifest
-                per.append({"path": p, "documents": len(st), "dim": m["dim"], "dtype": m["dtype"],
-                            "id_type": m["id_type"], "segments": len(m["segments"]),
-                            "tokens": sum(s["n_tokens"] for s in m["segments"]),
-                            "deleted": sum(len(s["deleted"]) for s in m["segments"]), "generation": m["generation"],
-                            "bytes": sum(s["file_size"] for s in m["segments"]), "index": _index_info(m)})
-    except (MvdbError, OSError) as e:
-        _fail(e)
+    per = []
+    for p in _shard_paths(db):
+        with Store(p, read_only=True) as st:
+            m = st.manifest
+            per.append({"path": p, "documents": len(st), "dim": m["dim"], "dtype": m["dtype"],
+                        "id_type": m["id_type"], "segments": len(m["segments"]),
+                        "tokens": sum(s["n_tokens"] for s in m["segments"]),
+                        "deleted": sum(len(s["deleted"]) for s in m["segments"]), "generation": m["generation"],
+                        "bytes": sum(s["file_size"] for s in m["segments"]), "index": _index_info(m)})
     if len(per) == 1 and per[0]["path"] == db:
         out = per[0]
     else:
@@ -220,20 +316,16 @@ def _index_info(m: dict) -> str:
 
 @main.command()
 @click.argument("db")
+@DEBUG
 def verify(db: str) -> None:
     """Check every checksum, offset and the manifest of DB; changes nothing. Exit 1 on problems.
 
     Example: mvdb verify my.mvdb
     """
-    from mvdb.storage import Store
+    from mvdb.storage import verify as verify_path
 
-    try:
-        reports = []
-        for p in _shard_paths(db):
-            with Store(p, read_only=True) as st:
-                reports.append((p, st.verify()))
-    except (MvdbError, OSError) as e:
-        _fail(e)
+    _require_database(db, "verify")
+    reports = [(p, verify_path(p)) for p in _shard_paths(db)]  # opens nothing: works on damaged files
     for p, report in reports:
         click.echo(str(report) if p == db else f"{os.path.basename(p)}: {report}")
     sys.exit(0 if all(r.ok for _, r in reports) else 1)
@@ -243,21 +335,51 @@ def verify(db: str) -> None:
 @click.argument("db")
 @DEVICE
 @QUIET
+@DEBUG
 def compact(db: str, device: str, quiet: bool) -> None:
     """Rewrite segments without deleted documents and merge small ones (ids are kept); the token
-    index follows (retrained once the corpus has outgrown its training corpus 4x).
+    index follows.
 
     Example: mvdb compact my.mvdb
     """
     import mvdb
 
-    try:
-        with mvdb.open(db, device=device) as d:
-            n = d.compact()
-            if not quiet:
-                click.echo(f"rewrote {n} segments; {len(d)} documents in {d.stats()['segments']} segments")
-    except (MvdbError, OSError) as e:
-        _fail(e)
+    _require_database(db, "compact")
+    with mvdb.open(db, device=device) as d:
+        n = d.compact()
+        if not quiet:
+            click.echo(f"rewrote {n} segments; {len(d)} documents in {d.stats()['segments']} segments")
+
+
+@main.command()
+@click.argument("db")
+@click.option("--force", is_flag=True, help="Rebuild the manifest even when it is intact.")
+@DEBUG
+def recover(db: str, force: bool) -> None:
+    """Rebuild a lost or damaged MANIFEST.json from the segments whose checksums hold (the newest
+    copy of an id wins; deletions made after a segment was written are lost; the index is rebuilt
+    on the next open). Prints what was left out; exit 1 when anything was.
+
+    Example: mvdb recover my.mvdb
+    """
+    from mvdb.storage import recover as recover_path
+
+    report = recover_path(db, force=force)
+    click.echo(str(report))
+    sys.exit(0 if report.ok else 1)
+
+
+def _require_database(db: str, command: str) -> None:
+    """FileNotFoundError unless DB is a database (or a file, which the library then refuses), so a
+    writable open does not create an empty one."""
+    from mvdb.sharded import is_sharded
+    from mvdb.storage.manifest import MANIFEST
+
+    if os.path.isfile(db) or is_sharded(db) or os.path.isfile(os.path.join(db, MANIFEST)) \
+            or os.path.isdir(os.path.join(db, "segments")):  # a lost manifest: the library says what to do
+        return
+    where = "no such directory" if not os.path.lexists(db) else f"no {MANIFEST} here"
+    raise FileNotFoundError(f"{db}: no database here ({where}; {command} does not create one)")
 
 
 @main.command()
@@ -265,6 +387,7 @@ def compact(db: str, device: str, quiet: bool) -> None:
 @click.option("--docs", default=300, show_default=True, help="Man pages to index (at most 300).")
 @click.option("--path", default=None, help="Database directory to build (default: a temporary one).")
 @click.option("--kernels", is_flag=True, help="Run the kernel-only demo instead (synthetic shapes).")
+@DEBUG
 def demo(device: str, docs: int, path: str | None, kernels: bool) -> None:
     """Embed man pages with MiniLM, build a database, search it, and check recall.
 

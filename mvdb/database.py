@@ -28,6 +28,7 @@ import torch
 from mvdb.engine.progress import Progress
 from mvdb.engine.rwlock import RWLock
 from mvdb.engine.filters import allowed_rows
+from mvdb.engine.filters import parse as parse_where
 from mvdb.engine.search import Hit, check_k, decode_keys, hits, is_batch, prepare
 from mvdb.engine.search import candidates as run_candidates
 from mvdb.engine.search import rerank as run_rerank
@@ -54,15 +55,61 @@ def _device(device) -> torch.device:
     return d
 
 
+def _search_args(where, **options) -> None:
+    """Check ``where`` and the candidate-stage options up front, so that they are rejected even
+    when the database is empty."""
+    if where is not None:
+        parse_where(where)
+    for name, v in options.items():
+        if v is not None:
+            check_k(v, name)
+
+
+def _ids_arg(ids):
+    """Check an ids argument (one int or str id, or a list / array of them); returns it as the
+    store reads it (an iterator becomes a list). InvalidTypeError for anything else."""
+    if isinstance(ids, str) or (isinstance(ids, (int, np.integer)) and not isinstance(ids, (bool, np.bool_))):
+        return ids
+    if isinstance(ids, torch.Tensor):
+        if ids.ndim != 1 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise InvalidTypeError(f"ids: expected a 1-D integer tensor of ids, got {ids.dtype} of shape "
+                                   f"{tuple(ids.shape)}")
+        return ids
+    if isinstance(ids, np.ndarray):
+        if ids.ndim != 1 or ids.dtype.kind not in "iuUO":
+            raise InvalidTypeError(f"ids: expected a 1-D array of int or str ids, got {ids.dtype} of shape {ids.shape}")
+        if ids.dtype.kind in "iu":
+            return ids
+    elif isinstance(ids, (bytes, dict)) or not hasattr(ids, "__iter__"):
+        raise InvalidTypeError(f"ids: expected an int or str id, or a list of them, got {type(ids).__name__}")
+    values = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+    kinds = set()
+    for i, v in enumerate(values):
+        if isinstance(v, str):
+            kinds.add("str")
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise InvalidInputError(f"ids[{i}]: expected a str that encodes to UTF-8, got a lone surrogate "
+                                        f"at position {e.start}") from None
+        elif isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+            kinds.add("int")
+        else:
+            raise InvalidTypeError(f"ids[{i}]: expected an int or str id, got {type(v).__name__}")
+    if len(kinds) > 1:
+        raise InvalidTypeError("ids: expected all int or all str ids, got a mix")
+    return values
+
+
 class Database:
     """See the module docstring; create with :func:`mvdb.open`."""
 
     def __init__(self, path, *, dim=None, dtype=None, device="auto", read_only=False, index=None, nlist=None,
-                 residency="auto", progress=None):
+                 residency="auto", progress=None, checksums=True):
         self.device = _device(device)
         if residency not in RESIDENCY:
             raise InvalidInputError(f"residency: expected 'auto', 'device' or 'host', got {residency!r}")
-        self.store = Store(path, dim=dim, dtype=dtype, read_only=read_only)
+        self.store = Store(path, dim=dim, dtype=dtype, read_only=read_only, checksums=checksums)
         try:
             config = resolve_config(self.store, index, nlist)
             self._engine = Engine(self.store, self.device, residency, config, Progress(progress))
@@ -83,7 +130,18 @@ class Database:
         return st
 
     def _advance(self) -> None:
-        """Move to the store's latest commit (the writer holds ``self._writer``)."""
+        """Move to the store's latest commit (the writer holds ``self._writer``). When that fails
+        after the store committed (an I/O or memory error), searches go on over the previous state
+        and the next write (or ``refresh()``) tries again before its own work."""
+        self._behind = True
+        self._follow()
+        self._behind = False
+
+    def _catch_up(self) -> None:
+        if getattr(self, "_behind", False):
+            self._advance()
+
+    def _follow(self) -> None:
         snap = self.store.snapshot()
         st = self._state
         names = [s["name"] for s in snap.manifest["segments"]]
@@ -119,8 +177,11 @@ class Database:
 
     def contains(self, ids) -> np.ndarray:
         """Bool mask: which of ``ids`` are stored."""
+        ids = _ids_arg(ids)
+        if isinstance(ids, (str, int, np.integer)):
+            ids = [ids]
         with self._rw.read():
-            return self._read().snap.contains(list(ids))
+            return self._read().snap.contains(ids)
 
     def __enter__(self) -> "Database":
         return self
@@ -144,12 +205,15 @@ class Database:
         centroids were trained).
         """
         with self._writer:
+            self._catch_up()
             out = self.store.add(docs, ids=ids, metadata=metadata, sparse=sparse)
             self._advance()
         return out
 
     def delete(self, ids) -> None:
+        ids = _ids_arg(ids)
         with self._writer:
+            self._catch_up()
             self.store.delete(ids)
             self._advance()
 
@@ -157,6 +221,7 @@ class Database:
         """Rewrite segments holding deleted documents (their tokens leave the index); returns the
         number of segments rewritten."""
         with self._writer:
+            self._catch_up()
             n = self.store.compact()
             if n:
                 self._advance()
@@ -166,12 +231,13 @@ class Database:
         """Follow commits made by another process (readers); True when something changed."""
         with self._writer:
             changed = self.store.refresh()
-            if changed:
+            if changed or getattr(self, "_behind", False):
                 self._advance()
         return changed
 
     def get(self, ids) -> list[np.ndarray]:
         """Each document as a float32 [L, dim] array (int8 dequantized)."""
+        ids = _ids_arg(ids)
         with self._rw.read():
             snap = self._read().snap
             p = snap.gather(snap.rows(ids))
@@ -181,6 +247,7 @@ class Database:
         return [tokens[p.offsets[i] : p.offsets[i + 1]] for i in range(len(p.offsets) - 1)]
 
     def metadata(self, ids) -> list:
+        ids = _ids_arg(ids)
         with self._rw.read():
             snap = self._read().snap
             return [json.loads(v) for v in snap.metadata(snap.rows(ids))]
@@ -231,6 +298,7 @@ class Database:
         check_k(k)
         if not isinstance(exact, bool):
             raise InvalidTypeError(f"exact: expected a bool, got {type(exact).__name__}")
+        _search_args(where, n_candidates=n_candidates, k_tokens=k_tokens, nprobe=nprobe, n_sparse=n_sparse)
         with self._rw.read():
             st = self._read()
             if st.tokens is None or not st.snap.n_live:
@@ -248,6 +316,7 @@ class Database:
         """The ids the exact stage of ``search`` (same arguments) would rerank, per query: for
         seeing why a document is or is not found, and for measuring candidate recall."""
         check_k(k)
+        _search_args(where, n_candidates=n_candidates, k_tokens=k_tokens, nprobe=nprobe, n_sparse=n_sparse)
         with self._rw.read():
             st = self._read()
             if st.tokens is None or not st.snap.n_live:
@@ -274,7 +343,7 @@ class Database:
 
 
 def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=None, nlist=None,  # noqa: A001
-         residency="auto", devices=None, progress=None):
+         residency="auto", devices=None, progress=None, checksums=True):
     """Open (or create) a database directory.
 
     ``dtype``: "float16" (the default) or "int8" for a new database; for an existing one, None or
@@ -287,6 +356,9 @@ def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=No
     its free memory). ``devices``: a list of devices to shard the documents over, one shard each
     (:class:`mvdb.sharded.ShardedDatabase`; a directory created sharded is always opened sharded).
     ``progress``: report long index builds on stderr (default: on, ``MVDB_PROGRESS=0`` turns it off).
+    ``checksums``: check each segment's tokens against their CRC-32 as they are loaded into memory
+    (CorruptionError on a mismatch; structural checks run on every open regardless). On by default;
+    False saves the hashing (see the README's reliability section for its cost).
     """
     from mvdb.sharded import ShardedDatabase, is_sharded
 
@@ -294,7 +366,26 @@ def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=No
         return ShardedDatabase(path, devices=devices, dim=dim, dtype=dtype, device=device, read_only=read_only,
                                index=index, nlist=nlist, residency=residency, progress=progress)
     return Database(path, dim=dim, dtype=dtype, device=device, read_only=read_only, index=index, nlist=nlist,
-                    residency=residency, progress=progress)
+                    residency=residency, progress=progress, checksums=checksums)
+
+
+def _inline_tensor(x, where: str) -> torch.Tensor:
+    """One inline array (numpy, torch, or nested lists of numbers) as a real-valued tensor."""
+    if isinstance(x, torch.Tensor):
+        if x.is_complex() or x.dtype == torch.bool:
+            raise InvalidTypeError(f"{where}: expected a real-valued (float or int) tensor, got dtype {x.dtype}")
+        return x.detach()
+    if isinstance(x, (np.ndarray, list, tuple)):
+        try:
+            a = np.asarray(x)
+        except ValueError as e:  # ragged nested lists
+            raise InvalidInputError(f"{where}: expected a 2-D [L, dim] array, got a ragged sequence ({e})") from None
+        if a.dtype.kind not in "fiu":
+            raise InvalidTypeError(f"{where}: expected a real-valued (float or int) array, got dtype {a.dtype}")
+        if a.dtype.kind != "f":
+            a = a.astype(np.float64)  # torch lacks some numpy int dtypes (uint64); exact for any int32
+        return torch.from_numpy(np.ascontiguousarray(a))
+    raise InvalidTypeError(f"{where}: expected a numpy array or torch tensor, got {type(x).__name__}")
 
 
 def rerank(query, docs, k: int | None = None) -> list[Hit]:
@@ -304,19 +395,35 @@ def rerank(query, docs, k: int | None = None) -> list[Hit]:
     """
     if k is not None:
         check_k(k)
-    if not isinstance(docs, (list, tuple)) or not docs:
-        raise InvalidInputError("docs: expected a non-empty list of [L, dim] arrays / tensors")
-    q = query if isinstance(query, torch.Tensor) else torch.from_numpy(np.asarray(query))
+    expected = "docs: expected a non-empty list of [L, dim] arrays / tensors, or one [n, L, dim] array"
+    if isinstance(docs, (np.ndarray, torch.Tensor)):
+        if docs.ndim != 3:
+            raise InvalidInputError(f"{expected}, got shape {tuple(docs.shape)}")
+        docs = list(docs)
+    elif not isinstance(docs, (list, tuple)):
+        raise InvalidTypeError(f"{expected}, got {type(docs).__name__}")
+    if not len(docs):
+        raise InvalidInputError(f"{expected}, got an empty {type(docs).__name__}")
+    q = _inline_tensor(query, "query")
     if q.dim() != 2:
         raise InvalidInputError(f"query: expected [Lq, dim], got shape {tuple(q.shape)}")
     dim = q.shape[1]
-    d_list = [d if isinstance(d, torch.Tensor) else torch.from_numpy(np.asarray(d)) for d in docs]
-    for i, d in enumerate(d_list):
-        if d.dim() != 2 or d.shape[1] != dim:
-            raise InvalidInputError(f"document {i}: expected shape [L, {dim}], got {tuple(d.shape)}")
     device = q.device
     qs = prepare(q, dim, device)
-    d = torch.cat([x.float().to(device) for x in d_list])
+    d_list = []
+    for i, x in enumerate(docs):
+        d = _inline_tensor(x, f"document {i}")
+        if d.dim() != 2 or d.shape[1] != dim:
+            raise InvalidInputError(f"document {i}: expected shape [L, {dim}], got {tuple(d.shape)}")
+        if d.shape[0] == 0:
+            raise InvalidInputError(f"document {i}: empty (0 tokens); every document needs at least one token")
+        d32 = d.to(device, torch.float32)
+        if not bool(torch.isfinite(d32).all()):
+            beyond = bool(torch.isfinite(d).all()) if d.is_floating_point() else True
+            raise InvalidInputError(f"document {i}: " + ("values beyond the float32 range" if beyond
+                                                          else "contains NaN or Inf"))
+        d_list.append(d32)
+    d = torch.cat(d_list)
     cu_d = torch.zeros(len(d_list) + 1, dtype=torch.int32)
     cu_d[1:] = torch.tensor([x.shape[0] for x in d_list]).cumsum(0)
     scores = maxsim_varlen(qs.q, qs.cu, d, cu_d.to(device), max_seqlen_q=qs.longest)

@@ -44,3 +44,9 @@ class UnknownIdError(MvdbError, KeyError):
 
 class CorruptionError(MvdbError, RuntimeError):
     """Stored data failed a checksum or consistency check."""
+
+
+class StorageError(MvdbError, OSError):
+    """A write (or read) failed for an operating-system reason: no space, an I/O error, no
+    permission, a vanished directory. ``errno`` and ``filename`` are set; the last commit is intact
+    and the handle stays usable."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -99,6 +100,7 @@ class ShardedDatabase:
     def __init__(self, path, *, devices=None, dim=None, dtype=None, device="auto", read_only=False, **options):
         path = os.fspath(path)
         self.path = path
+        self._writer = threading.RLock()  # one write at a time across all shards
         if devices is not None:
             if isinstance(devices, (str, torch.device)) or not devices:
                 raise InvalidInputError(f"devices: expected a non-empty list of devices, got {devices!r}")
@@ -195,7 +197,12 @@ class ShardedDatabase:
 
     def add(self, docs, ids=None, metadata=None, sparse=None) -> list:
         """Store documents, each on the shard holding the fewest tokens; returns their (global) ids.
-        Everything is checked before any shard writes."""
+        Everything is checked before any shard writes. Writes are serialised across threads (ids
+        are allocated over all shards); searches run concurrently with them."""
+        with self._writer:
+            return self._add(docs, ids, metadata, sparse)
+
+    def _add(self, docs, ids, metadata, sparse) -> list:
         for s in self.shards:
             s.store._writable()
         _, lengths, _ = validate.documents(docs, self.dim)  # shapes, dtypes, finiteness, dim
@@ -223,16 +230,19 @@ class ShardedDatabase:
         return ids
 
     def delete(self, ids) -> None:
-        ids = list(ids)
-        for si, pos in enumerate(self._owner(ids)):
-            if pos:
-                self.shards[si].delete([ids[i] for i in pos])
+        with self._writer:
+            ids = list(ids)
+            for si, pos in enumerate(self._owner(ids)):
+                if pos:
+                    self.shards[si].delete([ids[i] for i in pos])
 
     def compact(self) -> int:
-        return sum(self._each(lambda s: s.compact()))
+        with self._writer:
+            return sum(self._each(lambda s: s.compact()))
 
     def refresh(self) -> bool:
-        return any(self._each(lambda s: s.refresh()))
+        with self._writer:
+            return any(self._each(lambda s: s.refresh()))
 
     # ---- reads
 

@@ -6,6 +6,6 @@
         packed = st.gather(ids)          # tokens / offsets / scales, in request order
 """
 
-from mvdb.storage.store import Packed, Store, VerifyReport
+from mvdb.storage.store import Packed, Snapshot, Store, VerifyReport, recover, verify
 
-__all__ = ["Packed", "Store", "VerifyReport"]
+__all__ = ["Packed", "Snapshot", "Store", "VerifyReport", "recover", "verify"]

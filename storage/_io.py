@@ -7,12 +7,23 @@ import fcntl
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from mvdb.errors import DatabaseLockedError
+from mvdb.errors import DatabaseLockedError, MvdbError, StorageError
 
 # Threads for work that releases the GIL: checksums, pwrite, numpy checks over chunks.
 POOL = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2) + 1, thread_name_prefix="mvdb-io")
 # Reads wait on the disk more than on a core: more in flight than there are cores.
 READ_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="mvdb-read")
+
+
+def storage_error(e: OSError, path: str, doing: str) -> OSError:
+    """An OSError from the operating system as a StorageError naming the path and errno (mvdb's
+    own errors pass through)."""
+    if isinstance(e, MvdbError) or not isinstance(e, OSError):
+        return e
+    where = e.filename or path
+    err = StorageError(e.errno, f"{doing} failed: {e.strerror or e}", where)
+    err.__cause__ = e
+    return err
 
 
 def _libc_sync_file_range():
@@ -71,11 +82,13 @@ def atomic_write(path: str, data: bytes) -> None:
 
 
 class WriterLock:
-    """An exclusive, non-blocking fcntl lock on ``<db>/LOCK``, released by close() or process death."""
+    """An exclusive, non-blocking flock on the database directory itself, released by release()
+    or process death. A directory cannot be unlinked and replaced while it holds files, so the lock
+    cannot be lost the way a lock file can (deleting ``LOCK`` let a second writer in)."""
 
     def __init__(self, db_path: str):
-        self.path = os.path.join(db_path, "LOCK")
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.path = db_path
+        self._fd = os.open(db_path, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -83,7 +96,7 @@ class WriterLock:
             self._fd = None
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise DatabaseLockedError(
-                    f"{db_path}: another process holds the writer lock ({self.path}); "
+                    f"{db_path}: another process holds the writer lock (on the directory; or another handle in this process); "
                     f"open it with read_only=True or close the other writer"
                 ) from None
             raise

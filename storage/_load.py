@@ -2,8 +2,39 @@
 
 from __future__ import annotations
 
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import torch
+
+from mvdb.errors import CorruptionError
+
+_CRC = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mvdb-crc")  # one in-order stream of chunks
+
+
+class _Checksum:
+    """The CRC-32 of a whole dataset, fed chunk by chunk in order on a helper thread (zlib releases
+    the GIL), so it overlaps the next read; compared with the one written when the dataset ends."""
+
+    def __init__(self, reader, name: str):
+        self.reader, self.name, self.value, self.jobs = reader, name, 0, []
+
+    def feed(self, chunk: np.ndarray):
+        def step(view=memoryview(np.ascontiguousarray(chunk)).cast("B")):
+            self.value = zlib.crc32(view, self.value)
+
+        job = _CRC.submit(step)
+        self.jobs.append(job)
+        return job
+
+    def finish(self) -> None:
+        for j in self.jobs:
+            j.result()
+        want = self.reader.crcs.get(self.name)
+        if want is not None and want != self.value:
+            raise CorruptionError(f"{self.reader.path}: dataset {self.name} checksum mismatch while loading "
+                                  f"(damaged segment; `mvdb verify` lists every problem)")
 
 CHUNK_TOKENS = 1 << 18  # rows per staging copy (64 MiB at dim 128, fp16)
 
@@ -99,30 +130,48 @@ def load_to_device(store, device, pin: bool, include_deleted: bool = False, from
     done = [None, None]
     lens, ids = [], []
     dst, k = 0, 0
+    check = getattr(store, "checksums", True)
+    crc_done = [None, None]
     for src, off, piece_ids, s in pieces:
         n = int(src.shape[0])
+        # Whole segments are checked against their written CRC-32 as they stream in; the live part
+        # of a segment with deletions is a subset (verify() and compact() check those).
+        crc = _Checksum(src.r, "tokens") if check and isinstance(src, _Whole) else None
         for t0 in range(0, n, CHUNK_TOKENS):
             t1 = min(n, t0 + CHUNK_TOKENS)
             if on_gpu:
                 slot = k % 2
                 if done[slot] is not None:
                     done[slot].synchronize()  # the copy that last used this staging buffer has finished
+                if crc_done[slot] is not None:
+                    crc_done[slot].result()  # ... and its checksum has been taken
                 buf = staging[slot][: t1 - t0]
                 src.read("tokens", buf.numpy(), t0, t1)  # disk / page cache -> pinned host
                 dest.copy_tokens(dst + t0, buf, non_blocking=True)
+                crc_done[slot] = crc.feed(buf.numpy()) if crc is not None else None
                 done[slot] = torch.cuda.Event()
                 done[slot].record()
                 k += 1
             elif out is None:
                 src.read("tokens", tokens[dst + t0 : dst + t1].numpy(), t0, t1)
+                if crc is not None:
+                    crc.feed(tokens[dst + t0 : dst + t1].numpy())
             else:
                 chunk = np.empty((t1 - t0, dim), dtype=np.int8 if int8 else np.float16)
                 src.read("tokens", chunk, t0, t1)
+                if crc is not None:
+                    crc.feed(chunk)
                 dest.copy_tokens(dst + t0, torch.from_numpy(chunk), non_blocking=False)
         if int8:
             sc = np.empty(n, np.float32)
             src.read("scales", sc, 0, n)
+            if crc is not None:
+                sc_crc = _Checksum(src.r, "scales")
+                sc_crc.feed(sc)
+                sc_crc.finish()
             dest.copy_scales(dst, torch.from_numpy(sc))
+        if crc is not None:
+            crc.finish()
         lens.append(np.diff(np.asarray(off)))
         if piece_ids is None:
             r = snap.readers[s]

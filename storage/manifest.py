@@ -54,7 +54,65 @@ def read_manifest(db_path: str) -> dict:
     body = {k: v for k, v in doc.items() if k != "checksum"}
     if doc.get("checksum") != _checksum(body):
         raise CorruptionError(f"{path}: manifest checksum mismatch")
+    problem = manifest_problem(body)
+    if problem:
+        raise CorruptionError(f"{path}: {problem}")
     return body
+
+
+def plain_name(name, suffix: str) -> bool:
+    """A file name inside its folder: no separators, no leading dot, no '..', the given suffix."""
+    return (isinstance(name, str) and name.endswith(suffix) and not name.startswith(".") and "/" not in name
+            and "\\" not in name and os.sep not in name and "\x00" not in name and len(name) <= 255)
+
+
+def _int(v, lo=None) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and (lo is None or v >= lo)
+
+
+def manifest_problem(m: dict) -> str | None:
+    """What is structurally wrong with a manifest (None when nothing): types, ranges, and every
+    file name being a plain name inside the database (never a path that leads elsewhere)."""
+    if not (m.get("dim") is None or _int(m.get("dim"), 1)):
+        return f"dim: expected a positive int or null, got {m.get('dim')!r}"
+    if m.get("dtype") not in ("float16", "int8"):
+        return f"dtype: expected 'float16' or 'int8', got {m.get('dtype')!r}"
+    if m.get("id_type") not in (None, "int", "str"):
+        return f"id_type: expected 'int', 'str' or null, got {m.get('id_type')!r}"
+    for key in ("next_id", "generation", "segment_counter"):
+        if not _int(m.get(key)):
+            return f"{key}: expected an int, got {m.get(key)!r}"
+    segs = m.get("segments")
+    if not isinstance(segs, list):
+        return f"segments: expected a list, got {type(segs).__name__}"
+    seen = set()
+    for i, seg in enumerate(segs):
+        if not isinstance(seg, dict):
+            return f"segments[{i}]: expected an object, got {type(seg).__name__}"
+        name = seg.get("name")
+        if not plain_name(name, ".h5"):
+            return f"segments[{i}]: name {name!r} is not a plain .h5 file name inside segments/"
+        if name in seen:
+            return f"segments[{i}]: {name} is listed twice"
+        seen.add(name)
+        for key in ("n_docs", "n_tokens", "file_size"):
+            if not _int(seg.get(key), 0):
+                return f"segments[{i}] ({name}): {key} expected a non-negative int, got {seg.get(key)!r}"
+        deleted = seg.get("deleted")
+        if not isinstance(deleted, list) or not all(_int(x) for x in deleted):
+            return f"segments[{i}] ({name}): deleted expected a list of ints"
+        if deleted and (min(deleted) < 0 or max(deleted) >= seg["n_docs"] or len(set(deleted)) != len(deleted)):
+            return (f"segments[{i}] ({name}): deleted rows out of range or repeated "
+                    f"(the segment holds {seg['n_docs']} documents)")
+    files = m.get("index_files", [])
+    if not isinstance(files, list):
+        return f"index_files: expected a list, got {type(files).__name__}"
+    for i, e in enumerate(files):
+        if not isinstance(e, dict) or not plain_name(e.get("name"), ".npy"):
+            return f"index_files[{i}]: name {e.get('name') if isinstance(e, dict) else e!r} is not a plain .npy file name inside index/"
+        if not _int(e.get("nbytes"), 0) or not _int(e.get("crc32"), 0):
+            return f"index_files[{i}] ({e['name']}): nbytes / crc32 expected non-negative ints"
+    return None
 
 
 def write_manifest(db_path: str, manifest: dict) -> dict:

@@ -1,10 +1,14 @@
 """Immutable HDF5 segments: CSR-packed tokens written once, then only read (memory-mapped).
 
 A segment file holds contiguous, uncompressed datasets ``tokens [T, dim]`` (float16 or int8),
-``scales [T]`` (float32, int8 only), ``offsets [n+1]`` (int64), ``ids [n]`` (int64, or
-fixed-width UTF-8 bytes), optionally ``metadata [n]`` (JSON strings) and optionally sparse
-vectors as CSR (``sparse_offsets [n+1]`` int64, ``sparse_terms`` int32, ``sparse_weights``
-float32); each dataset's CRC-32 is an attribute. Contiguous storage lets readers memory-map the arrays straight from the file.
+``scales [T]`` (float32, int8 only), ``offsets [n+1]`` (int64), the ids (``ids [n]`` int64, or
+for str ids the UTF-8 bytes back to back in ``id_bytes`` with ``id_offsets [n+1]``), optionally
+``metadata [n]`` (JSON strings) and optionally sparse vectors as CSR (``sparse_offsets [n+1]``
+int64, ``sparse_terms`` int32, ``sparse_weights`` float32). Every dataset's CRC-32 is in the
+``checksums`` dataset (names in the ``checksum_names`` attribute), written last by the same
+pwrite path as the data, so the file is never reopened for writing (version 2; version 1 files,
+with fixed-width str ids and CRCs as attributes, are still read). Contiguous storage lets readers
+memory-map the arrays straight from the file.
 """
 
 from __future__ import annotations
@@ -13,15 +17,40 @@ import os
 import zlib
 from concurrent.futures import wait
 
+import json
+
 import h5py
 import numpy as np
 
-from mvdb.storage._io import POOL, READ_POOL
-from mvdb.storage._io import fsync_file, start_writeback
+from mvdb.errors import CorruptionError
 
-SEGMENT_VERSION = 1
+from mvdb.storage._io import POOL, READ_POOL
+from mvdb.storage._io import start_writeback
+
+SEGMENT_VERSION = 2
 _WRITE_CHUNK = 64 << 20
-_ARRAYS = ("tokens", "scales", "offsets", "ids", "sparse_offsets", "sparse_terms", "sparse_weights")
+_ARRAYS = ("tokens", "scales", "offsets", "ids", "id_bytes", "id_offsets", "sparse_offsets", "sparse_terms",
+           "sparse_weights")
+_SMALL = ("offsets", "ids", "id_bytes", "id_offsets", "sparse_offsets")  # checked at every open
+
+
+def pack_str_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Fixed-width bytes ids -> (UTF-8 bytes back to back as uint8, offsets [n+1] int64)."""
+    values = ids.tolist()
+    lens = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
+    return np.frombuffer(b"".join(values), dtype=np.uint8), np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
+
+
+def unpack_str_ids(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """The inverse of pack_str_ids: a fixed-width bytes array as wide as the longest id."""
+    lens = np.diff(offsets)
+    n = len(lens)
+    width = int(lens.max()) if n else 1
+    out = np.zeros((n, max(1, width)), dtype=np.uint8)
+    rows = np.repeat(np.arange(n), lens)
+    cols = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lens)
+    out[rows, cols] = data[: int(offsets[-1])]
+    return out.view(f"S{max(1, width)}").reshape(n)
 
 
 def crc32(a: np.ndarray) -> int:
@@ -62,14 +91,21 @@ def write_segment(
     pwrite calls while another thread computes the checksums (both release the GIL), which is
     about twice as fast as writing through h5py.
     """
-    named = [("tokens", tokens), ("scales", scales), ("offsets", offsets), ("ids", ids)]
+    named = [("tokens", tokens), ("scales", scales), ("offsets", offsets)]
+    if ids.dtype.kind == "S":
+        named += list(zip(("id_bytes", "id_offsets"), pack_str_ids(ids)))
+    else:
+        named.append(("ids", ids))
     if sparse is not None:
         named += list(zip(("sparse_offsets", "sparse_terms", "sparse_weights"), sparse))
     arrays = {n: np.ascontiguousarray(a) for n, a in named if a is not None}
     crcs = {n: POOL.submit(crc32, a) for n, a in arrays.items()}
+    names = list(arrays)
     with h5py.File(path, "w", libver="latest", locking=False) as f:
         f.attrs["mvdb_segment_version"] = SEGMENT_VERSION
+        f.attrs["checksum_names"] = json.dumps(names)
         where = {n: _empty_contiguous(f, n, a) for n, a in arrays.items()}
+        where["checksums"] = _empty_contiguous(f, "checksums", np.zeros(len(names), np.uint32))
         if metadata is not None:
             f.create_dataset("metadata", data=np.array(metadata, dtype=object), dtype=h5py.string_dtype("utf-8"))
             f.attrs["crc32_metadata"] = zlib.crc32("\n".join(metadata).encode())
@@ -83,13 +119,12 @@ def write_segment(
         wait(jobs)  # every write has finished (or failed) before the descriptor is closed
         for j in jobs:
             j.result()
+        sums = np.array([crcs[n].result() for n in names], dtype=np.uint32)
+        _pwrite_all(fd, memoryview(sums).cast("B"), where["checksums"])
+        os.fsync(fd)
     finally:
         wait(jobs)
         os.close(fd)
-    with h5py.File(path, "r+", locking=False) as f:
-        for name, fut in crcs.items():
-            f.attrs[f"crc32_{name}"] = fut.result()
-    fsync_file(path)
     return os.path.getsize(path)
 
 
@@ -109,8 +144,18 @@ class SegmentReader:
         f = self._file
         self.tokens = _memmap(path, f["tokens"])
         self.scales = _memmap(path, f["scales"]) if "scales" in f else None
+        self.version = int(f.attrs.get("mvdb_segment_version", 1))
+        if "checksums" in f:
+            self.crcs = dict(zip(json.loads(f.attrs["checksum_names"]), (int(x) for x in f["checksums"][()])))
+        else:
+            self.crcs = {n: int(f.attrs[f"crc32_{n}"]) for n in _ARRAYS if f"crc32_{n}" in f.attrs}
         self.offsets = np.asarray(_memmap(path, f["offsets"]))
-        ids = f["ids"][()]
+        if "id_offsets" in f:
+            self._id_parts = (f["id_bytes"][()], f["id_offsets"][()])
+            ids = unpack_str_ids(*self._id_parts)
+        else:
+            self._id_parts = None
+            ids = f["ids"][()]
         self.ids = ids
         self.has_metadata = "metadata" in f
         self.sparse = tuple(np.asarray(_memmap(path, f[n])) for n in ("sparse_offsets", "sparse_terms", "sparse_weights")) \
@@ -163,6 +208,27 @@ class SegmentReader:
         values = [v.decode() if isinstance(v, bytes) else v for v in values]
         return [values[i] for i in inverse]
 
+    def check(self, n_docs: int, n_tokens: int) -> None:
+        """The cheap structural checks every open makes (CorruptionError naming the file and what
+        is wrong): the counts the manifest recorded, offsets increasing from 0 to the token count,
+        and the CRC-32s of the small datasets (offsets, ids, sparse offsets)."""
+        def bad(what):
+            raise CorruptionError(f"{self.path}: {what} (damaged segment; `mvdb verify` lists every problem)")
+
+        if self.n_docs != n_docs or self.n_tokens != n_tokens:
+            bad(f"holds {self.n_docs} documents / {self.n_tokens} tokens, the manifest says {n_docs} / {n_tokens}")
+        f = self._file
+        for ds in _SMALL:
+            if ds in f and ds in self.crcs and crc32(f[ds][()]) != self.crcs[ds]:
+                bad(f"dataset {ds} checksum mismatch")
+        off = self.offsets
+        if len(off) != n_docs + 1 or (len(off) and (off[0] != 0 or off[-1] != n_tokens)) or (np.diff(off) < 1).any():
+            bad("offsets are not increasing from 0 to the token count")
+        if self.sparse is not None:
+            so = self.sparse[0]
+            if len(so) != n_docs + 1 or so[0] != 0 or (np.diff(so) < 0).any() or so[-1] != len(self.sparse[1]):
+                bad("sparse offsets are not increasing from 0 to the term count")
+
     def checksum_problems(self) -> list[str]:
         """Recompute every dataset's CRC-32 and compare with the one written."""
         problems = []
@@ -170,7 +236,7 @@ class SegmentReader:
         for name in _ARRAYS:
             if name not in f:
                 continue
-            want = f.attrs.get(f"crc32_{name}")
+            want = self.crcs.get(name)
             got = crc32(f[name][()])
             if want is None or int(want) != got:
                 problems.append(f"{os.path.basename(self.path)}: dataset {name} checksum mismatch")

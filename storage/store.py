@@ -8,6 +8,8 @@ time (an fcntl lock); readers take no lock and work on a manifest snapshot until
 
 from __future__ import annotations
 
+import errno
+import functools
 import io
 import os
 import uuid
@@ -22,10 +24,11 @@ from mvdb.errors import (
     FormatError,
     InvalidInputError,
     ReadOnlyError,
+    StorageError,
     UnknownIdError,
 )
 from mvdb.storage import validate
-from mvdb.storage._io import WriterLock, atomic_write, fsync_dir
+from mvdb.storage._io import WriterLock, atomic_write, fsync_dir, storage_error
 from mvdb.storage.manifest import MANIFEST, new_manifest, read_manifest, write_manifest
 from mvdb.storage.segment import SegmentReader, write_segment
 
@@ -74,6 +77,28 @@ class VerifyReport:
     def __str__(self) -> str:
         head = f"{self.n_docs} documents in {self.n_segments} segments: "
         return head + ("OK" if self.ok else f"{len(self.problems)} problem(s)\n  " + "\n  ".join(self.problems))
+
+
+def _io(doing: str):
+    """Decorator of the write methods: an OSError from the system leaves as a StorageError naming
+    the path and errno (the last commit is intact: nothing is committed before the manifest rename)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def method(self, *args, **kwargs):
+            try:
+                return fn(self, *args, **kwargs)
+            except OSError as e:
+                raise storage_error(e, self.path, doing) from e.__cause__
+        return method
+    return wrap
+
+
+def _free_bytes(path: str) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def _runs(src: np.ndarray, dst: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -136,7 +161,14 @@ class Snapshot:
             rows = np.flatnonzero(self.live)
             keys = self.row_keys()[rows]
             order = np.argsort(keys, kind="stable")
-            self._keys, self._rows = keys[order], rows[order]
+            keys, rows = keys[order], rows[order]
+            twice = np.flatnonzero(keys[1:] == keys[:-1])
+            if len(twice):
+                seg = self.locate(rows[[twice[0], twice[0] + 1]])[0]
+                segs = sorted({self.readers[int(i)].path for i in seg})
+                raise CorruptionError(f"ids: live id {validate.decode_id(keys[twice[0]])!r} is stored twice "
+                                      f"({', '.join(segs)}); damaged ids or manifest")
+            self._keys, self._rows = keys, rows
         return self._keys, self._rows
 
     def find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -285,14 +317,17 @@ class Store:
         dtype: str | None = None,
         read_only: bool = False,
         segment_tokens: int = 1 << 22,
+        checksums: bool = True,
     ):
         self.path = os.fspath(path)
+        self.checksums = checksums  # check each whole segment's tokens CRC-32 as it is loaded
         self.read_only = read_only
         self.segment_tokens = segment_tokens
         if dtype is not None and dtype not in DTYPES:
             raise InvalidInputError(f"dtype: expected one of {DTYPES}, got {dtype!r}")
         self._lock = None
         self._snap = None
+        self._behind = None  # a committed manifest not opened yet (see _catch_up)
         self._prepare_directory(read_only)
         try:
             if os.path.exists(os.path.join(self.path, MANIFEST)):
@@ -310,6 +345,7 @@ class Store:
             if not read_only:
                 self._remove_orphans(manifest)
             self._snap = self._open_snapshot(manifest)
+            self._snap._index()  # the id index, built now: a live id stored twice is damage (CorruptionError)
         except BaseException:
             self.close()
             raise
@@ -322,8 +358,18 @@ class Store:
             if os.path.exists(os.path.join(p, MANIFEST)):
                 return
             ours = ("LOCK", SEGMENTS)  # and a manifest temp file: a crash while creating the database
-            if any(not name.startswith((".", MANIFEST + ".tmp")) and name not in ours for name in os.listdir(p)):
+            if any(not name.startswith((".", MANIFEST + ".tmp")) and name not in ours and name != INDEX
+                   for name in os.listdir(p)):
                 raise FormatError(f"{p}: holds other files and no {MANIFEST}; not an mvdb database")
+            data = _data_files(p)
+            if data:
+                # Segments without a manifest: never treat them as orphans (that deletes the data).
+                shown = ", ".join(data[:5]) + (f" and {len(data) - 5} more" if len(data) > 5 else "")
+                raise CorruptionError(
+                    f"{p}: {MANIFEST} is missing but the database holds {len(data)} data file(s) ({shown}); "
+                    f"nothing was changed. Rebuild the manifest from the checksummed segments with "
+                    f"`mvdb recover {p}` (or mvdb.recover(path)); deletions made since they were written are lost"
+                )
         elif read_only:
             raise FileNotFoundError(f"{p}: no database here (read_only=True does not create one)")
         if read_only:
@@ -341,17 +387,23 @@ class Store:
                     if path in old:
                         readers.append(old[path])
                     else:
-                        r = SegmentReader(path)
+                        r = _open_segment(path, seg)
                         opened.append(r)
                         readers.append(r)
                 return Snapshot(manifest, readers)
-            except FileNotFoundError:
+            except FileNotFoundError as e:
                 # A writer compacted between our manifest read and the open: read the new manifest.
                 for r in opened:
                     r.close()
-                if attempt == 4:
-                    raise
-                manifest = read_manifest(self.path)
+                newer = read_manifest(self.path)
+                if attempt == 4 or newer["generation"] == manifest["generation"]:
+                    raise CorruptionError(f"{e.filename}: a segment the manifest names is missing "
+                                          f"(`mvdb verify {self.path}` lists every problem)") from None
+                manifest = newer
+            except BaseException:
+                for r in opened:
+                    r.close()
+                raise
         raise AssertionError("unreachable")
 
     def _remove_orphans(self, manifest: dict) -> None:
@@ -439,7 +491,18 @@ class Store:
             raise ReadOnlyError(f"{self.path}: opened read-only")
         if self._snap is None:
             raise InvalidInputError(f"{self.path}: the store is closed")
+        self._catch_up()
 
+    def _catch_up(self) -> None:
+        """After a commit whose snapshot could not be opened (no descriptors, say): open it now."""
+        if getattr(self, "_behind", None) is not None:
+            try:
+                self._snap_swap(self._behind)
+            except OSError as e:
+                raise storage_error(e, self.path, "opening") from None
+            self._behind = None
+
+    @_io("add")
     def add(self, docs, ids=None, metadata=None, sparse=None) -> list:
         """Store documents (list of [L_i, dim] arrays/tensors, or one [n, L, dim]); returns their ids.
         ``sparse``: optional per-document sparse vectors ({term: weight} dicts or (terms, weights)
@@ -452,6 +515,7 @@ class Store:
         tokens, lengths, dim = validate.documents(docs, self.dim)
         return self._add(tokens, lengths, dim, ids, metadata, sparse)
 
+    @_io("add")
     def add_packed(self, tokens, lengths, ids=None, metadata=None, sparse=None) -> list:
         """Store packed documents: tokens [T, dim] and lengths [n] (each >= 1)."""
         self._writable()
@@ -504,6 +568,13 @@ class Store:
         return out
 
     def _write_segment(self, new: dict, tokens, scales, offsets, ids, meta, sparse=None) -> dict:
+        need = tokens.nbytes + offsets.nbytes + ids.nbytes + (0 if scales is None else scales.nbytes) \
+            + sum(len(m) for m in meta or ()) + sum(a.nbytes for a in sparse or ())
+        need += need // 32 + (64 << 10)  # HDF5's own structures
+        free = _free_bytes(os.path.join(self.path, SEGMENTS))
+        if free is not None and free < need:  # refuse before writing: a full disk mid-file helps nobody
+            raise StorageError(errno.ENOSPC, f"write failed: a segment needs about {need:,} bytes, {free:,} "
+                               f"are free on the filesystem of", os.path.join(self.path, SEGMENTS))
         new["segment_counter"] += 1
         name = f"seg-{new['segment_counter']:08d}-{uuid.uuid4().hex[:8]}.h5"
         seg_dir = os.path.join(self.path, SEGMENTS)
@@ -524,7 +595,12 @@ class Store:
         if added:
             fsync_dir(os.path.join(self.path, SEGMENTS))
         committed = write_manifest(self.path, new)
-        self._snap_swap(committed)
+        try:
+            self._snap_swap(committed)
+        except BaseException:
+            self._behind = committed  # committed on disk, not opened yet: the next call catches up
+            raise
+        self._behind = None
         for name in removed:
             os.unlink(os.path.join(self.path, SEGMENTS, name))
         if removed:
@@ -557,6 +633,7 @@ class Store:
     def config(self) -> dict:
         return dict(self.manifest.get("config") or {})
 
+    @_io("commit")
     def commit_config(self, config: dict) -> None:
         """Commit a manifest whose ``config`` is ``config`` (JSON values), data unchanged."""
         self._writable()
@@ -566,6 +643,7 @@ class Store:
 
     # ---- derived index files (written by the database; the segments stay the data of record)
 
+    @_io("index file write")
     def write_index_file(self, name: str, array: np.ndarray) -> dict:
         """Write one index file (an .npy) durably under index/; returns its manifest entry. The file
         counts only once :meth:`commit_index` names it; until then the next writer may remove it."""
@@ -588,6 +666,7 @@ class Store:
             raise CorruptionError(f"{path}: size or checksum does not match the manifest")
         return np.load(io.BytesIO(data), allow_pickle=False)
 
+    @_io("commit")
     def commit_index(self, entries: list[dict]) -> None:
         """Commit a manifest naming ``entries`` (from :meth:`write_index_file`) as the index files,
         segments unchanged; files the old manifest named and the new one does not are removed."""
@@ -606,6 +685,7 @@ class Store:
         if gone:
             fsync_dir(os.path.join(self.path, INDEX))
 
+    @_io("delete")
     def delete(self, ids) -> None:
         """Delete live documents by id (UnknownIdError, and nothing deleted, if any is not live)."""
         self._writable()
@@ -620,6 +700,7 @@ class Store:
             entry["deleted"] = sorted(set(entry["deleted"]) | set(local[seg == s].tolist()))
         self._commit(new, [])
 
+    @_io("compact")
     def compact(self, min_segment_tokens: int | None = None) -> int:
         """Rewrite segments that hold deleted documents, and merge small ones; returns segments rewritten."""
         self._writable()
@@ -665,6 +746,7 @@ class Store:
         """The current committed state as an immutable read view (see :class:`Snapshot`)."""
         if self._snap is None:
             raise InvalidInputError(f"{self.path}: the store is closed")
+        self._catch_up()
         return self._snap
 
     def _keys(self, ids, check_type: bool = True) -> np.ndarray | None:
@@ -751,59 +833,199 @@ class Store:
     # ---- checks
 
     def verify(self) -> VerifyReport:
-        """Check the manifest, every segment's checksums and offsets, and id uniqueness; changes nothing."""
-        problems = []
+        """See :func:`verify` (works on a database that cannot be opened, too)."""
+        return verify(self.path)
+
+
+def _open_segment(path: str, seg: dict) -> SegmentReader:
+    """Open a committed segment and make the cheap structural checks (file size, counts, offsets,
+    small checksums): CorruptionError naming the file; FileNotFoundError when it is gone."""
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise CorruptionError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if size != seg["file_size"]:
+        raise CorruptionError(f"{path}: {size} bytes, the manifest says {seg['file_size']} (truncated or "
+                              f"overwritten; `mvdb verify` lists every problem)")
+    try:
+        r = SegmentReader(path)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        if e.errno is not None:  # the system refused (no descriptors, no permission): not damage
+            raise storage_error(e, path, "opening") from None
+        raise CorruptionError(f"{path}: not a readable segment ({type(e).__name__}: {e})") from None
+    except Exception as e:  # noqa: BLE001 - h5py reports damage as OSError, KeyError, ValueError...
+        raise CorruptionError(f"{path}: not a readable segment ({type(e).__name__}: {e})") from None
+    try:
+        r.check(seg["n_docs"], seg["n_tokens"])
+    except BaseException:
+        r.close()
+        raise
+    return r
+
+
+def _data_files(path: str) -> list[str]:
+    """Segment files (and index files) under a database directory, as relative names."""
+    out = []
+    for sub, suffix in ((SEGMENTS, ".h5"), (INDEX, ".npy")):
+        d = os.path.join(path, sub)
+        if os.path.isdir(d):
+            out += [f"{sub}/{n}" for n in sorted(os.listdir(d)) if n.endswith(suffix) and not n.startswith(TMP_PREFIX)]
+    return out
+
+
+def verify(path) -> VerifyReport:
+    """Check a database without opening it (so a damaged one can be checked): the manifest,
+    every segment's presence, size, structure and checksums, the index files, and that no live id
+    appears twice. Lists every problem by file; changes nothing."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return VerifyReport([f"{path}: no database directory here"], 0, 0)
+    try:
+        manifest = read_manifest(path)
+    except (CorruptionError, FormatError) as e:
+        return VerifyReport([f"{MANIFEST}: {e}"], 0, 0)
+    except OSError as e:
+        data = _data_files(path)
+        hint = f"; {len(data)} data file(s) present: run `mvdb recover {path}`" if data else ""
+        return VerifyReport([f"{MANIFEST}: cannot be read ({e.strerror or e}){hint}"], 0, 0)
+    problems = []
+    seg_dir = os.path.join(path, SEGMENTS)
+    all_keys, n_docs = [], 0
+    for seg in manifest["segments"]:
+        name = seg["name"]
+        seg_path = os.path.join(seg_dir, name)
         try:
-            manifest = read_manifest(self.path)
-        except (CorruptionError, FormatError, OSError) as e:
-            return VerifyReport([f"manifest: {e}"], 0, 0)
-        seg_dir = os.path.join(self.path, SEGMENTS)
-        all_keys, n_docs = [], 0
-        for seg in manifest["segments"]:
-            path = os.path.join(seg_dir, seg["name"])
-            if not os.path.exists(path):
-                problems.append(f"{seg['name']}: missing")
-                continue
-            if os.path.getsize(path) != seg["file_size"]:
-                problems.append(f"{seg['name']}: size {os.path.getsize(path)} != {seg['file_size']} in the manifest")
+            size = os.path.getsize(seg_path)
+        except OSError as e:
+            problems.append(f"{name}: missing or unreadable ({e.strerror or e})")
+            continue
+        if size != seg["file_size"]:
+            problems.append(f"{name}: size {size} != {seg['file_size']} in the manifest (truncated or overwritten)")
+            continue
+        try:
+            r = SegmentReader(seg_path)
+        except Exception as e:  # noqa: BLE001 - any failure to open is a finding
+            problems.append(f"{name}: cannot be opened ({type(e).__name__}: {e})")
+            continue
+        try:
+            problems += r.checksum_problems()
+            try:
+                r.check(seg["n_docs"], seg["n_tokens"])
+            except CorruptionError as e:
+                problems.append(f"{name}: {str(e).split(': ', 1)[-1]}")
+            if r.tokens.ndim != 2 or (manifest["dim"] is not None and r.tokens.shape[1] != manifest["dim"]):
+                problems.append(f"{name}: token shape {r.tokens.shape} does not match dim {manifest['dim']}")
+            want = np.int8 if manifest["dtype"] == "int8" else np.float16
+            if r.tokens.dtype != want or (manifest["dtype"] == "int8") != (r.scales is not None):
+                problems.append(f"{name}: stored as {r.tokens.dtype}, manifest says {manifest['dtype']}")
+            deleted = np.asarray(seg["deleted"], dtype=np.int64)
+            live = np.ones(r.n_docs, bool)
+            live[deleted[(deleted >= 0) & (deleted < r.n_docs)]] = False
+            all_keys.append(r.ids[live])
+            n_docs += int(live.sum())
+        except Exception as e:  # noqa: BLE001 - a damaged file can fail in any read
+            problems.append(f"{name}: unreadable ({type(e).__name__}: {e})")
+        finally:
+            r.close()
+    for entry in manifest.get("index_files", []):
+        ipath = os.path.join(path, INDEX, entry["name"])
+        try:
+            with open(ipath, "rb") as f:
+                data = f.read()
+            if len(data) != entry["nbytes"] or zlib.crc32(data) != entry["crc32"]:
+                problems.append(f"index/{entry['name']}: size or checksum does not match the manifest "
+                                f"(derived data: the database rebuilds it)")
+        except OSError as e:
+            problems.append(f"index/{entry['name']}: {e.strerror or e} (derived data: the database rebuilds it)")
+    if all_keys:
+        kinds = {k.dtype.kind for k in all_keys}
+        keys = np.concatenate(all_keys) if len(kinds) == 1 else np.concatenate([k.astype(object).astype(str) for k in all_keys])
+        uniq, counts = np.unique(keys, return_counts=True)
+        if (counts > 1).any():
+            dup = [validate.decode_id(x) for x in uniq[counts > 1][:5]]
+            problems.append(f"ids: live ids appear more than once: {dup}")
+    return VerifyReport(problems, n_docs, len(manifest["segments"]))
+
+
+def recover(path, *, force: bool = False) -> VerifyReport:
+    """Rebuild a lost or unreadable manifest from the segments whose checksums hold.
+
+    Every intact segment under segments/ is taken in the order it was written (its counter); when
+    an id is in more than one, the newest copy wins (a compaction's rewrite, say). Segments that
+    fail their checksums are left out and reported. What cannot come back: deletions made after a
+    segment was written (they lived only in the lost manifest) and the index (rebuilt on open).
+    A valid manifest is left alone unless ``force``; a damaged one is kept as MANIFEST.json.damaged.
+    Takes the writer lock. Returns the report of :func:`verify` on the result, with the segments
+    left out added to its problems."""
+    path = os.fspath(path)
+    if not os.path.isdir(os.path.join(path, SEGMENTS)):
+        raise FileNotFoundError(f"{path}: no {SEGMENTS}/ folder here: nothing to recover")
+    lock = WriterLock(path)
+    try:
+        mpath = os.path.join(path, MANIFEST)
+        old = None
+        if os.path.exists(mpath):
+            try:
+                old = read_manifest(path)
+            except (CorruptionError, FormatError):
+                os.replace(mpath, mpath + ".damaged")
+            else:
+                if not force:
+                    raise InvalidInputError(f"{path}: its {MANIFEST} is intact; nothing to recover "
+                                            f"(force=True rebuilds it anyway)")
+        seg_dir = os.path.join(path, SEGMENTS)
+        names = sorted(n for n in os.listdir(seg_dir) if n.endswith(".h5") and not n.startswith(TMP_PREFIX))
+        left_out, kept = [], []
+        dim = dtype = id_type = None
+        for name in names:
+            try:
+                r = SegmentReader(os.path.join(seg_dir, name))
+            except Exception as e:  # noqa: BLE001
+                left_out.append(f"{name}: left out, cannot be opened ({type(e).__name__})")
                 continue
             try:
-                r = SegmentReader(path)
-            except Exception as e:  # noqa: BLE001 - any failure to open is a finding
-                problems.append(f"{seg['name']}: cannot be opened ({type(e).__name__}: {e})")
-                continue
-            try:
-                problems += r.checksum_problems()
-                off = r.offsets
-                if off[0] != 0 or (np.diff(off) < 1).any() or off[-1] != r.n_tokens:
-                    problems.append(f"{seg['name']}: offsets are not increasing from 0 to the token count")
-                if r.n_docs != seg["n_docs"] or r.n_tokens != seg["n_tokens"]:
-                    problems.append(f"{seg['name']}: {r.n_docs} docs / {r.n_tokens} tokens, manifest says "
-                                    f"{seg['n_docs']} / {seg['n_tokens']}")
-                if r.tokens.ndim != 2 or (manifest["dim"] is not None and r.tokens.shape[1] != manifest["dim"]):
-                    problems.append(f"{seg['name']}: token shape {r.tokens.shape} does not match dim {manifest['dim']}")
-                want = np.int8 if manifest["dtype"] == "int8" else np.float16
-                if r.tokens.dtype != want or (manifest["dtype"] == "int8") != (r.scales is not None):
-                    problems.append(f"{seg['name']}: stored as {r.tokens.dtype}, manifest says {manifest['dtype']}")
-                deleted = np.asarray(seg["deleted"], dtype=np.int64)
-                if len(deleted) and (deleted.min() < 0 or deleted.max() >= r.n_docs):
-                    problems.append(f"{seg['name']}: deleted rows out of range")
-                live = np.ones(r.n_docs, bool)
-                live[deleted[(deleted >= 0) & (deleted < r.n_docs)]] = False
-                all_keys.append(r.ids[live])
-                n_docs += int(live.sum())
+                bad = r.checksum_problems()
+                if not bad:
+                    r.check(r.n_docs, r.n_tokens)
+                if bad:
+                    left_out.append(f"{name}: left out, {'; '.join(bad)}")
+                    continue
+                seg_dtype = "int8" if r.scales is not None else "float16"
+                seg_ids = "str" if r.ids.dtype.kind == "S" else "int"
+                if (dim, dtype, id_type) != (None, None, None) and (r.tokens.shape[1], seg_dtype, seg_ids) != (dim, dtype, id_type):
+                    left_out.append(f"{name}: left out, dim/dtype/id kind differ from the other segments")
+                    continue
+                dim, dtype, id_type = r.tokens.shape[1], seg_dtype, seg_ids
+                kept.append((name, r.ids.copy(), r.n_docs, r.n_tokens))
+            except CorruptionError as e:
+                left_out.append(f"{name}: left out, {e}")
             finally:
                 r.close()
-        for entry in manifest.get("index_files", []):
-            try:
-                self.read_index_file(entry)
-            except (OSError, CorruptionError, ValueError) as e:
-                problems.append(f"index/{entry['name']}: {e} (derived data: the database rebuilds it)")
-        if all_keys:
-            keys = np.concatenate(all_keys)
-            if len(np.unique(keys)) != len(keys):
-                problems.append("ids: a live id appears more than once")
-        return VerifyReport(problems, n_docs, len(manifest["segments"]))
+        counter = lambda n: int(n.split("-")[1]) if n.count("-") >= 2 and n.split("-")[1].isdigit() else 0  # noqa: E731
+        kept.sort(key=lambda k: counter(k[0]))
+        seen, segments = set(), []
+        for name, ids, n_docs, n_tokens in reversed(kept):  # newest first: its copy of an id wins
+            keys = ids.tolist()
+            deleted = [i for i, k in enumerate(keys) if k in seen]
+            seen.update(keys)
+            segments.append({"name": name, "n_docs": n_docs, "n_tokens": n_tokens,
+                             "file_size": os.path.getsize(os.path.join(seg_dir, name)), "deleted": deleted})
+        segments.reverse()
+        m = new_manifest(dim, dtype or (old or {}).get("dtype", "float16"))
+        ints = [k for k in seen if isinstance(k, int)]
+        m.update(id_type=id_type, segments=segments, generation=-1,
+                 next_id=max([(old or {}).get("next_id", 0)] + [k + 1 for k in ints if k < 2**63 - 1]),
+                 segment_counter=max([counter(n) for n in names] + [0]))
+        write_manifest(path, m)
+    finally:
+        lock.release()
+    report = verify(path)
+    report.problems = left_out + report.problems
+    return report
 
 
 def _concat(parts: list[Packed]) -> Packed:

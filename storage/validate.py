@@ -11,6 +11,9 @@ from mvdb.errors import DuplicateIdError, InvalidInputError, InvalidTypeError
 from mvdb.storage._io import POOL
 
 FP16_MAX = 65504.0
+MAX_STR_ID_BYTES = 1024  # a str id's UTF-8 length
+MAX_DEPTH = 32  # nesting levels of a metadata entry (dicts and lists); also of a where filter
+MAX_ID = 2**63 - 1
 
 
 @dataclass
@@ -120,13 +123,15 @@ def convert(tokens: np.ndarray, lengths: np.ndarray, dtype: str, chunk: int = 1 
         out = np.empty(tokens.shape, dtype=np.float16)
         for r0 in range(0, tokens.shape[0], chunk):
             part = tokens[r0 : r0 + chunk]
-            big = np.abs(part).max(axis=1) > FP16_MAX if part.size else np.zeros(0, bool)
+            # max and min, not abs: abs overflows on the most negative int (int64 -2^63 stays negative)
+            big = (part.max(axis=1) > FP16_MAX) | (part.min(axis=1) < -FP16_MAX) if part.size else np.zeros(0, bool)
             if big.any():
                 row = r0 + int(np.argmax(big))
                 doc, tok = _doc_of_row(lengths, row)
+                values = tokens[row].astype(np.float64)
                 raise InvalidInputError(
-                    f"document {doc}: value {float(np.abs(tokens[row]).max()):.4g} at token {tok} overflows float16 "
-                    f"(max {FP16_MAX:g}); scale the embeddings or store them as int8"
+                    f"document {doc}: value {float(values[np.argmax(np.abs(values))]):.4g} at token {tok} overflows "
+                    f"float16 (max {FP16_MAX:g} in magnitude); scale the embeddings or store them as int8"
                 )
             out[r0 : r0 + chunk] = part
         return out, None
@@ -142,6 +147,11 @@ def ids(given, n: int, id_type: str | None, next_id: int) -> tuple[np.ndarray, s
     if given is None:
         if id_type == "str":
             raise InvalidInputError("ids: this database uses str ids; pass ids= (auto ids are ints)")
+        if n and next_id + n - 1 > MAX_ID:
+            raise InvalidInputError(
+                f"ids: no auto ids left above {next_id - 1} (auto ids continue after the largest int id ever added, "
+                f"and ids are int64: at most {MAX_ID}); expected room for {n} new ids, pass ids="
+            )
         return np.arange(next_id, next_id + n, dtype=np.int64), "int"
     if isinstance(given, np.ndarray):
         values = given.tolist()
@@ -162,6 +172,17 @@ def ids(given, n: int, id_type: str | None, next_id: int) -> tuple[np.ndarray, s
         elif isinstance(v, str):
             if "\x00" in v:
                 raise InvalidInputError(f"ids[{i}]: NUL characters are not allowed in str ids")
+            try:
+                b = v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise InvalidInputError(
+                    f"ids[{i}]: expected a str that encodes to UTF-8, got a lone surrogate {v[e.start]!r} at "
+                    f"position {e.start}"
+                ) from None
+            if len(b) > MAX_STR_ID_BYTES:
+                raise InvalidInputError(
+                    f"ids[{i}]: expected at most {MAX_STR_ID_BYTES} UTF-8 bytes per str id, got {len(b)}"
+                )
             kinds.add("str")
         else:
             raise InvalidTypeError(f"ids[{i}]: expected int or str, got {type(v).__name__}")
@@ -184,6 +205,25 @@ def ids(given, n: int, id_type: str | None, next_id: int) -> tuple[np.ndarray, s
     return arr, kind
 
 
+def too_deep(value, limit: int = MAX_DEPTH) -> bool:
+    """Whether dicts / lists / tuples in ``value`` nest more than ``limit`` levels (``{"a": 1}`` is
+    one level). Iterative, so a structure nested far past the recursion limit (or a cyclic one)
+    is reported rather than crashing."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            children = v.values()
+        elif isinstance(v, (list, tuple)):
+            children = v
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list, tuple)))
+    return False
+
+
 def decode_id(x):
     return x.decode() if isinstance(x, bytes) else int(x)
 
@@ -199,6 +239,9 @@ def metadata(given, n: int) -> list[str] | None:
     for i, m in enumerate(given):
         if m is not None and not isinstance(m, dict):
             raise InvalidTypeError(f"metadata[{i}]: expected a dict or None, got {type(m).__name__}")
+        if too_deep(m):
+            raise InvalidInputError(f"metadata[{i}]: expected at most {MAX_DEPTH} nested levels (dicts and lists), "
+                                    f"got more")
         try:
             out.append(json.dumps(m, allow_nan=False, separators=(",", ":")))
         except (TypeError, ValueError) as e:

@@ -1,14 +1,17 @@
 """The command line, run through click's runner: exit codes and exact messages."""
 
 import json
+import os
+import shutil
 
 import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from mvdb.storage import Store
 
 from mvdb.cli import main
-from mvdb.storage import Store
+from mvdb.ingest import open_source
 
 DIM = 16
 
@@ -39,7 +42,7 @@ def test_ingest_every_format_and_rerun_is_idempotent(tmp_path):
     assert r.exit_code == 0, r.output
     with Store(db, read_only=True) as st:
         assert len(st) == 21
-        a, b = str(tmp_path / "a.npz"), str(tmp_path / "b.npy")
+        a, b = open_source(tmp_path / "a.npz").key, open_source(tmp_path / "b.npy").key  # content keys
         assert {f"{a}#0", f"{b}#5", "h3", "doc2"} <= set(st.ids())
         p = st.gather([f"{a}#1"])
         assert np.array_equal(p.tokens, tokens[lengths[0] : lengths[0] + lengths[1]].astype(np.float16))
@@ -126,7 +129,7 @@ def test_every_command_has_an_example_in_its_help():
 @pytest.mark.parametrize("cmd", ["info", "verify"])
 def test_missing_database(tmp_path, cmd):
     r = CliRunner().invoke(main, [cmd, str(tmp_path / "none")])
-    assert r.exit_code == 1 and "read_only=True does not create one" in r.output
+    assert r.exit_code == 1 and "does not create one" in r.output
 
 
 def test_ingest_builds_and_persists_the_ivf_index(tmp_path, monkeypatch):
@@ -159,6 +162,231 @@ def test_sharded_ingest_info_verify_search(tmp_path):
     assert "skipped 40 already stored" in r.output
     assert run("verify", db).exit_code == 0
     with mvdb.open(db, devices=["cpu", "cpu"]) as sh:
-        assert len(sh) == 40 and sh.search(toks[: lens[0]], k=1)[0].id.endswith("a.npz#0")  # ids from the source
+        key = open_source(tmp_path / "a.npz").key
+        assert len(sh) == 40 and sh.search(toks[: lens[0]], k=1)[0].id == f"{key}#0"  # ids from the source
     r = CliRunner().invoke(main, ["ingest", str(db), str(tmp_path / "a.npz"), "--shards", "3"])
     assert r.exit_code != 0 and "has 2 shards, got --shards 3" in r.output
+
+
+def _save_packed(path, tokens, lengths, ids=None):
+    """X.npy with X.lengths.npy (and X.ids.npy) beside it."""
+    base = str(path)[: -len(".npy")]
+    np.save(path, tokens)
+    np.save(base + ".lengths.npy", lengths)
+    if ids is not None:
+        np.save(base + ".ids.npy", ids)
+
+
+def _one_error_line(r, *fragments):
+    """Exit 1, nothing on stdout, exactly one 'Error: ' line on stderr (no traceback) holding every fragment."""
+    assert r.exit_code == 1, r.output
+    assert r.stdout == "" and "Traceback" not in r.output
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), r.stderr
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+    return lines[0]
+
+
+def test_rerun_skips_however_the_source_is_spelled(tmp_path, monkeypatch):
+    tokens, lengths = _packed(6, seed=4)
+    (tmp_path / "data").mkdir()
+    _save_packed(tmp_path / "data" / "packed.npy", tokens, lengths)
+    np.savez(tmp_path / "data" / "z.npz", tokens=tokens[::-1].copy(), lengths=lengths[::-1].copy())
+    db = tmp_path / "x.mvdb"
+    r = run("ingest", db, tmp_path / "data" / "packed.npy", tmp_path / "data" / "z.npz", "--no-index")
+    assert "ingested 12 documents" in r.output
+    monkeypatch.chdir(tmp_path)
+    os.symlink(tmp_path / "data", tmp_path / "alias")
+    (tmp_path / "copy").mkdir()
+    shutil.copy(tmp_path / "data" / "packed.npy", tmp_path / "copy" / "other.npy")  # a copy, renamed
+    shutil.copy(tmp_path / "data" / "packed.lengths.npy", tmp_path / "copy" / "other.lengths.npy")
+    shutil.copy(tmp_path / "data" / "z.npz", tmp_path / "copy" / "renamed.npz")
+    for spelling in (["data/packed.npy", "./data/z.npz"], ["alias/packed.npy", "alias/../data/z.npz"],
+                     ["copy/other.npy", "copy/renamed.npz"], ["x.mvdb/../data/packed.npy"]):
+        r = run("ingest", "x.mvdb", *spelling, "--no-index")
+        assert r.exit_code == 0 and "ingested 0 documents" in r.output, (spelling, r.output)
+    # the same tokens split into other documents are other documents
+    _save_packed(tmp_path / "copy" / "resplit.npy", tokens, np.concatenate(([lengths[0] + lengths[1]], lengths[2:])))
+    r = run("ingest", "x.mvdb", "copy/resplit.npy", "--no-index")
+    assert "ingested 5 documents" in r.output
+    # ids the source gives win: an X.ids.npy side file names the documents
+    (tmp_path / "named").mkdir()
+    _save_packed(tmp_path / "named" / "packed.npy", tokens, lengths, ids=np.array([f"n{i}" for i in range(6)]))
+    r = run("ingest", "named.mvdb", "named/packed.npy", "-q")
+    with Store(tmp_path / "named.mvdb", read_only=True) as st:
+        assert sorted(st.ids()) == [f"n{i}" for i in range(6)]
+
+
+def test_rerun_skips_documents_stored_under_path_ids(tmp_path):
+    """A database ingested before content keys (ids '<path as given>#<row>') is not ingested twice
+    when the path is spelled as it was then."""
+    tokens, lengths = _packed(4, seed=5)
+    np.savez(tmp_path / "a.npz", tokens=tokens, lengths=lengths)
+    with Store(tmp_path / "old.mvdb") as st:
+        st.add_packed(tokens, lengths, ids=[f"{tmp_path / 'a.npz'}#{i}" for i in range(4)])
+    r = run("ingest", tmp_path / "old.mvdb", tmp_path / "a.npz", "--no-index")
+    assert "ingested 0 documents" in r.output and "skipped 4 already stored; 4 in" in r.output
+
+
+def _bad_sources(d):
+    """name -> (source to ingest, fragments of its one error line)."""
+    tokens, lengths = _packed(3, seed=6)
+    np.save(d / "pickled.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    np.save(d / "pickled.lengths.npy", np.array([1, 1]))
+    np.save(d / "whole.npy", tokens)
+    (d / "truncated.npy").write_bytes((d / "whole.npy").read_bytes()[:-40])
+    np.save(d / "truncated.lengths.npy", lengths)
+    _save_packed(d / "negative.npy", tokens, np.array([int(lengths.sum()) + 2, -1, -1]))
+    _save_packed(d / "fractional.npy", tokens, lengths.astype(np.float64) + 0.5)
+    _save_packed(d / "zero.npy", tokens, np.array([int(lengths.sum()), 0]))
+    _save_packed(d / "short.npy", tokens, lengths[:2])
+    np.save(d / "badlen.npy", tokens)
+    (d / "badlen.lengths.npy").write_bytes(b"not a numpy file")
+    _save_packed(d / "dupids.npy", tokens, lengths, ids=np.array([7, 8, 7]))
+    (d / "docs").mkdir()
+    np.save(d / "docs" / "a.npy", tokens[:2])
+    np.save(d / "docs" / "b.npy", tokens[:2, :4])
+    (d / "broken.npz").write_bytes(b"PK\x03\x04 not really a zip")
+    return {
+        "pickled": ("pickled.npy", ["pickled.npy", "Python objects"]),
+        "truncated": ("truncated.npy", ["truncated.npy", "cannot read the tokens"]),
+        "negative": ("negative.npy", ["negative.lengths.npy", "document 1 has length -1"]),
+        "fractional": ("fractional.npy", ["fractional.lengths.npy", "expected integer lengths, got dtype float64"]),
+        "zero": ("zero.npy", ["zero.lengths.npy", "document 1 has length 0"]),
+        "short": ("short.npy", ["short.lengths.npy", f"sum to {int(lengths[:2].sum())}, but there are {int(lengths.sum())}"]),
+        "badlen": ("badlen.npy", ["badlen.lengths.npy", "cannot read the lengths"]),
+        "dupids": ("dupids.npy", ["dupids.npy", "id 7 appears more than once"]),
+        "mixed_dims": ("docs", ["b.npy: dim 4, but", "a.npy has dim 16"]),
+        "broken_zip": ("broken.npz", ["broken.npz: cannot read"]),
+        "missing": ("nope.npy", ["nope.npy: no such file or directory"]),
+    }
+
+
+@pytest.mark.parametrize("case", [
+    "pickled", "truncated", "negative", "fractional", "zero", "short", "badlen", "dupids", "mixed_dims",
+    "broken_zip", "missing"])
+def test_bad_source_is_one_error_line_and_creates_nothing(tmp_path, case):
+    tokens, lengths = _packed(2, seed=7)
+    np.savez(tmp_path / "good.npz", tokens=tokens, lengths=lengths)
+    src, fragments = _bad_sources(tmp_path)[case]
+    db = tmp_path / "x.mvdb"
+    for args in ([tmp_path / src], [tmp_path / "good.npz", tmp_path / src]):  # the good one is not ingested either
+        _one_error_line(run("ingest", db, *args), *fragments)
+        assert not db.exists()
+
+
+def test_sources_of_other_dims_and_a_bad_document_leave_no_database(tmp_path):
+    tokens, lengths = _packed(2, seed=8)
+    np.savez(tmp_path / "a.npz", tokens=tokens, lengths=lengths)
+    np.savez(tmp_path / "b.npz", tokens=tokens[:, :8], lengths=lengths)
+    db = tmp_path / "x.mvdb"
+    _one_error_line(run("ingest", db, tmp_path / "a.npz", tmp_path / "b.npz"), "different embedding dims")
+    assert not db.exists()
+    _one_error_line(run("ingest", db, tmp_path / "a.npz", tmp_path / "b.npz", "--shards", 2), "different embedding dims")
+    assert not db.exists()
+    bad = tokens.copy()
+    bad[0, 0] = np.inf
+    np.savez(tmp_path / "inf.npz", tokens=bad, lengths=lengths)
+    for shards in (0, 2):  # found only while adding: the new, still empty database is removed again
+        _one_error_line(run("ingest", db, tmp_path / "inf.npz", "--shards", shards, "-q"), "contains NaN or Inf")
+        assert not db.exists()
+    assert run("ingest", db, tmp_path / "a.npz", "-q").exit_code == 0
+    _one_error_line(run("ingest", db, tmp_path / "b.npz"), "stores dim 16, but the sources have dim 8")
+    _one_error_line(run("ingest", db, tmp_path / "inf.npz", "-q"), "contains NaN or Inf")
+    with Store(db, read_only=True) as st:  # an existing database is kept as it was
+        assert len(st) == 2
+
+
+def test_side_files_among_the_sources(tmp_path):
+    tokens, lengths = _packed(5, seed=9)
+    _save_packed(tmp_path / "p.npy", tokens, lengths, ids=np.array([f"p{i}" for i in range(5)]))
+    _save_packed(tmp_path / "q.npy", tokens, lengths)
+    db = tmp_path / "x.mvdb"
+    shell_glob = sorted(tmp_path.glob("*.npy"))  # p.ids.npy p.lengths.npy p.npy q.lengths.npy q.npy
+    r = run("ingest", db, *shell_glob, "-q")
+    assert r.exit_code == 0, r.output
+    with Store(db, read_only=True) as st:
+        assert len(st) == 10 and {"p0", "p4", f"{open_source(tmp_path / 'q.npy').key}#4"} <= set(st.ids())
+    shutil.copy(tmp_path / "p.npy", tmp_path / "lone.npy")
+    shutil.copy(tmp_path / "p.lengths.npy", tmp_path / "lone.lengths.npy")
+    _one_error_line(run("ingest", tmp_path / "y.mvdb", tmp_path / "lone.lengths.npy"),
+                    "lone.lengths.npy: a side file of", "lone.npy as the source")
+    assert not (tmp_path / "y.mvdb").exists()
+
+
+@pytest.mark.parametrize("cmd", ["compact", "search", "info", "verify"])
+def test_missing_database_is_not_created(tmp_path, cmd):
+    np.save(tmp_path / "q.npy", np.ones((2, DIM), np.float32))
+    extra = [tmp_path / "q.npy"] if cmd == "search" else []
+    db = tmp_path / "nope.mvdb"
+    _one_error_line(run(cmd, db, *extra), "nope.mvdb")
+    assert not db.exists()
+    db.mkdir()  # an empty directory is no database either
+    _one_error_line(run(cmd, db, *extra), "nope.mvdb")
+    assert os.listdir(db) == []
+
+
+def test_library_and_unexpected_errors_are_one_line_unless_debug(tmp_path, monkeypatch):
+    tokens, lengths = _packed(3)
+    np.savez(tmp_path / "a.npz", tokens=tokens, lengths=lengths)
+    db = tmp_path / "x.mvdb"
+    assert run("ingest", db, tmp_path / "a.npz", "-q").exit_code == 0
+    np.save(tmp_path / "q.npy", np.array([object()] * 2, dtype=object), allow_pickle=True)
+    _one_error_line(run("search", db, tmp_path / "q.npy"), "q.npy", "Python objects")
+    _one_error_line(run("info", tmp_path / "a.npz"), "a.npz: is a file")  # an mvdb FormatError
+    with Store(db):  # the writer lock is held: DatabaseLockedError
+        _one_error_line(run("ingest", db, tmp_path / "a.npz"), "holds the writer lock")
+    assert run("verify", db).exit_code == 0  # the database is still there
+
+    def boom(path):
+        raise RuntimeError("boom\nsecond line")
+
+    import mvdb.storage
+
+    monkeypatch.setattr(mvdb.storage, "verify", boom)
+    assert _one_error_line(run("verify", db)) == "Error: RuntimeError: boom second line"
+    for args in (["--debug", "verify", db], ["verify", "--debug", db]):
+        with pytest.raises(RuntimeError, match="boom"):
+            run(*args)
+
+
+def test_content_key_of_a_large_file(tmp_path):
+    from mvdb.ingest import EDGE, content_key
+
+    tokens = np.random.default_rng(10).standard_normal((8192, DIM)).astype(np.float32)  # 512 KiB: ends and samples
+    lengths = np.full(1024, 8)
+    np.save(tmp_path / "a.npy", tokens)
+    shutil.copy(tmp_path / "a.npy", tmp_path / "b.npy")
+    key = content_key(str(tmp_path / "a.npy"), lengths)
+    assert content_key(str(tmp_path / "b.npy"), lengths) == key
+    assert content_key(str(tmp_path / "b.npy"), np.full(2048, 4)) != key
+    size = (tmp_path / "a.npy").stat().st_size
+    for offset in (EDGE - 1, size - EDGE):  # the last byte of the head, the first of the tail
+        data = bytearray((tmp_path / "a.npy").read_bytes())
+        data[offset] ^= 0xFF
+        (tmp_path / "b.npy").write_bytes(bytes(data))
+        assert content_key(str(tmp_path / "b.npy"), lengths) != key
+
+
+def test_verify_lists_damage_and_recover_rebuilds_a_lost_manifest(tmp_path):
+    db = tmp_path / "db"
+    rng = np.random.default_rng(7)
+    with Store(db, dim=8) as st:
+        st.add([rng.standard_normal((5, 8)).astype(np.float32) for _ in range(4)], ids=[1, 2, 3, 4])
+        st.add([rng.standard_normal((5, 8)).astype(np.float32) for _ in range(3)], ids=[5, 6, 7])
+    (db / "MANIFEST.json").unlink()
+    r = CliRunner().invoke(main, ["verify", str(db)])
+    assert r.exit_code == 1 and "mvdb recover" in r.output
+    r = CliRunner().invoke(main, ["compact", str(db)])  # refused: nothing is deleted or created
+    assert r.exit_code == 1 and "MANIFEST.json is missing" in r.output
+    assert len(os.listdir(db / "segments")) == 2
+    r = CliRunner().invoke(main, ["recover", str(db)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["verify", str(db)])
+    assert r.exit_code == 0 and "7 documents" in r.output
+    seg = sorted((db / "segments").iterdir())[0]
+    with open(seg, "r+b") as f:
+        f.truncate(seg.stat().st_size - 100)
+    r = CliRunner().invoke(main, ["verify", str(db)])
+    assert r.exit_code == 1 and seg.name in r.output and "size" in r.output

@@ -8,7 +8,9 @@ reads documents straight from where they lie, so no padded copy is ever made.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 
 import torch
 import triton
@@ -323,17 +325,30 @@ def launch(
 _BEST: dict[tuple, dict] = {}  # autotune winners, launched directly (skips the autotuner's per-call work)
 
 
+_TUNE_LOCK = threading.Lock()  # one autotuning run at a time (the autotuner keeps per-call state)
+_INTERPRETER_LOCK = threading.Lock()  # Triton's CPU interpreter patches module globals per launch
+
+
+def launch_guard():
+    """Held around a kernel launch: serialises launches under TRITON_INTERPRET=1, which is not
+    thread-safe; compiled launches run concurrently."""
+    return _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext()
+
+
 def _run(grid, args, meta, device, q_dtype, d_dtype) -> None:
-    if not autotuning():
-        _maxsim_fwd_kernel[grid](*args, **meta, **default_config(meta["LQ_BUCKET"]))
-        return
-    key = (device, q_dtype, d_dtype, *(meta[k] for k in _KEY))
-    best = _BEST.get(key)
-    if best is None:
-        _tuned[grid](*args, **meta)
-        cfg = _tuned.best_config
-        _BEST[key] = cfg.all_kwargs()
-    else:
+    with launch_guard():
+        if not autotuning():
+            _maxsim_fwd_kernel[grid](*args, **meta, **default_config(meta["LQ_BUCKET"]))
+            return
+        key = (device, q_dtype, d_dtype, *(meta[k] for k in _KEY))
+        best = _BEST.get(key)
+        if best is None:
+            with _TUNE_LOCK:
+                best = _BEST.get(key)
+                if best is None:
+                    _tuned[grid](*args, **meta)
+                    _BEST[key] = _tuned.best_config.all_kwargs()
+                    return
         _maxsim_fwd_kernel[grid](*args, **meta, **best)
 
 

@@ -153,7 +153,11 @@ def candidates(state, qs: Queries, k: int, live: torch.Tensor, *, n_candidates=N
             check_k(v, name)
     index = state.index
     is_ivf = isinstance(index, ivf.Lists)
-    n_cand = n_candidates or max(DEFAULT_LISTS_CANDIDATES if is_ivf else DEFAULT_CANDIDATES, 8 * k)
+    # never wider than the live (matching) documents: k=10**9 must not allocate [Nq, 8e9] tables
+    cap = max(1, int(live.sum()))
+    k = min(k, cap)
+    n_cand = min(n_candidates or max(DEFAULT_LISTS_CANDIDATES if is_ivf else DEFAULT_CANDIDATES, 8 * k), cap)
+    n_sparse = min(n_sparse or DEFAULT_SPARSE_CANDIDATES, cap)
     if is_ivf:
         cand = index.candidates(qs.q, qs.cu_host, live, n_cand, nprobe or DEFAULT_LISTS_PROBE)
     else:
@@ -164,7 +168,7 @@ def candidates(state, qs: Queries, k: int, live: torch.Tensor, *, n_candidates=N
         rows = torch.where(pos >= 0, rows, torch.full_like(rows, -1))
         cand = approximate_candidates(sims.to(qs.q.device), rows, live, qs.cu, n_cand)
     if sparse is not None:
-        extra = sparse_candidates(state, [sparse] if qs.single else sparse, qs.n, live, n_sparse or DEFAULT_SPARSE_CANDIDATES)
+        extra = sparse_candidates(state, [sparse] if qs.single else sparse, qs.n, live, n_sparse)
         cand = union(cand, extra)
     return cand
 
@@ -175,6 +179,7 @@ def search(state, qs: Queries, k: int, where=None, *, exact: bool = False, **opt
     check_k(k)
     keys = state.snap.row_keys()
     live = state.live if where is None else allowed_rows(state, where)
+    k = min(k, max(1, int(live.sum())))  # fewer hits, not a huge allocation, when k exceeds the documents
     if exact:
         return exhaustive(state, qs, k, live)
     cand = candidates(state, qs, k, live, **options)
@@ -197,16 +202,22 @@ def search(state, qs: Queries, k: int, where=None, *, exact: bool = False, **opt
 
 def rerank(state, qs: Queries, candidate_ids, k: int | None) -> list[list[Hit]]:
     """Exact MaxSim of each query against its own candidate ids (one list per query)."""
-    lists = [candidate_ids] if qs.single else candidate_ids
-    if isinstance(lists, (str, bytes)) or not hasattr(lists, "__len__"):
-        raise InvalidTypeError(f"candidate_ids: expected a list of ids (one list per query for a batch), "
-                               f"got {type(candidate_ids).__name__}")
-    lists = list(lists)
+    def is_list(x) -> bool:
+        return not isinstance(x, (str, bytes, dict)) and hasattr(x, "__len__") and hasattr(x, "__iter__")
+
+    expected = "a list of ids" if qs.single else "one list of ids per query"
+    if not is_list(candidate_ids):
+        raise InvalidTypeError(f"candidate_ids: expected {expected}, got {type(candidate_ids).__name__}")
+    lists = [candidate_ids] if qs.single else list(candidate_ids)
     if len(lists) != qs.n:
         raise InvalidInputError(f"candidate_ids: expected {qs.n} lists (one per query), got {len(lists)}")
     for i, c in enumerate(lists):
-        if isinstance(c, (str, bytes)) or not hasattr(c, "__len__"):
-            raise InvalidTypeError(f"candidate_ids[{i}]: expected a list of ids, got {type(c).__name__}")
+        at = "candidate_ids" if qs.single else f"candidate_ids[{i}]"
+        if not is_list(c):
+            raise InvalidTypeError(f"{at}: expected a list of ids, got {type(c).__name__}")
+        for j, v in enumerate(c.tolist() if hasattr(c, "tolist") else c):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer, str)):
+                raise InvalidTypeError(f"{at}[{j}]: expected an int or str id, got {type(v).__name__}")
     width = max((len(c) for c in lists), default=0)
     cand = torch.full((len(lists), width), -1, dtype=torch.int64)
     for i, c in enumerate(lists):

@@ -240,22 +240,35 @@ class Engine:
         if cent is not None and not retrain and (nlist in (None, cent["nlist"]) or cent["trained_tokens"] < nlist):
             centroids = self._read(cent, (cent["nlist"], snap.dim), np.float32)
         fresh = centroids is None
+        saved = True
         if fresh:
             centroids, cent = self._train(state)
             if not store.read_only:
-                cent.update(store.write_index_file(f"centroids-{cent['id']}.npy", centroids.numpy()))
+                saved = self._save(cent, f"centroids-{cent['id']}.npy", centroids.numpy())
         t1 = time.perf_counter()
         lists = ivf.Lists.empty(centroids, cent, self.device)
-        codes, written = self._codes(state, lists, cent, entries, 0)
+        codes, written = self._codes(state, lists, cent, entries, 0, save=saved)
         lists = lists.with_rows(codes, state.tokens.offsets)
         t2 = time.perf_counter()
-        if fresh or written:
+        if saved and (fresh or written):
             keep = [e for e in entries if e.get("kind") == "codes" and e["centroids"] == cent["id"]]
             snap = self._commit_index(snap, [cent] + keep + written)
         lists.build_seconds = {"train": t1 - t0, "assign": t2 - t1}
         return lists, snap
 
-    def _codes(self, state: State, lists: ivf.Lists, cent: dict, entries: list, first_segment: int):
+    def _save(self, entry: dict, name: str, array: np.ndarray) -> bool:
+        """Write one derived index file into ``entry``; a failure (disk full, say) is a warning:
+        the index stays in memory, consistent with the committed data, and is rebuilt next open."""
+        try:
+            entry.update(self.store.write_index_file(name, array))
+            return True
+        except OSError as e:
+            warnings.warn(f"mvdb: could not persist the index ({e}); it is kept in memory and rebuilt "
+                          f"when the database is next opened", RuntimeWarning, stacklevel=3)
+            return False
+
+    def _codes(self, state: State, lists: ivf.Lists, cent: dict, entries: list, first_segment: int,
+               save: bool = True):
         """Codes of the snapshot's segments from ``first_segment`` on: read, else assigned (and
         written when writable) -> (codes on the device, new manifest entries)."""
         snap, tokens = state.snap, state.tokens
@@ -272,11 +285,12 @@ class Engine:
                 if c is None:
                     parts = [lists.assign(t, s) for t, s in tokens.chunks(start, stop)]
                     c = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int32, device=self.device)
-                    if not self.store.read_only:
+                    if save and not self.store.read_only:
                         stem = seg["name"].rsplit(".", 1)[0]
                         e = {"kind": "codes", "centroids": cent["id"], "segment": seg["name"]}
-                        e.update(self.store.write_index_file(f"codes-{cent['id']}-{stem}.npy", c.cpu().numpy()))
-                        written.append(e)
+                        save = self._save(e, f"codes-{cent['id']}-{stem}.npy", c.cpu().numpy())
+                        if save:
+                            written.append(e)
                 out.append(c.to(self.device))
                 step.update(seg["n_tokens"])
                 start = stop
@@ -289,7 +303,11 @@ class Engine:
         if self.store.read_only:
             return snap
         names = {s["name"] for s in snap.manifest["segments"]}
-        self.store.commit_index([e for e in entries if e.get("kind") != "codes" or e["segment"] in names])
+        try:
+            self.store.commit_index([e for e in entries if e.get("kind") != "codes" or e["segment"] in names])
+        except OSError as e:
+            warnings.warn(f"mvdb: could not commit the index files ({e}); the index is kept in memory and "
+                          f"rebuilt when the database is next opened", RuntimeWarning, stacklevel=3)
         return self.store.snapshot()
 
     # ---- following the store
@@ -360,7 +378,7 @@ class Engine:
             index, snap = self._ivf(new, retrain=True)
             return replace(new, snap=snap, index=index)
         entries = snap.manifest.get("index_files", [])
-        codes, written = self._codes(new, index, index.entry, entries, first)
+        codes, written = self._codes(new, index, index.entry, entries, first, save="crc32" in index.entry)
         rel = tokens.offsets[old_rows:] - tokens.offsets[old_rows]
         index = index.with_rows(codes, rel)
         if written:
