@@ -100,12 +100,12 @@ def main():
         # The alternative the layout was chosen against: HDF5 reads of each document's slice.
         import h5py
 
-        readers = st._snap.readers
+        readers = st.snapshot().readers
         h5 = [h5py.File(r.path, "r", locking=False)["tokens"] for r in readers]
         times = []
         for r in range(5):
             rows = np.random.default_rng(100 + r).choice(args.docs, 1000, replace=False)
-            seg, local = st._snap.locate(rows)
+            seg, local = st.snapshot().locate(rows)
             t0 = time.perf_counter()
             parts = [h5[s][readers[s].offsets[l] : readers[s].offsets[l + 1]] for s, l in zip(seg, local)]
             np.concatenate(parts)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from mvdb.errors import DeviceMismatchError, InvalidInputError, InvalidTypeError
+from mvdb.kernels.errors import DeviceMismatchError, InvalidInputError, InvalidTypeError
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TOKEN_DTYPES = FLOAT_DTYPES + (torch.int8,)

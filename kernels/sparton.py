@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mvdb.errors import InvalidInputError
+from mvdb.kernels.errors import InvalidInputError
 from mvdb.kernels import _checks
 from mvdb.kernels.maxsim.fused import interpreting
 

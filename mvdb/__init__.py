@@ -1,10 +1,14 @@
 """mvdb: an embedded database for multi-vector (late-interaction) retrieval.
 
-The fused MaxSim kernels live in :mod:`mvdb.kernels`; the database API (``mvdb.open``) is built
-on top of them.
+Layers, bottom up: :mod:`mvdb.kernels` (fused MaxSim and friends; owns the exceptions),
+:mod:`mvdb.storage` (crash-safe segments), :mod:`mvdb.engine` (resident tokens, token indexes, the
+search pipeline), then the database facades (``mvdb.open``). The names below load on first use,
+so ``import mvdb.kernels`` or ``import mvdb.storage`` pulls in neither the engine nor FAISS.
 """
 
 from __future__ import annotations
+
+import importlib
 
 from mvdb.errors import (
     CorruptionError,
@@ -22,21 +26,40 @@ from mvdb.errors import (
 
 __version__ = "0.1.0"
 
-from mvdb.database import Database, Hit, open, rerank  # noqa: E402,A004
-from mvdb.storage import recover, verify  # noqa: E402
+_LAZY = {
+    "Database": "mvdb.database",
+    "Hit": "mvdb.engine.search",
+    "open": "mvdb.api",
+    "rerank": "mvdb.database",
+    "recover": "mvdb.storage",
+    "verify": "mvdb.storage",
+}
+_SUBMODULES = ("api", "cli", "database", "demo", "distributed", "embed", "engine", "ingest", "integrations", "kernels",
+               "sharded", "storage")
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"mvdb.{name}")
+    raise AttributeError(f"module 'mvdb' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
+
 
 __all__ = [
-    "Database",
-    "Hit",
-    "open",
-    "rerank",
-    "recover",
-    "verify",
     "CorruptionError",
+    "Database",
     "DatabaseLockedError",
     "DeviceMismatchError",
     "DuplicateIdError",
     "FormatError",
+    "Hit",
     "InvalidInputError",
     "InvalidTypeError",
     "MvdbError",
@@ -44,4 +67,8 @@ __all__ = [
     "StorageError",
     "UnknownIdError",
     "__version__",
+    "open",
+    "recover",
+    "rerank",
+    "verify",
 ]

@@ -38,7 +38,7 @@ from mvdb.errors import InvalidInputError, InvalidTypeError
 from mvdb.kernels import maxsim_varlen
 from mvdb.storage import Store
 
-__all__ = ["Database", "Hit", "open", "rerank"]
+__all__ = ["Database", "Hit", "rerank"]
 
 RESIDENCY = ("auto", "device", "host")
 
@@ -340,33 +340,6 @@ class Database:
             qs = prepare(queries, st.dim, self.device)
             out = run_rerank(st, qs, candidate_ids, k)
         return out[0] if qs.single else out
-
-
-def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=None, nlist=None,  # noqa: A001
-         residency="auto", devices=None, progress=None, checksums=True):
-    """Open (or create) a database directory.
-
-    ``dtype``: "float16" (the default) or "int8" for a new database; for an existing one, None or
-    the stored dtype. ``index``: "flat" (exact token search), "ivf" (centroid lists, persisted),
-    or "auto" (flat below 1M tokens); recorded in the database, so it need not be given again
-    (None: the recorded choice, "auto" for a new database; a different one is used and recorded,
-    with a warning). ``nlist``: IVF lists when training (default about 2 * sqrt(tokens)), recorded
-    likewise. ``residency``: where the stored tokens live for the exact rerank: "device", "host"
-    (pinned memory, candidates copied per search), or "auto" (the device when they fit in 80% of
-    its free memory). ``devices``: a list of devices to shard the documents over, one shard each
-    (:class:`mvdb.sharded.ShardedDatabase`; a directory created sharded is always opened sharded).
-    ``progress``: report long index builds on stderr (default: on, ``MVDB_PROGRESS=0`` turns it off).
-    ``checksums``: check each segment's tokens against their CRC-32 as they are loaded into memory
-    (CorruptionError on a mismatch; structural checks run on every open regardless). On by default;
-    False saves the hashing (see the README's reliability section for its cost).
-    """
-    from mvdb.sharded import ShardedDatabase, is_sharded
-
-    if devices is not None or is_sharded(path):
-        return ShardedDatabase(path, devices=devices, dim=dim, dtype=dtype, device=device, read_only=read_only,
-                               index=index, nlist=nlist, residency=residency, progress=progress)
-    return Database(path, dim=dim, dtype=dtype, device=device, read_only=read_only, index=index, nlist=nlist,
-                    residency=residency, progress=progress, checksums=checksums)
 
 
 def _inline_tensor(x, where: str) -> torch.Tensor:

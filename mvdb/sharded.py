@@ -204,7 +204,7 @@ class ShardedDatabase:
 
     def _add(self, docs, ids, metadata, sparse) -> list:
         for s in self.shards:
-            s.store._writable()
+            s.store.check_writable()
         _, lengths, _ = validate.documents(docs, self.dim)  # shapes, dtypes, finiteness, dim
         n = len(lengths)
         id_type = next((s.store.manifest["id_type"] for s in self.shards if s.store.manifest["id_type"]), None)

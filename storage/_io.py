@@ -7,7 +7,7 @@ import fcntl
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from mvdb.errors import DatabaseLockedError, MvdbError, StorageError
+from mvdb.kernels.errors import DatabaseLockedError, MvdbError, StorageError
 
 # Threads for work that releases the GIL: checksums, pwrite, numpy checks over chunks.
 POOL = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2) + 1, thread_name_prefix="mvdb-io")

@@ -8,7 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from mvdb.errors import CorruptionError
+from mvdb.kernels.errors import CorruptionError
+from mvdb.storage.packed import Packed
 
 _CRC = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mvdb-crc")  # one in-order stream of chunks
 
@@ -103,8 +104,6 @@ def load_to_device(store, device, pin: bool, include_deleted: bool = False, from
     ``from_segment`` on, as one buffer on ``device`` (pinned host memory with ``pin``), or written
     into ``out``: consecutive (tokens, scales) buffers on one device whose rows add up to the
     load's (then the returned Packed holds no tokens)."""
-    from mvdb.storage.store import Packed
-
     snap = store._snap if snap is None else snap
     pieces = list(_sources(store, snap, include_deleted, from_segment))
     n_tokens = sum(int(p[0].shape[0]) for p in pieces)

@@ -7,7 +7,7 @@ import json
 import os
 import zlib
 
-from mvdb.errors import CorruptionError, FormatError
+from mvdb.kernels.errors import CorruptionError, FormatError
 from mvdb.storage._io import atomic_write
 
 FORMAT = "mvdb"

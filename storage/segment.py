@@ -22,7 +22,7 @@ import json
 import h5py
 import numpy as np
 
-from mvdb.errors import CorruptionError
+from mvdb.kernels.errors import CorruptionError
 
 from mvdb.storage._io import POOL, READ_POOL
 from mvdb.storage._io import start_writeback

@@ -14,11 +14,11 @@ import io
 import os
 import uuid
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from mvdb.errors import (
+from mvdb.kernels.errors import (
     CorruptionError,
     DuplicateIdError,
     FormatError,
@@ -30,36 +30,13 @@ from mvdb.errors import (
 from mvdb.storage import validate
 from mvdb.storage._io import WriterLock, atomic_write, fsync_dir, storage_error
 from mvdb.storage.manifest import MANIFEST, new_manifest, read_manifest, write_manifest
+from mvdb.storage.packed import Packed
 from mvdb.storage.segment import SegmentReader, write_segment
 
 DTYPES = ("float16", "int8")
 SEGMENTS = "segments"
 INDEX = "index"  # derived token-index files, named by the manifest's "index_files"
 TMP_PREFIX = ".tmp-"
-
-
-@dataclass
-class Packed:
-    """Documents in CSR form: tokens [T, dim], offsets [n+1] int64, scales [T] (int8 only), ids [n]."""
-
-    tokens: object
-    offsets: object
-    scales: object = None
-    ids: list = field(default_factory=list)
-
-    def to_torch(self, device=None, pin: bool = False) -> "Packed":
-        """The arrays as torch tensors on ``device`` (pinned host memory when ``pin`` and no device)."""
-        import torch
-
-        def conv(a):
-            if a is None:
-                return None
-            t = torch.from_numpy(np.ascontiguousarray(a))
-            if pin and torch.cuda.is_available() and (device is None or torch.device(device).type == "cpu"):
-                return t.pin_memory()
-            return t.to(device) if device is not None else t
-
-        return Packed(conv(self.tokens), conv(self.offsets), conv(self.scales), self.ids)
 
 
 @dataclass
@@ -485,6 +462,10 @@ class Store:
         return True
 
     # ---- writes
+
+    def check_writable(self) -> None:
+        """ReadOnlyError (or InvalidInputError when closed) unless a write could go ahead now."""
+        self._writable()
 
     def _writable(self) -> None:
         if self.read_only:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mvdb.errors import DuplicateIdError, InvalidInputError, InvalidTypeError
+from mvdb.kernels.errors import DuplicateIdError, InvalidInputError, InvalidTypeError
 from mvdb.storage._io import POOL
 
 FP16_MAX = 65504.0

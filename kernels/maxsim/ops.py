@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from mvdb.errors import InvalidInputError
+from mvdb.kernels.errors import InvalidInputError
 from mvdb.kernels import _checks
 from mvdb.kernels.maxsim import fused, naive, train
 

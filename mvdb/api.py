@@ -1,0 +1,35 @@
+"""``mvdb.open``: the one entry point that picks the database class for a directory (one store,
+or shards over several devices). Kept apart from both classes so neither imports the other."""
+
+from __future__ import annotations
+
+from mvdb.database import Database
+from mvdb.sharded import ShardedDatabase, is_sharded
+
+__all__ = ["open"]
+
+
+def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=None, nlist=None,  # noqa: A001
+         residency="auto", devices=None, progress=None, checksums=True):
+    """Open (or create) a database directory.
+
+    ``dtype``: "float16" (the default) or "int8" for a new database; for an existing one, None or
+    the stored dtype. ``index``: "flat" (exact token search), "ivf" (centroid lists, persisted),
+    or "auto" (flat below 1M tokens); recorded in the database, so it need not be given again
+    (None: the recorded choice, "auto" for a new database; a different one is used and recorded,
+    with a warning). ``nlist``: IVF lists when training (default about 2 * sqrt(tokens)), recorded
+    likewise. ``residency``: where the stored tokens live for the exact rerank: "device", "host"
+    (pinned memory, candidates copied per search), or "auto" (the device when they fit in 80% of
+    its free memory). ``devices``: a list of devices to shard the documents over, one shard each
+    (:class:`mvdb.sharded.ShardedDatabase`; a directory created sharded is always opened sharded).
+    ``progress``: report long index builds on stderr (default: on, ``MVDB_PROGRESS=0`` turns it off).
+    ``checksums``: check each segment's tokens against their CRC-32 as they are loaded into memory
+    (CorruptionError on a mismatch; structural checks run on every open regardless). On by default;
+    False saves the hashing (see the README's reliability section for its cost).
+    """
+    if devices is not None or is_sharded(path):
+        return ShardedDatabase(path, devices=devices, dim=dim, dtype=dtype, device=device, read_only=read_only,
+                               index=index, nlist=nlist, residency=residency, progress=progress, checksums=checksums)
+    return Database(path, dim=dim, dtype=dtype, device=device, read_only=read_only, index=index, nlist=nlist,
+                    residency=residency, progress=progress, checksums=checksums)
+
