@@ -30,7 +30,7 @@ _LAZY = {
     "Database": "mvdb.database",
     "Hit": "mvdb.engine.search",
     "open": "mvdb.api",
-    "rerank": "mvdb.database",
+    "rerank": "mvdb.engine.inline",
     "recover": "mvdb.storage",
     "verify": "mvdb.storage",
 }

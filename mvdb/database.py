@@ -23,90 +23,28 @@ import json
 import threading
 
 import numpy as np
-import torch
 
+from mvdb.engine.args import RESIDENCY, device_arg, ids_arg, search_args
+from mvdb.engine.filters import allowed_rows
+from mvdb.engine.inline import rerank
 from mvdb.engine.progress import Progress
 from mvdb.engine.rwlock import RWLock
-from mvdb.engine.filters import allowed_rows
-from mvdb.engine.filters import parse as parse_where
-from mvdb.engine.search import Hit, check_k, decode_keys, hits, is_batch, prepare
+from mvdb.engine.search import Hit, check_k, decode_keys, is_batch, prepare
 from mvdb.engine.search import candidates as run_candidates
 from mvdb.engine.search import rerank as run_rerank
 from mvdb.engine.search import search as run_search
 from mvdb.engine.state import Engine, resolve_config
 from mvdb.errors import InvalidInputError, InvalidTypeError
-from mvdb.kernels import maxsim_varlen
 from mvdb.storage import Store
 
 __all__ = ["Database", "Hit", "rerank"]
-
-RESIDENCY = ("auto", "device", "host")
-
-
-def _device(device) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        d = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise InvalidInputError(f"device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
-    if d.type == "cuda" and not torch.cuda.is_available():
-        raise InvalidInputError(f"device: {device!r} asked for, but CUDA is not available here")
-    return d
-
-
-def _search_args(where, **options) -> None:
-    """Check ``where`` and the candidate-stage options up front, so that they are rejected even
-    when the database is empty."""
-    if where is not None:
-        parse_where(where)
-    for name, v in options.items():
-        if v is not None:
-            check_k(v, name)
-
-
-def _ids_arg(ids):
-    """Check an ids argument (one int or str id, or a list / array of them); returns it as the
-    store reads it (an iterator becomes a list). InvalidTypeError for anything else."""
-    if isinstance(ids, str) or (isinstance(ids, (int, np.integer)) and not isinstance(ids, (bool, np.bool_))):
-        return ids
-    if isinstance(ids, torch.Tensor):
-        if ids.ndim != 1 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-            raise InvalidTypeError(f"ids: expected a 1-D integer tensor of ids, got {ids.dtype} of shape "
-                                   f"{tuple(ids.shape)}")
-        return ids
-    if isinstance(ids, np.ndarray):
-        if ids.ndim != 1 or ids.dtype.kind not in "iuUO":
-            raise InvalidTypeError(f"ids: expected a 1-D array of int or str ids, got {ids.dtype} of shape {ids.shape}")
-        if ids.dtype.kind in "iu":
-            return ids
-    elif isinstance(ids, (bytes, dict)) or not hasattr(ids, "__iter__"):
-        raise InvalidTypeError(f"ids: expected an int or str id, or a list of them, got {type(ids).__name__}")
-    values = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
-    kinds = set()
-    for i, v in enumerate(values):
-        if isinstance(v, str):
-            kinds.add("str")
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise InvalidInputError(f"ids[{i}]: expected a str that encodes to UTF-8, got a lone surrogate "
-                                        f"at position {e.start}") from None
-        elif isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
-            kinds.add("int")
-        else:
-            raise InvalidTypeError(f"ids[{i}]: expected an int or str id, got {type(v).__name__}")
-    if len(kinds) > 1:
-        raise InvalidTypeError("ids: expected all int or all str ids, got a mix")
-    return values
-
 
 class Database:
     """See the module docstring; create with :func:`mvdb.open`."""
 
     def __init__(self, path, *, dim=None, dtype=None, device="auto", read_only=False, index=None, nlist=None,
                  residency="auto", progress=None, checksums=True):
-        self.device = _device(device)
+        self.device = device_arg(device)
         if residency not in RESIDENCY:
             raise InvalidInputError(f"residency: expected 'auto', 'device' or 'host', got {residency!r}")
         self.store = Store(path, dim=dim, dtype=dtype, read_only=read_only, checksums=checksums)
@@ -177,7 +115,7 @@ class Database:
 
     def contains(self, ids) -> np.ndarray:
         """Bool mask: which of ``ids`` are stored."""
-        ids = _ids_arg(ids)
+        ids = ids_arg(ids)
         if isinstance(ids, (str, int, np.integer)):
             ids = [ids]
         with self._rw.read():
@@ -211,7 +149,7 @@ class Database:
         return out
 
     def delete(self, ids) -> None:
-        ids = _ids_arg(ids)
+        ids = ids_arg(ids)
         with self._writer:
             self._catch_up()
             self.store.delete(ids)
@@ -237,7 +175,7 @@ class Database:
 
     def get(self, ids) -> list[np.ndarray]:
         """Each document as a float32 [L, dim] array (int8 dequantized)."""
-        ids = _ids_arg(ids)
+        ids = ids_arg(ids)
         with self._rw.read():
             snap = self._read().snap
             p = snap.gather(snap.rows(ids))
@@ -247,7 +185,7 @@ class Database:
         return [tokens[p.offsets[i] : p.offsets[i + 1]] for i in range(len(p.offsets) - 1)]
 
     def metadata(self, ids) -> list:
-        ids = _ids_arg(ids)
+        ids = ids_arg(ids)
         with self._rw.read():
             snap = self._read().snap
             return [json.loads(v) for v in snap.metadata(snap.rows(ids))]
@@ -256,31 +194,9 @@ class Database:
         return self.store.verify()
 
     def stats(self) -> dict:
+        """Counts, residency and index figures of the current state (see the README)."""
         with self._rw.read():
-            st = self._read()
-            m, t, idx = st.snap.manifest, st.tokens, st.index
-            return {
-                "path": self.store.path,
-                "documents": st.snap.n_live,
-                "rows": st.n_rows,
-                "tokens": t.n_tokens if t is not None else 0,
-                "dim": m["dim"],
-                "dtype": m["dtype"],
-                "segments": len(m["segments"]),
-                "deleted": sum(len(s["deleted"]) for s in m["segments"]),
-                "device": str(self.device),
-                "residency": None if t is None else ("host" if t.on_host else "device"),
-                "resident_bytes": t.token_bytes if t is not None else 0,
-                "resident_capacity_bytes": t.capacity_bytes if t is not None else 0,
-                "pages": len(t.pages) if t is not None else 0,
-                "index": idx.kind if idx is not None else None,
-                "index_config": dict(self._engine.config),
-                "nlist": getattr(idx, "nlist", None) or None,
-                "trained_tokens": getattr(idx, "trained_tokens", None),
-                "index_tokens": idx.ntotal if idx is not None else 0,
-                "build_seconds": {"load": self._engine.load_seconds, **(idx.build_seconds if idx is not None else {})},
-                "generation": m["generation"],
-            }
+            return dict(self._engine.stats(self._read()), path=self.store.path)
 
     def search(self, queries, k: int = 10, where=None, *, n_candidates: int | None = None,
                k_tokens: int | None = None, nprobe: int | None = None, sparse=None, n_sparse: int | None = None,
@@ -298,7 +214,7 @@ class Database:
         check_k(k)
         if not isinstance(exact, bool):
             raise InvalidTypeError(f"exact: expected a bool, got {type(exact).__name__}")
-        _search_args(where, n_candidates=n_candidates, k_tokens=k_tokens, nprobe=nprobe, n_sparse=n_sparse)
+        search_args(where, n_candidates=n_candidates, k_tokens=k_tokens, nprobe=nprobe, n_sparse=n_sparse)
         with self._rw.read():
             st = self._read()
             if st.tokens is None or not st.snap.n_live:
@@ -316,7 +232,7 @@ class Database:
         """The ids the exact stage of ``search`` (same arguments) would rerank, per query: for
         seeing why a document is or is not found, and for measuring candidate recall."""
         check_k(k)
-        _search_args(where, n_candidates=n_candidates, k_tokens=k_tokens, nprobe=nprobe, n_sparse=n_sparse)
+        search_args(where, n_candidates=n_candidates, k_tokens=k_tokens, nprobe=nprobe, n_sparse=n_sparse)
         with self._rw.read():
             st = self._read()
             if st.tokens is None or not st.snap.n_live:
@@ -340,65 +256,3 @@ class Database:
             qs = prepare(queries, st.dim, self.device)
             out = run_rerank(st, qs, candidate_ids, k)
         return out[0] if qs.single else out
-
-
-def _inline_tensor(x, where: str) -> torch.Tensor:
-    """One inline array (numpy, torch, or nested lists of numbers) as a real-valued tensor."""
-    if isinstance(x, torch.Tensor):
-        if x.is_complex() or x.dtype == torch.bool:
-            raise InvalidTypeError(f"{where}: expected a real-valued (float or int) tensor, got dtype {x.dtype}")
-        return x.detach()
-    if isinstance(x, (np.ndarray, list, tuple)):
-        try:
-            a = np.asarray(x)
-        except ValueError as e:  # ragged nested lists
-            raise InvalidInputError(f"{where}: expected a 2-D [L, dim] array, got a ragged sequence ({e})") from None
-        if a.dtype.kind not in "fiu":
-            raise InvalidTypeError(f"{where}: expected a real-valued (float or int) array, got dtype {a.dtype}")
-        if a.dtype.kind != "f":
-            a = a.astype(np.float64)  # torch lacks some numpy int dtypes (uint64); exact for any int32
-        return torch.from_numpy(np.ascontiguousarray(a))
-    raise InvalidTypeError(f"{where}: expected a numpy array or torch tensor, got {type(x).__name__}")
-
-
-def rerank(query, docs, k: int | None = None) -> list[Hit]:
-    """Rerank-only: exact MaxSim of one query [Lq, dim] against documents given inline (not stored).
-
-    Hit ids are positions in ``docs``.
-    """
-    if k is not None:
-        check_k(k)
-    expected = "docs: expected a non-empty list of [L, dim] arrays / tensors, or one [n, L, dim] array"
-    if isinstance(docs, (np.ndarray, torch.Tensor)):
-        if docs.ndim != 3:
-            raise InvalidInputError(f"{expected}, got shape {tuple(docs.shape)}")
-        docs = list(docs)
-    elif not isinstance(docs, (list, tuple)):
-        raise InvalidTypeError(f"{expected}, got {type(docs).__name__}")
-    if not len(docs):
-        raise InvalidInputError(f"{expected}, got an empty {type(docs).__name__}")
-    q = _inline_tensor(query, "query")
-    if q.dim() != 2:
-        raise InvalidInputError(f"query: expected [Lq, dim], got shape {tuple(q.shape)}")
-    dim = q.shape[1]
-    device = q.device
-    qs = prepare(q, dim, device)
-    d_list = []
-    for i, x in enumerate(docs):
-        d = _inline_tensor(x, f"document {i}")
-        if d.dim() != 2 or d.shape[1] != dim:
-            raise InvalidInputError(f"document {i}: expected shape [L, {dim}], got {tuple(d.shape)}")
-        if d.shape[0] == 0:
-            raise InvalidInputError(f"document {i}: empty (0 tokens); every document needs at least one token")
-        d32 = d.to(device, torch.float32)
-        if not bool(torch.isfinite(d32).all()):
-            beyond = bool(torch.isfinite(d).all()) if d.is_floating_point() else True
-            raise InvalidInputError(f"document {i}: " + ("values beyond the float32 range" if beyond
-                                                          else "contains NaN or Inf"))
-        d_list.append(d32)
-    d = torch.cat(d_list)
-    cu_d = torch.zeros(len(d_list) + 1, dtype=torch.int32)
-    cu_d[1:] = torch.tensor([x.shape[0] for x in d_list]).cumsum(0)
-    scores = maxsim_varlen(qs.q, qs.cu, d, cu_d.to(device), max_seqlen_q=qs.longest)
-    rows = torch.arange(len(d_list), device=device)[None]
-    return hits(scores, rows, np.arange(len(d_list)), k)[0]

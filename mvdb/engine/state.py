@@ -384,3 +384,28 @@ class Engine:
         if written:
             snap = self._commit_index(snap, entries + written)
         return replace(new, snap=snap, index=index)
+
+    def stats(self, st: State) -> dict:
+        """What ``Database.stats`` reports about a state."""
+        m, t, idx = st.snap.manifest, st.tokens, st.index
+        return {
+            "documents": st.snap.n_live,
+            "rows": st.n_rows,
+            "tokens": t.n_tokens if t is not None else 0,
+            "dim": m["dim"],
+            "dtype": m["dtype"],
+            "segments": len(m["segments"]),
+            "deleted": sum(len(s["deleted"]) for s in m["segments"]),
+            "device": str(self.device),
+            "residency": None if t is None else ("host" if t.on_host else "device"),
+            "resident_bytes": t.token_bytes if t is not None else 0,
+            "resident_capacity_bytes": t.capacity_bytes if t is not None else 0,
+            "pages": len(t.pages) if t is not None else 0,
+            "index": idx.kind if idx is not None else None,
+            "index_config": dict(self.config),
+            "nlist": getattr(idx, "nlist", None) or None,
+            "trained_tokens": getattr(idx, "trained_tokens", None),
+            "index_tokens": idx.ntotal if idx is not None else 0,
+            "build_seconds": {"load": self.load_seconds, **(idx.build_seconds if idx is not None else {})},
+            "generation": m["generation"],
+        }

@@ -1,0 +1,74 @@
+"""Rerank-only: exact MaxSim of a query against documents given inline, nothing stored."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from mvdb.engine.search import Hit, check_k, hits, prepare
+from mvdb.errors import InvalidInputError, InvalidTypeError
+from mvdb.kernels import maxsim_varlen
+
+__all__ = ["rerank"]
+
+
+def _inline_tensor(x, where: str) -> torch.Tensor:
+    """One inline array (numpy, torch, or nested lists of numbers) as a real-valued tensor."""
+    if isinstance(x, torch.Tensor):
+        if x.is_complex() or x.dtype == torch.bool:
+            raise InvalidTypeError(f"{where}: expected a real-valued (float or int) tensor, got dtype {x.dtype}")
+        return x.detach()
+    if isinstance(x, (np.ndarray, list, tuple)):
+        try:
+            a = np.asarray(x)
+        except ValueError as e:  # ragged nested lists
+            raise InvalidInputError(f"{where}: expected a 2-D [L, dim] array, got a ragged sequence ({e})") from None
+        if a.dtype.kind not in "fiu":
+            raise InvalidTypeError(f"{where}: expected a real-valued (float or int) array, got dtype {a.dtype}")
+        if a.dtype.kind != "f":
+            a = a.astype(np.float64)  # torch lacks some numpy int dtypes (uint64); exact for any int32
+        return torch.from_numpy(np.ascontiguousarray(a))
+    raise InvalidTypeError(f"{where}: expected a numpy array or torch tensor, got {type(x).__name__}")
+
+
+def rerank(query, docs, k: int | None = None) -> list[Hit]:
+    """Rerank-only: exact MaxSim of one query [Lq, dim] against documents given inline (not stored).
+
+    Hit ids are positions in ``docs``.
+    """
+    if k is not None:
+        check_k(k)
+    expected = "docs: expected a non-empty list of [L, dim] arrays / tensors, or one [n, L, dim] array"
+    if isinstance(docs, (np.ndarray, torch.Tensor)):
+        if docs.ndim != 3:
+            raise InvalidInputError(f"{expected}, got shape {tuple(docs.shape)}")
+        docs = list(docs)
+    elif not isinstance(docs, (list, tuple)):
+        raise InvalidTypeError(f"{expected}, got {type(docs).__name__}")
+    if not len(docs):
+        raise InvalidInputError(f"{expected}, got an empty {type(docs).__name__}")
+    q = _inline_tensor(query, "query")
+    if q.dim() != 2:
+        raise InvalidInputError(f"query: expected [Lq, dim], got shape {tuple(q.shape)}")
+    dim = q.shape[1]
+    device = q.device
+    qs = prepare(q, dim, device)
+    d_list = []
+    for i, x in enumerate(docs):
+        d = _inline_tensor(x, f"document {i}")
+        if d.dim() != 2 or d.shape[1] != dim:
+            raise InvalidInputError(f"document {i}: expected shape [L, {dim}], got {tuple(d.shape)}")
+        if d.shape[0] == 0:
+            raise InvalidInputError(f"document {i}: empty (0 tokens); every document needs at least one token")
+        d32 = d.to(device, torch.float32)
+        if not bool(torch.isfinite(d32).all()):
+            beyond = bool(torch.isfinite(d).all()) if d.is_floating_point() else True
+            raise InvalidInputError(f"document {i}: " + ("values beyond the float32 range" if beyond
+                                                          else "contains NaN or Inf"))
+        d_list.append(d32)
+    d = torch.cat(d_list)
+    cu_d = torch.zeros(len(d_list) + 1, dtype=torch.int32)
+    cu_d[1:] = torch.tensor([x.shape[0] for x in d_list]).cumsum(0)
+    scores = maxsim_varlen(qs.q, qs.cu, d, cu_d.to(device), max_seqlen_q=qs.longest)
+    rows = torch.arange(len(d_list), device=device)[None]
+    return hits(scores, rows, np.arange(len(d_list)), k)[0]
