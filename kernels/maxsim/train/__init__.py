@@ -1,0 +1,31 @@
+"""Differentiable MaxSim: a forward that saves the winning document token per (pair, query
+token) as int32, and backwards that gather from it, so neither pass materialises the
+query-token x doc-token similarity tensor.
+
+Every layout is described by offsets: query i's tokens are ``q_off[i]:q_off[i+1]`` of a packed
+[Tq, d] tensor; document ``doc`` is ``d_off[doc]:d_off[doc+1]`` of a packed [Td, d] tensor; pair
+(i, k) scores query i against document k (cross product, every query against every document) or
+against document i * K + k (per-query candidates). Padded batches are packed views with
+``Lq`` / ``Ld`` tokens each and optional masks over the same token positions.
+
+Backwards (``backward=``):
+- ``"unified"``: one program per pair adds g * D[argmax] to dQ and g * Q to dD[argmax] with fp32
+  atomics; fast, not bitwise reproducible, gradients accumulated in fp32.
+- ``"lowmem"``: every gradient row is owned by one program (dQ rows by query, dD rows by
+  document, a one-hot matmul over the queries that picked them): no atomics, gradients written
+  in the input dtype, bitwise identical run to run.
+
+Layout: ``fused.py`` the Triton kernels, ``ops.py`` the launchers and the autograd Function,
+``policy.py`` the launch tuning table and the ``auto`` backward's choice, ``naive.py`` torch forms
+of the kernels' math (the gradients' reference is autograd through :mod:`mvdb.kernels.maxsim.naive`).
+"""
+
+from mvdb.kernels.maxsim.train.ops import backward, forward, padded, varlen
+from mvdb.kernels.maxsim.train.policy import (
+    BACKWARDS,
+    TUNE,
+    choose_backward,
+    grouped_queries,
+)
+
+__all__ = ["BACKWARDS", "TUNE", "backward", "choose_backward", "forward", "grouped_queries", "padded", "varlen"]

@@ -1,0 +1,172 @@
+"""Host code of differentiable MaxSim: the forward and backward launchers, the autograd Function
+and the padded / varlen entry points (called by mvdb.kernels.maxsim.ops)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from mvdb.kernels.maxsim.fused import interpreting
+from mvdb.kernels.maxsim.train.fused import (
+    _bwd_lowmem_dd_kernel,
+    _bwd_lowmem_dq_kernel,
+    _bwd_unified_kernel,
+    _fwd_argmax_grouped_kernel,
+    _fwd_argmax_kernel,
+    _hit_prep_kernel,
+)
+from mvdb.kernels.maxsim.train.naive import _project_rows
+from mvdb.kernels.maxsim.train.policy import (
+    TUNE,
+    _blocks,
+    _splits,
+    choose_backward,
+    grouped_queries,
+)
+
+
+def forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask=None, d_mask=None, mask_zero=False,
+            equal_lengths=False, normalize=False):
+    """Scores [n_q, n_k] float32, the winners Arg [n_q, n_k, lq_max] int32 (token index into the
+    packed d, -1 for masked query tokens and when no document token is valid) and, with
+    ``normalize``, the clamped L2 norms of q's and d's rows (float32; else None)."""
+    bdim, bq, bd = _blocks(q.shape[1], lq_max)
+    out = torch.empty(n_q, n_k, dtype=torch.float32, device=q.device)
+    arg = torch.full((n_q, n_k, max(1, lq_max)), -1, dtype=torch.int32, device=q.device)
+    # norms from the tiles, inside the kernels (reading them from a pass before measured slower on
+    # the H100: ColPali in-batch fwd+bwd 10.8 vs 6.6 ms)
+    nq = torch.ones(q.shape[0], dtype=torch.float32, device=q.device) if normalize else None
+    nd = torch.ones(d.shape[0], dtype=torch.float32, device=q.device) if normalize else None
+    upcast = interpreting() or q.dtype == torch.float32
+    group = grouped_queries(lq_max, per_query, equal_lengths, n_q)
+    common = dict(HAS_QMASK=q_mask is not None, HAS_DMASK=d_mask is not None, DIM=q.shape[1], BLOCK_DIM=bdim,
+                  BLOCK_D=bd, UPCAST=upcast, IEEE=q.dtype == torch.float32, MASK_ZERO=mask_zero, NORM=normalize)
+    # measured (benchmarks/training_sweep.py, H100): 2 stages for the grouped short-query kernel
+    stages = TUNE.get("fwd_stages", 2 if group > 1 else 3)
+    qm = q_mask if q_mask is not None else q
+    dm = d_mask if d_mask is not None else d
+    if n_q and n_k and group > 1:
+        rows = triton.next_power_of_2(group * lq_max)
+        _fwd_argmax_grouped_kernel[(triton.cdiv(n_q, group), n_k)](
+            q, qm, d, dm, d_off, out, arg, nq if normalize else out, nd if normalize else out, n_q, n_k, lq_max,
+            GROUP=group, BLOCK_Q=rows, num_warps=TUNE.get("fwd_warps", 8 if rows >= 128 else 4), num_stages=stages,
+            **common,
+        )
+    elif n_q and n_k:
+        _fwd_argmax_kernel[(n_q, n_k)](
+            q, qm, q_off, d, dm, d_off, out, arg, nq if normalize else out, nd if normalize else out, n_k,
+            arg.shape[2], PER_QUERY=per_query, BLOCK_Q=bq, num_warps=TUNE.get("fwd_warps", 8 if bq >= 128 else 4),
+            num_stages=stages, **common,
+        )
+    return out, arg, nq, nd
+
+
+def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True, norms=None, covered=False):
+    """(dQ, dD) for packed q [Tq, dim] and d [Td, dim], as the inputs' dtypes. ``norms``: (nq, nd)
+    from a normalising forward. ``covered``: q_off tiles q exactly (every row belongs to one
+    query), so dQ needs no zero fill. dD needs no document offsets: the winners are token indices."""
+    bdim, bq, _ = _blocks(q.shape[1])
+    g = grad.float().contiguous()
+    lq_max = arg.shape[2]
+    norm = norms is not None
+    nq, nd = norms if norm else (q, d)
+    dev = q.device
+    if kind == "unified":
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=dev)
+        dd = torch.zeros(d.shape, dtype=torch.float32, device=dev)
+        if n_q and n_k:
+            _bwd_unified_kernel[(n_q, n_k)](q, q_off, d, arg, g, dq, dd, nq, nd, n_k, lq_max, DIM=q.shape[1],
+                                            BLOCK_DIM=bdim, BLOCK_Q=bq, NORM=norm, num_warps=4)
+        if norm:
+            dq, dd = _project_rows(dq, q, nq), _project_rows(dd, d, nd)
+        return dq.to(q.dtype) if need_dq else None, dd.to(d.dtype) if need_dd else None
+    dq = dd = None
+    work = n_q and n_k
+    if need_dq:
+        # few queries: split each query's pairs over programs, fp32 slices summed in a fixed order
+        splits = TUNE.get("dq_splits") or _splits(n_q * triton.cdiv(lq_max, bq), n_k, q.numel() * 4,
+                                                 min_steps=TUNE.get("dq_min_steps", 32))
+        fill = torch.empty if covered and work else torch.zeros
+        dq = fill(q.shape, dtype=q.dtype, device=dev) if splits == 1 else \
+            fill((splits, *q.shape), dtype=torch.float32, device=dev)
+        if work:
+            _bwd_lowmem_dq_kernel[(n_q, triton.cdiv(lq_max, bq), splits)](
+                q, d, arg, g, q_off, dq, nq, nd, n_k, lq_max, triton.cdiv(n_k, splits), q.numel(), DIM=q.shape[1],
+                BLOCK_DIM=bdim, BLOCK_Q=bq, NORM=norm, num_warps=TUNE.get("dq_warps", 2))
+        if splits > 1:
+            dq = dq.sum(0).to(q.dtype)
+    if need_dd:
+        # the hits sorted by the document token they picked (stable: a fixed summation order)
+        keys, order = torch.sort(arg.view(-1), stable=True)
+        n_slots = keys.numel()
+        rows = torch.empty(n_slots, dtype=torch.int32, device=dev)
+        weights = torch.empty(n_slots, dtype=torch.float32, device=dev)
+        _hit_prep_kernel[(triton.cdiv(n_slots, 1024),)](order, q_off, g, nq, rows, weights, n_slots, n_k, lq_max,
+                                                         NORM=norm, BLOCK=1024)
+        # fewer hits than document tokens (per-query negatives): zero-fill, then write the rows hit
+        sparse = n_slots < d.shape[0] // 2
+        if sparse:  # per slot: where its token's hits end
+            bounds = torch.searchsorted(keys, keys, right=True)
+        else:  # per token: where its hits start
+            bounds = torch.searchsorted(keys, torch.arange(d.shape[0] + 1, device=dev, dtype=keys.dtype))
+        dd = torch.zeros_like(d) if sparse else torch.empty_like(d)
+        if d.shape[0]:
+            bj = 16 if interpreting() else TUNE.get("dd_bj", 128 if sparse else 32)  # measured, H100
+            _bwd_lowmem_dd_kernel[(triton.cdiv(n_slots if sparse else d.shape[0], bj),)](
+                q, keys, bounds, rows, weights, d, dd, nd, d.shape[0], n_slots, SPARSE=sparse,
+                NORM=norm, DIM=q.shape[1], BLOCK_DIM=bdim, BLOCK_J=bj,
+                BLOCK_H=16 if interpreting() else TUNE.get("dd_bh", 128),
+                LIGHT=4 if interpreting() else TUNE.get("dd_light", 256), num_warps=TUNE.get("dd_warps", 4),
+            )
+    return dq, dd
+
+
+class _MaxSimFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, d, q_off, d_off, n_q, n_k, lq_max, per_query, q_mask, d_mask, kind, mask_zero=False,
+                equal_lengths=False, normalize=False):
+        out, arg, nq, nd = forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask, d_mask, mask_zero,
+                                   equal_lengths, normalize)
+        if normalize:
+            ctx.save_for_backward(q, d, q_off, arg, nq, nd)
+        else:
+            ctx.save_for_backward(q, d, q_off, arg)
+        # padded layouts (equal_lengths) tile q exactly
+        ctx.meta = (n_q, n_k, kind, equal_lengths)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, d, q_off, arg, *norms = ctx.saved_tensors
+        n_q, n_k, kind, covered = ctx.meta
+        dq, dd = backward(kind, grad, q, q_off, d, arg, n_q, n_k, ctx.needs_input_grad[0], ctx.needs_input_grad[1],
+                          tuple(norms) if norms else None, covered)
+        return dq, dd, None, None, None, None, None, None, None, None, None, None, None, None
+
+
+def _flat_mask(mask):
+    return None if mask is None else mask.reshape(-1).to(torch.uint8).contiguous()
+
+
+def padded(Q, D, q_mask, d_mask, kind: str, mask_zero: bool = False, normalize: bool = False) -> torch.Tensor:
+    """Differentiable MaxSim of padded Q [Nq, Lq, d] against D [Nd, Ld, d] or [Nq, K, Ld, d].
+    ``mask_zero``: a masked document token counts as similarity 0 (PyLate's semantics) instead of
+    being left out. ``normalize``: of the L2-normalised tokens, inside the kernels."""
+    nq, lq, dim = Q.shape
+    per_query = D.dim() == 4
+    n_k, ld = D.shape[-3], D.shape[-2]
+    n_docs = D.shape[0] * (D.shape[1] if per_query else 1)
+    dev = Q.device
+    q_off = torch.arange(nq + 1, device=dev, dtype=torch.int64) * lq
+    d_off = torch.arange(n_docs + 1, device=dev, dtype=torch.int64) * ld
+    kind = choose_backward(kind, nq * n_k * lq, D.numel())
+    return _MaxSimFn.apply(Q.reshape(-1, dim).contiguous(), D.reshape(-1, dim).contiguous(), q_off, d_off, nq, n_k,
+                           lq, per_query, _flat_mask(q_mask), _flat_mask(d_mask), kind, mask_zero, True, normalize)
+
+
+def varlen(q, cu_q, d, cu_d, max_seqlen_q: int, kind: str, normalize: bool = False) -> torch.Tensor:
+    """Differentiable MaxSim of packed queries against packed documents (cross product)."""
+    nq, nd = cu_q.numel() - 1, cu_d.numel() - 1
+    kind = choose_backward(kind, nq * nd * max_seqlen_q, d.numel())
+    return _MaxSimFn.apply(q.contiguous(), d.contiguous(), cu_q.long(), cu_d.long(), nq, nd, max_seqlen_q, False,
+                           None, None, kind, False, False, normalize)

@@ -1,0 +1,52 @@
+"""Launch policy of the training kernels: the tuning table benchmarks/training_sweep.py overrides,
+the blocks, splits and query groups derived from it, and the ``auto`` backward's choice."""
+
+from __future__ import annotations
+
+import triton
+
+from mvdb.kernels.maxsim.fused import interpreting
+
+BACKWARDS = ("auto", "unified", "lowmem")
+
+# Launch parameters that benchmarks/training_sweep.py may override (name -> value); empty = the
+# measured defaults below.
+TUNE: dict = {}
+
+
+def _blocks(dim: int, lq: int = 32) -> tuple[int, int, int]:
+    """(BLOCK_DIM, BLOCK_Q, BLOCK_D): query blocks as long as the queries up to 128 (long queries
+    are compute-bound and want big tiles; short ones are latency-bound)."""
+    bdim = max(16, triton.next_power_of_2(dim))
+    if interpreting():
+        return bdim, 16, 16
+    return bdim, min(128, max(32, triton.next_power_of_2(lq))), TUNE.get("fwd_bd", 64)
+
+
+def _splits(programs: int, loop: int, slice_bytes: int, budget: int = 256 << 20, min_steps: int = 32) -> int:
+    """How many slices to split a lowmem reduction loop of ``loop`` steps into: enough programs to
+    fill the GPU (about 1,024), at least ``min_steps`` steps a slice, fp32 slices within ``budget``."""
+    if interpreting():
+        return 2 if loop >= 2 else 1  # exercise the split path in the CPU tests
+    return max(1, min(8, 1024 // max(1, programs), loop // min_steps, budget // max(1, slice_bytes)))
+
+
+def grouped_queries(lq: int, per_query: bool, equal_lengths: bool, n_q: int) -> int:
+    """Queries per program in the cross-product forward: short equal-length (padded) queries share
+    each document tile (GROUP * lq <= 128 rows); 1 otherwise."""
+    if per_query or not equal_lengths or lq == 0 or lq > 64 or n_q < 2:
+        return 1
+    return max(1, min(n_q, (16 if interpreting() else TUNE.get("fwd_rows", 128)) // lq))
+
+
+def choose_backward(kind: str, n_hits: int, doc_elems: int) -> str:
+    """``auto``: lowmem for big problems, unified for small ones. Measured on the H100
+    (benchmarks/results/training-sweep-H100.json, bf16 fwd+bwd over 19 shapes): lowmem's sort and
+    extra launches cost more than unified's atomics below about 2^20 winners (pairs x query
+    tokens) unless the documents are large, where unified's fp32 dD buffer is the cost (per-query
+    negatives B=256 x 16 x 1030 tokens: lowmem 1.31 ms vs 2.31). The rule picks the faster one on
+    18 of the 19 shapes (the miss: 0.98 vs 0.89 ms). Ask for ``lowmem`` for reproducible
+    gradients."""
+    if kind != "auto":
+        return kind
+    return "lowmem" if n_hits >= 1 << 20 or doc_elems >= 1 << 28 else "unified"

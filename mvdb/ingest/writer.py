@@ -1,0 +1,20 @@
+"""The bulk writer the CLI and Ray's ingest share: skip what a store already holds, add the rest."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def add_new(store, ids: list, tokens: np.ndarray, lengths: np.ndarray, also_known=None) -> tuple[int, int]:
+    """Add the documents of one packed batch whose ids ``store`` does not hold yet; returns
+    (added, skipped). ``store`` is anything with ``contains``, ``__len__`` and ``add_packed`` (a
+    Store, or a set of shards placing documents). ``also_known``: other ids the same documents may
+    be stored under (an older id scheme), one per document."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    found = store.contains(ids) if len(store) else np.zeros(len(ids), dtype=bool)
+    if also_known is not None and len(store):
+        found |= store.contains(also_known)
+    keep = ~found
+    if keep.any():
+        store.add_packed(tokens[np.repeat(keep, lengths)], lengths[keep], ids=[i for i, k in zip(ids, keep) if k])
+    return int(keep.sum()), int((~keep).sum())
