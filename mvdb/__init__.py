@@ -35,7 +35,7 @@ _LAZY = {
     "verify": "mvdb.storage",
 }
 _SUBMODULES = ("api", "cli", "database", "demo", "distributed", "embed", "engine", "ingest", "integrations", "kernels",
-               "sharded", "storage")
+               "sharded", "shards", "storage")
 
 
 def __getattr__(name: str):

@@ -4,7 +4,8 @@ or shards over several devices). Kept apart from both classes so neither imports
 from __future__ import annotations
 
 from mvdb.database import Database
-from mvdb.sharded import ShardedDatabase, is_sharded
+from mvdb.shards.layout import is_sharded
+from mvdb.shards.local import ShardedDatabase
 
 __all__ = ["open"]
 

@@ -168,7 +168,7 @@ def _remove_if_empty(db: str) -> None:
     """After a failed ingest that created DB: remove it again if it holds no document (a bad
     document found while adding), so no empty database is left behind. Only the files a new
     database consists of are removed, and only empty directories; best effort."""
-    from mvdb.sharded import SHARDS, is_sharded
+    from mvdb.shards.layout import SHARDS, is_sharded
     from mvdb.storage import Store
     from mvdb.storage.manifest import MANIFEST
 
@@ -198,26 +198,15 @@ def _remove_if_empty(db: str) -> None:
 def _shard_paths(db: str, create: int = 0) -> list[str]:
     """The store directories of DB: its shards when it is sharded (``create`` > 0 makes a new
     sharded layout), else DB itself."""
-    from mvdb.sharded import SHARDS, _read_layout, _write_layout, is_sharded
+    from mvdb.shards.layout import resolve
 
-    if create < 0:
-        raise InvalidInputError(f"--shards: expected 0 or more, got {create}")
-    if create and not is_sharded(db):
-        if os.path.isdir(db) and any(not n.startswith(".") for n in os.listdir(db)):
-            raise InvalidInputError(f"--shards: {db} already exists and is not sharded ({SHARDS} missing)")
-        os.makedirs(db, exist_ok=True)
-        _write_layout(db, [f"shard-{i:03d}" for i in range(create)])
-    if is_sharded(db):
-        names = _read_layout(db)
-        if create and create != len(names):
-            raise InvalidInputError(f"--shards: {db} has {len(names)} shards, got --shards {create}")
-        return [os.path.join(db, n) for n in names]
-    return [db]
+    return resolve(db, create, option="--shards")
 
 
 class _Placement:
-    """The Store calls ``ingest`` makes, over several shard stores: ids are looked up in every
-    shard, and each document goes to the shard holding the fewest tokens (as ShardedDatabase.add)."""
+    """The Store calls ``ingest`` makes, over several shard stores, by mvdb.shards.placement (as
+    ShardedDatabase.add and mvdb.distributed): ids are looked up in every shard, and each document
+    goes to the shard holding the fewest tokens."""
 
     def __init__(self, stores):
         self.stores = stores
@@ -226,18 +215,15 @@ class _Placement:
         return sum(len(st) for st in self.stores)
 
     def contains(self, ids) -> np.ndarray:
-        from mvdb.sharded import contains_any
+        from mvdb.shards.placement import contains_any
 
         return contains_any(self.stores, list(ids))
 
     def add_packed(self, tokens, lengths, ids) -> None:
-        from mvdb.sharded import place
+        from mvdb.shards.placement import place, split_packed
 
-        off = np.concatenate(([0], np.cumsum(lengths)))
-        for st, part in zip(self.stores, place(lengths, self.stores)):
-            if part:
-                rows = np.concatenate([np.arange(off[i], off[i + 1]) for i in part])
-                st.add_packed(tokens[rows], lengths[part], ids=[ids[i] for i in part])
+        for si, part, toks, lens in split_packed(tokens, lengths, place(lengths, self.stores)):
+            self.stores[si].add_packed(toks, lens, ids=[ids[i] for i in part])
 
 
 @main.command()
@@ -325,10 +311,16 @@ def verify(db: str) -> None:
     from mvdb.storage import verify as verify_path
 
     _require_database(db, "verify")
-    reports = [(p, verify_path(p)) for p in _shard_paths(db)]  # opens nothing: works on damaged files
-    for p, report in reports:
-        click.echo(str(report) if p == db else f"{os.path.basename(p)}: {report}")
-    sys.exit(0 if all(r.ok for _, r in reports) else 1)
+    paths = _shard_paths(db)
+    if paths == [db]:
+        report = verify_path(db)  # opens nothing: works on damaged files
+    else:  # one report over the shards (as ShardedDatabase.verify), each problem naming its shard
+        from mvdb.shards.merge import merge_reports
+
+        report = merge_reports((os.path.basename(p), verify_path(p)) for p in paths)
+        click.echo(f"{len(paths)} shards: ", nl=False)
+    click.echo(str(report))
+    sys.exit(0 if report.ok else 1)
 
 
 @main.command()
@@ -372,7 +364,7 @@ def recover(db: str, force: bool) -> None:
 def _require_database(db: str, command: str) -> None:
     """FileNotFoundError unless DB is a database (or a file, which the library then refuses), so a
     writable open does not create an empty one."""
-    from mvdb.sharded import is_sharded
+    from mvdb.shards.layout import is_sharded
     from mvdb.storage.manifest import MANIFEST
 
     if os.path.isfile(db) or is_sharded(db) or os.path.isfile(os.path.join(db, MANIFEST)) \

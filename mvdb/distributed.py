@@ -3,21 +3,29 @@ bulk-ingest pipeline on Ray Data. Install with ``pip install mvdb[distributed]``
 
     import ray, mvdb.distributed as md
     ray.init()
-    md.ingest(["part-0.npz", "part-1.npz"], ["/data/s0", "/data/s1"])   # bulk load, resumable
-    cluster = md.Cluster(["/data/s0", "/data/s1"], num_gpus=1)         # one actor (and GPU) per shard
+    md.ingest(["part-0.npz", "part-1.npz"], "/data/db", shards=2)   # bulk load, resumable
+    cluster = md.Cluster("/data/db", num_gpus=1)                     # one actor (and GPU) per shard
     hits = cluster.search(queries, k=10)
 
-A shard is an ordinary mvdb database directory on the node that runs its actor (give actors a
-node with ``actor_options``, e.g. a Ray ``scheduling_strategy``). A document's shard is fixed by
-its id (``shard_of``), so ingest, ``Cluster.add`` and a resumed ingest always agree on where it
-lives. Every write is a committed batch of one shard's store: an actor that dies leaves its shard
-at its last commit, and running the same ``ingest`` again skips the ids already stored.
+The shards are those of a sharded database directory (its ``shards.json``, the layout
+``mvdb.open(path, devices=[...])`` and ``mvdb ingest --shards`` write; ``ingest(..., shards=N)``
+creates one), or a list of ordinary database directories. A shard is an ordinary mvdb database
+directory on the node that runs its actor (give actors a node with ``actor_options``, e.g. a Ray
+``scheduling_strategy``).
+
+Placement and routing are those of :mod:`mvdb.shards.placement`, the same as
+:class:`mvdb.ShardedDatabase` and ``mvdb ingest --shards``: new documents go to the shard holding
+the fewest tokens, and reads by id (``get``, ``metadata``, ``delete``) ask every shard which ids
+it holds. So a database written by any of them is read and extended by the others. Every write is
+a committed batch of one shard's store: an actor that dies leaves its shard at its last commit,
+and running the same ``ingest`` again skips the ids already stored (in any shard).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
-import zlib
 from collections import deque
 
 import numpy as np
@@ -27,17 +35,29 @@ try:
 except ImportError as e:  # pragma: no cover - the message says what to install
     raise ImportError(f"mvdb.distributed needs Ray: pip install 'mvdb[distributed]' ({e})") from None
 
-from mvdb.errors import InvalidInputError, UnknownIdError
-from mvdb.sharded import _merge
+from mvdb.errors import DuplicateIdError, InvalidInputError
+from mvdb.shards import layout
+from mvdb.shards.merge import merge_queries
+from mvdb.shards.placement import assign, membership, owners, split_packed, tokens_of
 
 
-def shard_of(doc_id, n_shards: int) -> int:
-    """The shard of a document id: int ids modulo the shard count, str ids by CRC-32."""
-    if isinstance(doc_id, (int, np.integer)) and not isinstance(doc_id, bool):
-        return int(doc_id) % n_shards
-    if isinstance(doc_id, str):
-        return zlib.crc32(doc_id.encode()) % n_shards
-    raise InvalidInputError(f"ids: expected int or str ids, got {type(doc_id).__name__}")
+def _shard_dirs(shard_paths, shards: int = 0) -> list[str]:
+    """The shard directories: a sharded database directory's shards (``shards`` > 0 creates its
+    layout where there is none), an unsharded directory as the one shard, or a list of database
+    directories."""
+    if isinstance(shard_paths, (str, os.PathLike)):
+        return layout.resolve(shard_paths, shards, option="shards")
+    if shards:
+        raise InvalidInputError("shards: creates the layout of one database directory; got a list of shard "
+                                "directories instead of one path")
+    paths = [os.fspath(p) for p in shard_paths]
+    if not paths:
+        raise InvalidInputError("shard_paths: expected at least one shard directory, got none")
+    return paths
+
+
+def _plain_id(x):
+    return x.item() if isinstance(x, np.generic) else x
 
 
 @ray.remote
@@ -50,9 +70,13 @@ class ShardWriter:
         self.path = path
         self.store = Store(path, dtype=dtype)
 
+    def state(self) -> tuple[list, int, str | None]:
+        """(ids stored, tokens stored, id type): what the driver places and skips by."""
+        return self.store.ids(), tokens_of(self.store), self.store.manifest["id_type"]
+
     def write(self, ids: list, tokens: np.ndarray, lengths: np.ndarray) -> tuple[int, int]:
         """Commit the documents not stored yet; (added, skipped)."""
-        keep = ~self.store.contains(ids) if len(self.store) else np.ones(len(ids), dtype=bool)
+        keep = ~membership(self.store, ids)
         if keep.any():
             self.store.add_packed(tokens[np.repeat(keep, lengths)], lengths[keep],
                                   ids=[i for i, k in zip(ids, keep) if k])
@@ -82,60 +106,73 @@ def _read(row: dict, batch_docs: int) -> list[dict]:
             for ids, t, n in batches]
 
 
-def _prepare(row: dict, n_shards: int, dim: int | None) -> list[dict]:
-    """Ray Data flat_map: validate a batch (shapes, finiteness), convert it to float16, and split
-    it by shard."""
+def _prepare(row: dict, dim: int | None) -> dict:
+    """Ray Data map: validate a batch (shapes, finiteness, ids) and convert it to float16. Where
+    its documents go is the driver's choice (it knows every shard's load)."""
     from mvdb.storage import validate
 
     tokens, lengths = row["tokens"], np.asarray(row["lengths"], dtype=np.int64)
     tokens, lengths, _ = validate.packed(tokens, lengths, dim)
     stored, _ = validate.convert(tokens, lengths, "float16")
-    ids = list(row["ids"])
-    shard = np.array([shard_of(i, n_shards) for i in ids], dtype=np.int64)
-    offsets = np.concatenate(([0], np.cumsum(lengths)))
-    out = []
-    for s in np.unique(shard):
-        pick = np.flatnonzero(shard == s)
-        rows = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in pick])
-        out.append({"shard": int(s), "ids": [ids[i] for i in pick], "tokens": stored[rows], "lengths": lengths[pick]})
-    return out
+    ids = [_plain_id(x) for x in row["ids"]]
+    validate.ids(ids, len(ids), None, 0)  # one id type, no id twice in the batch
+    return {"ids": ids, "tokens": stored, "lengths": lengths}
 
 
-def ingest(sources, shard_paths, *, dtype: str | None = None, dim: int | None = None, batch_docs: int = 2048,
-           concurrency: int | None = None, max_in_flight: int = 2, build_index: bool = True, device: str = "auto",
-           writer_options: dict | None = None, on_batch=None, progress: bool = True) -> dict:
-    """Bulk-load document embeddings into one database per shard path.
+def ingest(sources, shard_paths, *, shards: int = 0, dtype: str | None = None, dim: int | None = None,
+           batch_docs: int = 2048, concurrency: int | None = None, max_in_flight: int = 2, build_index: bool = True,
+           device: str = "auto", writer_options: dict | None = None, on_batch=None, progress: bool = True) -> dict:
+    """Bulk-load document embeddings into the shards of ``shard_paths``: a sharded database
+    directory (``shards=N`` creates its layout if it has none), or a list of shard directories.
 
     Ray Data reads the sources (the formats of ``mvdb ingest``), validates each batch and converts
-    it to float16 in parallel tasks (``concurrency``), and splits it by shard; one ``ShardWriter``
-    actor per shard commits its batches as they come (at most ``max_in_flight`` queued each), so
-    the shards are written in parallel. Ids already stored are skipped: re-running an interrupted
-    ingest completes it. ``on_batch(i, writers)`` is called after dispatching batch i (tests use
-    it to inject failures). Returns counts and timings.
+    it to float16 in parallel tasks (``concurrency``). The driver places each document on the
+    shard holding the fewest tokens (:mod:`mvdb.shards.placement`, as ``ShardedDatabase.add``)
+    and one ``ShardWriter`` actor per shard commits its part of each batch as it comes (at most
+    ``max_in_flight`` queued each), so the shards are written in parallel. Ids already stored in
+    any shard are skipped (the driver reads every shard's ids once at the start): re-running an
+    interrupted ingest completes it. ``on_batch(i, writers)`` is called after dispatching batch i
+    (tests use it to inject failures). Returns counts and timings.
     """
-    paths = [str(p) for p in shard_paths]
-    if not paths:
-        raise InvalidInputError("shard_paths: expected at least one shard directory, got none")
-    sources = [str(s) for s in ([sources] if isinstance(sources, str) else sources)]
+    from mvdb.storage import validate
+
+    sources = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
     if not sources:
         raise InvalidInputError("sources: expected at least one source file or directory, got none")
+    paths = _shard_dirs(shard_paths, shards)
     t0 = time.perf_counter()
     writers = [ShardWriter.options(**(writer_options or {})).remote(p, dtype) for p in paths]
     n = len(paths)
     ds = ray.data.from_items([{"path": s} for s in sources])
     ds = ds.flat_map(_read, fn_kwargs={"batch_docs": batch_docs})
-    ds = ds.flat_map(_prepare, fn_kwargs={"n_shards": n, "dim": dim}, concurrency=concurrency)
+    ds = ds.map(_prepare, fn_kwargs={"dim": dim}, concurrency=concurrency)
     try:
+        known, loads, id_type = set(), [], None  # what the shards hold (grows as batches go out)
+        for ids, load, kind in ray.get([w.state.remote() for w in writers]):
+            known.update(ids)
+            loads.append(load)
+            id_type = id_type or kind
         pending = [deque() for _ in range(n)]
         added = skipped = tokens = 0
         for i, row in enumerate(ds.iter_rows()):
-            s = int(row["shard"])
-            if len(pending[s]) >= max_in_flight:  # backpressure: wait for this shard's oldest batch
-                a, b = ray.get(pending[s].popleft())
-                added, skipped = added + a, skipped + b
+            ids = [_plain_id(x) for x in row["ids"]]
             lengths = np.asarray(row["lengths"], dtype=np.int64)
+            toks = np.asarray(row["tokens"])
             tokens += int(lengths.sum())
-            pending[s].append(writers[s].write.remote(list(row["ids"]), np.asarray(row["tokens"]), lengths))
+            keep = np.array([x not in known for x in ids], dtype=bool)
+            skipped += int((~keep).sum())
+            if keep.any():
+                ids = [x for x, k in zip(ids, keep) if k]
+                _, id_type = validate.ids(ids, len(ids), id_type, 0)  # the id type of every shard
+                toks, lengths = toks[np.repeat(keep, lengths)], lengths[keep]
+                known.update(ids)
+                parts = assign(lengths, loads)
+                for s, part, part_toks, part_lens in split_packed(toks, lengths, parts):
+                    if len(pending[s]) >= max_in_flight:  # backpressure: wait for this shard's oldest batch
+                        a, b = ray.get(pending[s].popleft())
+                        added, skipped = added + a, skipped + b
+                    loads[s] += int(part_lens.sum())
+                    pending[s].append(writers[s].write.remote([ids[j] for j in part], part_toks, part_lens))
             if on_batch is not None:
                 on_batch(i, writers)
             if progress and i % 50 == 0:
@@ -152,10 +189,8 @@ def ingest(sources, shard_paths, *, dtype: str | None = None, dim: int | None = 
         # a failed ingest closes the writers still alive and waits until every shard's writer lock
         # is free (a killed writer's goes when its process has exited) before it raises
         for w in writers:
-            try:
+            with contextlib.suppress(Exception):  # a dead writer's lock goes with its process
                 ray.get(w.close.remote(), timeout=60)
-            except Exception:  # noqa: BLE001 - a dead writer's lock goes with its process
-                pass
             ray.kill(w)
         for p in paths:
             _wait_unlocked(p)
@@ -168,8 +203,6 @@ def ingest(sources, shard_paths, *, dtype: str | None = None, dim: int | None = 
 
 def _wait_unlocked(path: str, timeout: float = 60.0) -> None:
     """Block until no process holds the writer lock of the store at ``path`` (or ``timeout``)."""
-    import os
-
     from mvdb.errors import DatabaseLockedError
     from mvdb.storage import Store
 
@@ -204,7 +237,12 @@ class ShardActor:
         return self.db.rerank(queries, candidate_ids, k)
 
     def contains(self, ids) -> np.ndarray:
-        return self.db.store.contains(ids) if len(self.db) else np.zeros(len(ids), dtype=bool)
+        return membership(self.db.store, ids)
+
+    def info(self) -> dict:
+        """What placing and validating an add needs: dim, id type, next auto id, tokens stored."""
+        m = self.db.store.manifest
+        return {"dim": m["dim"], "id_type": m["id_type"], "next_id": m["next_id"], "tokens": tokens_of(self.db.store)}
 
     def add(self, docs, ids, metadata):
         return self.db.add(docs, ids=ids, metadata=metadata)
@@ -214,6 +252,9 @@ class ShardActor:
 
     def get(self, ids):
         return self.db.get(ids)
+
+    def metadata(self, ids):
+        return self.db.metadata(ids)
 
     def next_id(self) -> int:
         return self.db.store.manifest["next_id"]
@@ -226,16 +267,19 @@ class ShardActor:
 
 
 class Cluster:
-    """Client of one ``ShardActor`` per shard path: fans a query batch out and merges the exact
-    per-shard top-k by score. ``num_gpus`` per actor (the actor's database then runs on its GPU),
-    ``actor_options`` for placement; other keywords go to ``mvdb.open`` in each actor."""
+    """Client of one ``ShardActor`` per shard: fans a query batch out and merges the exact
+    per-shard top-k by score. ``shard_paths``: a sharded database directory (its ``shards.json``)
+    or a list of database directories. ``num_gpus`` per actor (the actor's database then runs on
+    its GPU), ``actor_options`` for placement; other keywords go to ``mvdb.open`` in each actor.
+
+    Reads by id ask every shard which ids it holds, and ``add`` places by load: the same policy as
+    :class:`mvdb.ShardedDatabase` and ``mvdb ingest --shards`` (:mod:`mvdb.shards.placement`)."""
 
     def __init__(self, shard_paths, *, num_gpus: float = 0, actor_options: dict | None = None, **open_kw):
-        paths = [str(p) for p in shard_paths]
-        if not paths:
-            raise InvalidInputError("shard_paths: expected at least one shard directory, got none")
+        paths = _shard_dirs(shard_paths)
         opts = dict(actor_options or {}, num_gpus=num_gpus)
         open_kw.setdefault("device", "cuda" if num_gpus else "cpu")
+        self.paths = paths
         self.actors = [ShardActor.options(**opts).remote(p, **open_kw) for p in paths]
         ray.get([a.stats.remote() for a in self.actors])  # surface open errors here
 
@@ -251,54 +295,74 @@ class Cluster:
         single = getattr(queries, "ndim", None) == 2
         if not per:
             return [] if single else [[] for _ in range(len(queries))]
-        if single:
-            return _merge(per, k)
-        return [_merge([p[i] for p in per], k) for i in range(len(per[0]))]
+        return merge_queries(per, k, single)
 
-    def _owners(self, ids) -> list[list[int]]:
-        n = len(self.actors)
-        by = [[] for _ in range(n)]
-        for i, doc_id in enumerate(ids):
-            by[shard_of(doc_id, n)].append(i)
-        return by
+    # ---- membership: every shard says which ids it holds
 
-    def add(self, docs, ids=None, metadata=None) -> list:
-        """Store documents on the shards their ids map to; ``ids=None`` continues after the
-        largest int id of any shard (one writing client at a time)."""
-        docs = list(docs)
-        if ids is None:
-            start = max(ray.get([a.next_id.remote() for a in self.actors]))
-            ids = list(range(start, start + len(docs)))
+    def _masks(self, ids: list) -> list[np.ndarray]:
+        return ray.get([a.contains.remote(ids) for a in self.actors])
+
+    def contains(self, ids) -> np.ndarray:
+        """Bool mask: which of ``ids`` are stored (in any shard)."""
         ids = list(ids)
-        if len(ids) != len(docs):
-            raise InvalidInputError(f"ids: expected {len(docs)} ids (one per document), got {len(ids)}")
-        jobs = []
-        for s, pos in enumerate(self._owners(ids)):
-            if pos:
-                jobs.append(self.actors[s].add.remote([docs[i] for i in pos], [ids[i] for i in pos],
-                                                      None if metadata is None else [metadata[i] for i in pos]))
-        ray.get(jobs)
-        return ids
-
-    def delete(self, ids) -> None:
-        ids = list(ids)
-        owners = self._owners(ids)
         found = np.zeros(len(ids), dtype=bool)
-        for s, pos in enumerate(owners):
-            if pos:
-                found[pos] = ray.get(self.actors[s].contains.remote([ids[i] for i in pos]))
-        if not found.all():
-            raise UnknownIdError(f"ids: not in the database: {[ids[i] for i in np.flatnonzero(~found)[:5]]}")
-        ray.get([self.actors[s].delete.remote([ids[i] for i in pos]) for s, pos in enumerate(owners) if pos])
+        for mask in self._masks(ids):
+            found |= mask
+        return found
+
+    def __contains__(self, doc_id) -> bool:
+        return bool(self.contains([doc_id])[0])
+
+    def _owners(self, ids: list) -> list[list[int]]:
+        """Positions of ``ids`` per shard; every id must be stored (else UnknownIdError)."""
+        return owners(self._masks(ids), ids)
+
+    def _by_owner(self, ids, method: str) -> list:
+        """``method`` on the shards holding ``ids``, results back in the order of ``ids``."""
+        ids = list(ids)
+        calls = [(pos, getattr(self.actors[s], method).remote([ids[i] for i in pos]))
+                 for s, pos in enumerate(self._owners(ids)) if pos]
+        out = [None] * len(ids)
+        for pos, values in zip([p for p, _ in calls], ray.get([c for _, c in calls])):
+            for i, v in zip(pos, values):
+                out[i] = v
+        return out
 
     def get(self, ids) -> list[np.ndarray]:
+        return self._by_owner(ids, "get")
+
+    def metadata(self, ids) -> list:
+        return self._by_owner(ids, "metadata")
+
+    def delete(self, ids) -> None:
+        """Delete stored documents (every id must be stored: else UnknownIdError, nothing deleted)."""
         ids = list(ids)
-        out = [None] * len(ids)
-        for s, pos in enumerate(self._owners(ids)):
-            if pos:
-                for i, arr in zip(pos, ray.get(self.actors[s].get.remote([ids[i] for i in pos]))):
-                    out[i] = arr
-        return out
+        ray.get([self.actors[s].delete.remote([ids[i] for i in pos]) for s, pos in enumerate(self._owners(ids)) if pos])
+
+    def add(self, docs, ids=None, metadata=None) -> list:
+        """Store documents, each on the shard holding the fewest tokens; returns their ids.
+        ``ids=None`` continues after the largest int id of any shard. The whole batch is checked
+        (documents, ids, metadata, ids already stored in any shard) before any shard writes; then
+        the shards commit in parallel. One writing client at a time."""
+        from mvdb.storage import validate
+
+        infos = ray.get([a.info.remote() for a in self.actors])
+        dim = next((i["dim"] for i in infos if i["dim"] is not None), None)
+        _, lengths, _ = validate.documents(docs, dim)
+        n = len(lengths)
+        id_type = next((i["id_type"] for i in infos if i["id_type"]), None)
+        id_arr, _ = validate.ids(ids, n, id_type, max(i["next_id"] for i in infos))
+        validate.metadata(metadata, n)
+        ids = [validate.decode_id(x) for x in id_arr]
+        dup = np.flatnonzero(self.contains(ids)) if n else []
+        if len(dup):
+            raise DuplicateIdError(f"ids: already in the database: {[ids[i] for i in dup[:5]]}")
+        items = list(docs)
+        parts = assign(lengths, [i["tokens"] for i in infos])
+        ray.get([self.actors[s].add.remote([items[i] for i in pos], [ids[i] for i in pos],
+                                           None if metadata is None else [metadata[i] for i in pos])
+                 for s, pos in enumerate(parts) if pos])
+        return ids
 
     def close(self) -> None:
         ray.get([a.close.remote() for a in self.actors])

@@ -160,12 +160,19 @@ def test_sharded_ingest_info_verify_search(tmp_path):
     assert min(p["documents"] for p in info["per_shard"]) > 0  # both shards got documents
     r = run("ingest", db, tmp_path / "a.npz", "--no-index")  # a re-run skips what is stored
     assert "skipped 40 already stored" in r.output
-    assert run("verify", db).exit_code == 0
+    r = run("verify", db)  # one report over the shards, as ShardedDatabase.verify()
+    assert r.exit_code == 0 and r.output.startswith("2 shards: 40 documents in ") and r.output.endswith(": OK\n")
+    assert json.loads((db / "shards.json").read_text())["placement"] == "least-loaded"
     with mvdb.open(db, devices=["cpu", "cpu"]) as sh:
         key = open_source(tmp_path / "a.npz").key
         assert len(sh) == 40 and sh.search(toks[: lens[0]], k=1)[0].id == f"{key}#0"  # ids from the source
     r = CliRunner().invoke(main, ["ingest", str(db), str(tmp_path / "a.npz"), "--shards", "3"])
     assert r.exit_code != 0 and "has 2 shards, got --shards 3" in r.output
+    layout = json.loads((db / "shards.json").read_text())
+    (db / "shards.json").write_text(json.dumps(dict(layout, shards=["shard-000", "../elsewhere"])))
+    for cmd in ("verify", "info", "ingest"):  # a shard name leading outside the database: refused
+        args = [cmd, db] + ([tmp_path / "a.npz"] if cmd == "ingest" else [])
+        _one_error_line(CliRunner().invoke(main, [str(a) for a in args]), "shards.json", "'../elsewhere'")
 
 
 def _save_packed(path, tokens, lengths, ids=None):

@@ -1,5 +1,10 @@
 """mvdb.distributed on a local Ray cluster (issue #6): bulk ingest on Ray Data into one database
-per shard, a client over one actor per shard, and an actor killed mid-ingest."""
+per shard, a client over one actor per shard, and an actor killed mid-ingest. Issue #15: one
+placement policy and membership routing for ShardedDatabase, the CLI and Ray, so a database
+written by one is read and extended by the others; the layout file records the placement."""
+
+import json
+import os
 
 import numpy as np
 import pytest
@@ -47,9 +52,8 @@ def test_ingest_and_cluster_search_equal_a_single_database(local_ray, tmp_path):
     cluster = md.Cluster(shards, index="flat")
     try:
         assert len(cluster) == len(docs)
-        for s, stats in zip(shards, cluster.stats()):  # each document sits on the shard its id maps to
-            with mvdb.open(s, device="cpu", read_only=True) as db:
-                assert all(md.shard_of(i, 3) == shards.index(s) for i in db.store.ids())
+        tokens = [st["tokens"] for st in cluster.stats()]  # least-loaded placement keeps the shards even
+        assert min(tokens) > 0 and max(tokens) - min(tokens) <= 11
         keys = list(docs)
         queries = [docs[keys[5]][:4], docs[keys[77]][:3]]
         want = single.search(queries, k=5, n_candidates=len(docs))
@@ -101,6 +105,109 @@ def test_bad_arguments(local_ray, tmp_path):
         md.ingest(["x.npz"], [])
     with pytest.raises(mvdb.InvalidInputError, match="at least one source"):
         md.ingest([], [tmp_path / "s0"])
-    with pytest.raises(mvdb.InvalidInputError, match="expected int or str ids"):
-        md.shard_of(1.5, 2)
-    assert md.shard_of(7, 3) == 1 and md.shard_of("a", 4) == md.shard_of("a", 4)
+    with pytest.raises(mvdb.InvalidInputError, match="one database directory"):
+        md.ingest(["x.npz"], [tmp_path / "s0", tmp_path / "s1"], shards=2)
+    with pytest.raises(mvdb.InvalidInputError, match="at least one shard"):
+        md.Cluster([])
+
+
+def _unit_docs(n, seed):
+    """Documents of unit-norm tokens: a query made of a document's own tokens finds it first."""
+    rng = np.random.default_rng(seed)
+    docs = [rng.standard_normal((int(rng.integers(3, 12)), DIM)).astype(np.float32) for _ in range(n)]
+    return [d / np.linalg.norm(d, axis=1, keepdims=True) for d in docs]
+
+
+def _assert_finds_every_document(db, ids, docs, meta=None):
+    """get, metadata (when given) and search find every one of ``ids`` (in any order of shards)."""
+    got = db.get(ids)
+    for want, arr in zip(docs, got):
+        np.testing.assert_allclose(np.asarray(arr, np.float32), want, atol=2e-3)
+    if meta is not None:
+        assert db.metadata(ids) == meta
+    hits = db.search([d[:3] for d in docs], k=1, n_candidates=len(ids))
+    assert [h[0].id for h in hits] == list(ids)
+
+
+def test_sharded_database_opens_as_a_cluster_and_back(local_ray, tmp_path):
+    """A database written by ShardedDatabase (mvdb.open(path, devices=[...])) works through a Ray
+    Cluster on its directory: get, metadata, delete and search route by membership, not by a hash
+    of the id (which misses about half of these documents). What the Cluster adds, and what Ray's
+    ingest writes into a new layout, reads back through ShardedDatabase."""
+    docs = _unit_docs(40, seed=3)
+    ids = [f"doc-{i}" for i in range(40)]
+    meta = [{"n": i} for i in range(40)]
+    path = tmp_path / "sh"
+    with mvdb.open(path, devices=["cpu", "cpu"], index="flat") as sh:
+        sh.add(docs, ids=ids, metadata=meta)
+        assert min(len(s) for s in sh.shards) > 0
+    cluster = md.Cluster(path, index="flat")
+    try:
+        assert len(cluster.actors) == 2 and len(cluster) == 40
+        assert cluster.contains(ids + ["nope"]).tolist() == [True] * 40 + [False]
+        _assert_finds_every_document(cluster, ids, docs, meta)
+        with pytest.raises(mvdb.UnknownIdError):
+            cluster.get([ids[0], "nope"])
+        with pytest.raises(mvdb.UnknownIdError):  # one unknown id: nothing deleted
+            cluster.delete([ids[1], "nope"])
+        with pytest.raises(mvdb.DuplicateIdError):  # stored in some shard: refused before any write
+            cluster.add([docs[0], docs[1]], ids=["fresh", ids[7]])
+        assert len(cluster) == 40
+        cluster.delete(ids[::2])  # every other document, wherever it was placed
+        assert len(cluster) == 20
+        for gone in ids[::2]:
+            with pytest.raises(mvdb.UnknownIdError):
+                cluster.get([gone])
+        _assert_finds_every_document(cluster, ids[1::2], docs[1::2], meta[1::2])
+        extra = _unit_docs(6, seed=4)
+        assert cluster.add(extra, ids=[f"extra-{i}" for i in range(6)]) == [f"extra-{i}" for i in range(6)]
+    finally:
+        cluster.close()
+    with mvdb.open(path, device="cpu", index="flat") as sh:  # and back: the Cluster's adds, the deletes
+        assert len(sh) == 26
+        _assert_finds_every_document(sh, ids[1::2] + [f"extra-{i}" for i in range(6)], docs[1::2] + extra)
+        tokens = [s.stats()["tokens"] for s in sh.shards]
+        assert max(tokens) - min(tokens) <= 11 + max(len(d) for d in docs)  # the adds went to the lighter shard
+    sources, by_id = _sources(tmp_path, n_files=2, per_file=20, seed=5)
+    out = md.ingest(sources, tmp_path / "ray", shards=2, batch_docs=8, progress=False, device="cpu")
+    assert out["added"] == 40
+    with mvdb.open(tmp_path / "ray", device="cpu") as sh:
+        assert len(sh.shards) == 2 and min(len(s) for s in sh.shards) > 0
+        keys = list(by_id)
+        for key, arr in zip(keys, sh.get(keys)):
+            np.testing.assert_allclose(np.asarray(arr, np.float32), by_id[key], atol=2e-2)
+    again = md.ingest(sources, tmp_path / "ray", shards=2, batch_docs=8, progress=False, build_index=False)
+    assert again["added"] == 0 and again["skipped"] == 40  # stored in some shard: skipped, never copied
+
+
+def test_layout_records_placement_and_rejects_escaping_names(local_ray, tmp_path):
+    path = tmp_path / "sh"
+    with mvdb.open(path, devices=["cpu", "cpu"]) as sh:
+        sh.add(_unit_docs(4, seed=6))
+    file = path / "shards.json"
+    layout = json.loads(file.read_text())
+    assert layout["placement"] == "least-loaded" and layout["shards"] == ["shard-000", "shard-001"]
+    del layout["placement"]  # a layout written before the key: read as least-loaded
+    file.write_text(json.dumps(layout))
+    with mvdb.open(path) as sh:
+        assert len(sh) == 4
+    from mvdb.shards import layout as shard_layout
+
+    assert shard_layout.read(path).placement == "least-loaded"
+    outside = tmp_path / "outside"
+    with mvdb.open(outside, device="cpu") as db:  # a database the layout must not reach
+        db.add(_unit_docs(2, seed=7))
+    for bad in ("../outside", str(outside), "shard-000/../../outside", "", ".", ".."):
+        file.write_text(json.dumps(dict(layout, shards=["shard-000", bad])))
+        with pytest.raises(mvdb.CorruptionError, match=r"shards\.json"):
+            mvdb.open(path)
+        with pytest.raises(mvdb.CorruptionError, match=r"shards\.json"):
+            md.Cluster(path)
+    file.write_text(json.dumps(dict(layout, shards=["shard-000", "shard-000"])))
+    with pytest.raises(mvdb.CorruptionError, match="named twice"):
+        mvdb.open(path)
+    file.write_text(json.dumps(dict(layout, placement="hash")))
+    with pytest.raises(mvdb.FormatError, match="placement 'hash'"):
+        mvdb.open(path)
+    with pytest.raises(mvdb.FormatError, match="placement 'hash'"):
+        md.ingest([os.devnull], path)

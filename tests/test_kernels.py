@@ -405,3 +405,33 @@ def test_gpu_top10_agreement_realistic_shapes(dtype):
         need = 0.99
     overlap = len(set(got.topk(10).indices.tolist()) & set(ref.topk(10).indices.tolist())) / 10
     assert overlap >= need
+
+
+@pytest.mark.parametrize("gather_cost", [0, 8, 10**9], ids=["per-group", "default", "whole-batch"])
+@pytest.mark.parametrize("int8", [False, True])
+def test_naive_candidates_batched_equal_per_query(monkeypatch, gather_cost, int8):
+    """The CPU candidate path groups queries (or scores the whole batch's union at once): every
+    grouping gives each query's own exact scores, -inf for padding, whole rows of padding too."""
+    from mvdb.kernels.maxsim import naive
+    from mvdb.kernels.quant import quantize_int8
+
+    monkeypatch.setattr(naive, "GATHER_COST", gather_cost)
+    g = torch.Generator().manual_seed(5)
+    lens = torch.randint(1, 9, (40,), generator=g)
+    off = torch.zeros(41, dtype=torch.int64)
+    off[1:] = lens.cumsum(0)
+    tok = torch.randn(int(off[-1]), 16, generator=g)
+    scales = None
+    if int8:
+        tok, scales = quantize_int8(tok)
+    q_lens = [3, 1, 5, 2, 4, 2]
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()])
+    q = torch.randn(int(cu[-1]), 16, generator=g)
+    cand = torch.randint(0, 40, (6, 7), generator=g)
+    cand[1, 3:] = -1
+    cand[4] = -1  # a query with no candidates
+    cand[2, 1] = cand[2, 0]  # a repeat
+    got = naive.maxsim_csr(q, cu, tok, off, cand, scales)
+    full = naive.maxsim_csr(q, cu, tok, off, None, scales)
+    want = full.gather(1, cand.clamp(min=0)).masked_fill(cand < 0, float("-inf"))
+    torch.testing.assert_close(got, want)

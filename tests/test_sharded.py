@@ -129,3 +129,29 @@ def test_bad_devices_and_layouts(tmp_path):
         assert sh.search(np.ones((2, DIM), np.float32), k=3) == []
         assert sh.search([np.ones((2, DIM), np.float32)] * 2, k=3) == [[], []]
     assert torch.device("cpu")  # keep the import used
+
+
+def test_verify_is_one_report_naming_the_shard(tmp_path):
+    """ShardedDatabase.verify() has the shape of Database.verify(): one report, its problems
+    prefixed by the shard they are in, documents and segments summed over the shards."""
+    sh = mvdb.open(tmp_path / "sh", devices=["cpu", "cpu"])
+    sh.add(_docs(10, seed=4))
+    sh.add(_docs(6, seed=5))
+    report = sh.verify()
+    assert report.ok and report.problems == []
+    assert report.n_docs == 16 and report.n_segments == sum(s.verify().n_segments for s in sh.shards)
+    assert str(report).endswith("OK")
+    seg = next((tmp_path / "sh" / "shard-001" / "segments").glob("*.h5"))
+    sh.close()
+    import h5py
+
+    with h5py.File(seg) as f:
+        at = f["tokens"].id.get_offset()
+    data = bytearray(seg.read_bytes())
+    data[at + 10] ^= 0xFF  # one token byte of shard-001 (opened without checksums, verify finds it)
+    seg.write_bytes(bytes(data))
+    with mvdb.open(tmp_path / "sh", device="cpu", checksums=False) as sh:
+        report = sh.verify()
+    assert not report.ok and report.n_docs == 16
+    assert len(report.problems) == 1 and report.problems[0].startswith(f"shard-001: {seg.name}: ")
+    assert "1 problem(s)" in str(report)

@@ -12,6 +12,7 @@ import torch
 from mvdb.kernels.quant import dequantize_int8, quantize_int8
 
 DEFAULT_BUDGET = 1 << 24  # elements of the similarity tile per chunk (64 MB in fp32)
+GATHER_COST = 8  # see maxsim_csr's candidate path (measured about 6 on a 2-core CPU)
 
 
 def _compute_dtype(dtype: torch.dtype | None, ref: torch.dtype) -> torch.dtype:
@@ -92,8 +93,12 @@ def _best_per_token(qv, tokens, scales, starts, lens, ct) -> torch.Tensor:
     total = int(lens.sum())
     base = torch.zeros_like(lens)
     base[1:] = lens.cumsum(0)[:-1]
-    idx = torch.repeat_interleave(starts - base, lens) + torch.arange(total, device=lens.device)
-    d = _docs_for(tokens[idx], None if scales is None else scales[idx], ct)  # [S, d]
+    s0 = int(starts[0]) if c else 0
+    if c and bool((starts - base == s0).all()):  # consecutive documents: a view, no gather
+        d = _docs_for(tokens[s0 : s0 + total], None if scales is None else scales[s0 : s0 + total], ct)
+    else:
+        idx = torch.repeat_interleave(starts - base, lens) + torch.arange(total, device=lens.device)
+        d = _docs_for(tokens[idx], None if scales is None else scales[idx], ct)  # [S, d]
     sim = qv @ d.T  # [Lq, S]
     owner = torch.repeat_interleave(torch.arange(c, device=lens.device), lens)
     best = torch.full((qv.shape[0], c), float("-inf"), dtype=ct, device=qv.device)
@@ -140,12 +145,40 @@ def maxsim_csr(
             acc = torch.zeros(nq, c1 - c0, dtype=ct, device=q.device)
             out[:, c0:c1] = acc.index_add_(0, q_of_token, best).float()
         return out
-    out = torch.empty(nq, cand.shape[1], dtype=torch.float32, device=q.device)
-    for i in range(nq):
-        qi = qv[cu_q[i] : cu_q[i + 1]]  # [Lq, d]
-        safe = cand[i].clamp(min=0)
-        starts, lens = offsets[safe], offsets[safe + 1] - offsets[safe]
-        for c0, c1 in _chunks(lens, qi.shape[0], budget):
-            out[i, c0:c1] = _best_per_token(qi, tokens, scales, starts[c0:c1], lens[c0:c1], ct).sum(0).float()
-        out[i, cand[i] < 0] = float("-inf")
+    # Batched: queries whose candidates overlap go in one group; the group's distinct candidates
+    # are gathered once and scored against all its query tokens in one GEMM per chunk, then each
+    # query sums its own tokens' maxima over its own candidates. A group grows while that costs
+    # at most twice scoring each query against its own candidates alone (so a batch whose
+    # candidates cover the corpus becomes one exhaustive pass, and disjoint ones stay apart).
+    out = torch.full((nq, cand.shape[1]), float("-inf"), dtype=torch.float32, device=q.device)
+    q_len = (cu_q[1:] - cu_q[:-1]).tolist()
+    per_q = [set(r[r >= 0].tolist()) for r in cand.cpu()]
+    # Gathering a query's own candidates costs about GATHER_COST x their GEMM on a CPU, so a whole
+    # batch goes in one group when its union is at most that much more work.
+    whole = len(set().union(*per_q)) * sum(q_len) <= GATHER_COST * sum(n * len(p) for n, p in zip(q_len, per_q))
+    a = 0
+    while a < nq:
+        b, rows_q, union, own = a + 1, q_len[a], set(per_q[a]), q_len[a] * len(per_q[a])
+        while b < nq:
+            grown = union | per_q[b]
+            rows, cost = rows_q + q_len[b], own + q_len[b] * len(per_q[b])
+            if not whole and len(grown) * rows > 2 * cost:
+                break
+            union, rows_q, own, b = grown, rows, cost, b + 1
+        c = cand[a:b]
+        valid = c >= 0
+        if bool(valid.any()):
+            docs, inv = torch.unique(c[valid], return_inverse=True)
+            starts, lens = offsets[docs], offsets[docs + 1] - offsets[docs]
+            qg = qv[cu_q[a] : cu_q[b]]
+            owner = torch.repeat_interleave(torch.arange(b - a, device=q.device), cu_q[a + 1 : b + 1] - cu_q[a:b])
+            per_query = torch.empty(b - a, docs.numel(), dtype=ct, device=q.device)
+            for c0, c1 in _chunks(lens, qg.shape[0], budget):
+                best = _best_per_token(qg, tokens, scales, starts[c0:c1], lens[c0:c1], ct)  # [group tokens, C]
+                per_query[:, c0:c1] = torch.zeros(b - a, c1 - c0, dtype=ct, device=q.device).index_add_(0, owner, best)
+            local = torch.zeros_like(c)
+            local[valid] = inv
+            got = per_query.gather(1, local).float()
+            out[a:b] = torch.where(valid, got, out[a:b])
+        a = b
     return out

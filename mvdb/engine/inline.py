@@ -31,6 +31,14 @@ def _inline_tensor(x, where: str) -> torch.Tensor:
     raise InvalidTypeError(f"{where}: expected a numpy array or torch tensor, got {type(x).__name__}")
 
 
+def _finite_or_raise(x: torch.Tensor, i: int) -> None:
+    """InvalidInputError naming document i when it holds NaN / Inf or values float32 cannot hold."""
+    if not bool(torch.isfinite(x).all()):
+        raise InvalidInputError(f"document {i}: contains NaN or Inf")
+    if not bool(torch.isfinite(x.to(torch.float32)).all()):
+        raise InvalidInputError(f"document {i}: values beyond the float32 range")
+
+
 def rerank(query, docs, k: int | None = None) -> list[Hit]:
     """Rerank-only: exact MaxSim of one query [Lq, dim] against documents given inline (not stored).
 
@@ -60,15 +68,13 @@ def rerank(query, docs, k: int | None = None) -> list[Hit]:
             raise InvalidInputError(f"document {i}: expected shape [L, {dim}], got {tuple(d.shape)}")
         if d.shape[0] == 0:
             raise InvalidInputError(f"document {i}: empty (0 tokens); every document needs at least one token")
-        d32 = d.to(device, torch.float32)
-        if not bool(torch.isfinite(d32).all()):
-            beyond = bool(torch.isfinite(d).all()) if d.is_floating_point() else True
-            raise InvalidInputError(f"document {i}: " + ("values beyond the float32 range" if beyond
-                                                          else "contains NaN or Inf"))
-        d_list.append(d32)
-    d = torch.cat(d_list)
-    cu_d = torch.zeros(len(d_list) + 1, dtype=torch.int32)
+        d_list.append(d)
+    d = torch.cat([x.to(device, torch.float32) for x in d_list])
+    cu_d = torch.zeros(len(d_list) + 1, dtype=torch.int64)
     cu_d[1:] = torch.tensor([x.shape[0] for x in d_list]).cumsum(0)
-    scores = maxsim_varlen(qs.q, qs.cu, d, cu_d.to(device), max_seqlen_q=qs.longest)
+    if not bool(torch.isfinite(d.sum())):  # one reduction (NaN / Inf anywhere makes the sum non-finite,
+        for i, x in enumerate(d_list):    # and so can huge values): the culprit is looked for only then
+            _finite_or_raise(x, i)
+    scores = maxsim_varlen(qs.q, qs.cu, d, cu_d.int().to(device), max_seqlen_q=qs.longest, check=False)
     rows = torch.arange(len(d_list), device=device)[None]
     return hits(scores, rows, np.arange(len(d_list)), k)[0]

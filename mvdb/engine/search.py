@@ -180,7 +180,10 @@ def search(state, qs: Queries, k: int, where=None, *, exact: bool = False, **opt
     keys = state.snap.row_keys()
     live = state.live if where is None else allowed_rows(state, where)
     k = min(k, max(1, int(live.sum())))  # fewer hits, not a huge allocation, when k exceeds the documents
-    if exact:
+    if exact or (state.index is not None and state.index.kind == "flat" and qs.q.device.type == "cpu"
+                 and not any(v is not None for v in options.values())):
+        # On a CPU a flat index's candidate stage is itself one GEMM over every stored token, as
+        # much as exhaustive MaxSim: scoring every document exactly is then never slower (and exact).
         return exhaustive(state, qs, k, live)
     cand = candidates(state, qs, k, live, **options)
     scores = state.tokens.score(qs.q, qs.cu, cand, qs.longest)

@@ -1,0 +1,257 @@
+"""One database over several GPUs of a host: ``mvdb.open(path, devices=["cuda:0", "cuda:1"])``.
+
+The directory holds ``shards.json`` (:mod:`mvdb.shards.layout`) and one ordinary mvdb database
+per shard (``shard-000`` ...), each with its own token index and resident tokens on its device.
+Documents live in exactly one shard; ids are global (auto ids continue after the largest id of any
+shard) and never move. A query batch runs on every shard at once (one thread per CUDA shard; the
+GPU work of the shards overlaps; CPU shards run in turn) and the per-shard exact top-k lists are
+merged by score (:mod:`mvdb.shards.merge`).
+
+An ``add`` places each document on the shard with the fewest tokens at that moment
+(:mod:`mvdb.shards.placement`, the policy ``mvdb ingest --shards`` and :mod:`mvdb.distributed`
+use too) and commits shard by shard: a crash in between leaves the shards committed so far, and
+re-adding the same ids then reports them as duplicates (skip them with ``db.contains``). Reads by
+id ask every shard which ids it holds. The number of shards is fixed when the directory is
+created; it may be opened with fewer devices (shards go round-robin onto them) or with none (every
+shard on ``device``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from mvdb.database import Database
+from mvdb.engine.search import check_k as _check_k
+from mvdb.errors import DuplicateIdError, FormatError, InvalidInputError
+from mvdb.shards import layout
+from mvdb.shards.merge import merge, merge_queries, merge_reports
+from mvdb.shards.placement import contains_any, membership, owners, place
+from mvdb.storage import VerifyReport, validate
+from mvdb.storage.manifest import MANIFEST
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["ShardedDatabase"]
+
+
+class ShardedDatabase:
+    """The :class:`mvdb.Database` API over one shard per device; see the module docstring."""
+
+    def __init__(self, path, *, devices=None, dim=None, dtype=None, device="auto", read_only=False, **options):
+        path = os.fspath(path)
+        self.path = path
+        self._writer = threading.RLock()  # one write at a time across all shards
+        if devices is not None:
+            if isinstance(devices, (str, torch.device)) or not devices:
+                raise InvalidInputError(f"devices: expected a non-empty list of devices, got {devices!r}")
+            devices = [torch.device(d) if not isinstance(d, torch.device) else d for d in devices]
+        if os.path.exists(os.path.join(path, MANIFEST)):
+            raise InvalidInputError(
+                f"{path}: holds a single-shard database; open it without devices= (it cannot be split in place)"
+            )
+        if layout.is_sharded(path):
+            names = layout.read(path).shards
+        elif read_only:
+            raise FileNotFoundError(f"{path}: no {layout.SHARDS} here (read_only=True does not create one)")
+        else:
+            if devices is None:
+                raise InvalidInputError(f"devices: creating a sharded database at {path} needs the list of devices")
+            os.makedirs(path, exist_ok=True)
+            if layout.has_other_files(path):
+                raise FormatError(f"{path}: holds other files and no {layout.SHARDS}; not an mvdb database")
+            names = [layout.shard_name(i) for i in range(len(devices))]
+            layout.write(path, names)
+        on = [devices[i % len(devices)] for i in range(len(names))] if devices else [device] * len(names)
+        self.names = list(names)
+        self.shards: list[Database] = []
+        try:
+            for name, dev in zip(names, on):
+                self.shards.append(Database(os.path.join(path, name), dim=dim, dtype=dtype, device=dev,
+                                            read_only=read_only, **options))
+        except BaseException:
+            self.close()
+            raise
+        self._pool = ThreadPoolExecutor(max_workers=len(self.shards), thread_name_prefix="mvdb-shard")
+
+    # ---- fan-out helpers
+
+    def _each(self, fn, shards=None) -> list:
+        """fn(shard) on every shard at once (each under its own CUDA device), results in order."""
+        shards = self.shards if shards is None else shards
+
+        def run(shard):
+            if shard.device.type == "cuda":
+                with torch.cuda.device(shard.device):
+                    return fn(shard)
+            return fn(shard)
+
+        if len(shards) == 1 or any(s.device.type != "cuda" for s in shards):
+            # CPU shards run one after another: no GPU work to overlap, and Triton's interpreter
+            # (the CPU kernels) is not thread-safe
+            return [run(s) for s in shards]
+        return list(self._pool.map(run, shards))
+
+    @property
+    def dim(self) -> int | None:
+        return next((s.dim for s in self.shards if s.dim is not None), None)
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self.shards)
+
+    def contains(self, ids) -> np.ndarray:
+        """Bool mask: which of ``ids`` are stored (in any shard)."""
+        return contains_any([s.store for s in self.shards], list(ids))
+
+    def __contains__(self, doc_id) -> bool:
+        return any(doc_id in s for s in self.shards)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=True)
+        for s in getattr(self, "shards", []):
+            s.close()
+
+    # ---- writes
+
+    def _owner(self, ids) -> list[list[int]]:
+        """Positions of ``ids`` per shard, by asking each shard which it holds; every id must be
+        stored (else UnknownIdError)."""
+        ids = list(ids)
+        return owners([membership(s.store, ids) for s in self.shards], ids)
+
+    def add(self, docs, ids=None, metadata=None, sparse=None) -> list:
+        """Store documents, each on the shard holding the fewest tokens; returns their (global) ids.
+        Everything is checked before any shard writes. Writes are serialised across threads (ids
+        are allocated over all shards); searches run concurrently with them."""
+        with self._writer:
+            return self._add(docs, ids, metadata, sparse)
+
+    def _add(self, docs, ids, metadata, sparse) -> list:
+        for s in self.shards:
+            s.store.check_writable()
+        _, lengths, _ = validate.documents(docs, self.dim)  # shapes, dtypes, finiteness, dim
+        n = len(lengths)
+        id_type = next((s.store.manifest["id_type"] for s in self.shards if s.store.manifest["id_type"]), None)
+        next_id = max(s.store.manifest["next_id"] for s in self.shards)
+        id_arr, _ = validate.ids(ids, n, id_type, next_id)
+        validate.metadata(metadata, n)
+        validate.sparse(sparse, n)
+        ids = [validate.decode_id(x) for x in id_arr]
+        dup = np.flatnonzero(self.contains(ids)) if n else []
+        if len(dup):
+            raise DuplicateIdError(f"ids: already in the database: {[ids[i] for i in dup[:5]]}")
+        items = list(docs)  # a [n, L, dim] array or tensor splits into its documents
+        parts = place(lengths, [s.store for s in self.shards])
+        jobs = {id(self.shards[si]): part for si, part in enumerate(parts) if part}
+
+        def add_part(shard):
+            part = jobs[id(shard)]
+            return shard.add([items[i] for i in part], ids=[ids[i] for i in part],
+                             metadata=None if metadata is None else [metadata[i] for i in part],
+                             sparse=None if sparse is None else [sparse[i] for i in part])
+
+        self._each(add_part, [s for s in self.shards if id(s) in jobs])
+        return ids
+
+    def delete(self, ids) -> None:
+        with self._writer:
+            ids = list(ids)
+            for si, pos in enumerate(self._owner(ids)):
+                if pos:
+                    self.shards[si].delete([ids[i] for i in pos])
+
+    def compact(self) -> int:
+        with self._writer:
+            return sum(self._each(lambda s: s.compact()))
+
+    def refresh(self) -> bool:
+        with self._writer:
+            return any(self._each(lambda s: s.refresh()))
+
+    # ---- reads
+
+    def _by_owner(self, ids, fn) -> list:
+        """fn(shard, its ids) for the shards holding ``ids``, results back in the order of ``ids``."""
+        ids = list(ids)
+        out = [None] * len(ids)
+        for si, pos in enumerate(self._owner(ids)):
+            if pos:
+                for i, v in zip(pos, fn(self.shards[si], [ids[i] for i in pos])):
+                    out[i] = v
+        return out
+
+    def get(self, ids) -> list[np.ndarray]:
+        return self._by_owner(ids, lambda s, part: s.get(part))
+
+    def metadata(self, ids) -> list:
+        return self._by_owner(ids, lambda s, part: s.metadata(part))
+
+    def verify(self) -> VerifyReport:
+        """Every shard's checks as one report (the shape of ``Database.verify()``): ``ok``,
+        ``problems`` (each prefixed by its shard's name), ``n_docs`` and ``n_segments`` summed."""
+        return merge_reports(zip(self.names, (s.verify() for s in self.shards)))
+
+    def stats(self) -> dict:
+        per = [s.stats() for s in self.shards]
+        return {
+            "path": self.path,
+            "shards": per,
+            "documents": sum(p["documents"] for p in per),
+            "tokens": sum(p["tokens"] for p in per),
+            "devices": [p["device"] for p in per],
+        }
+
+    def search(self, queries, k: int = 10, where=None, **options):
+        """Top-k by exact MaxSim: every shard's own candidates and top-k, merged by score."""
+        _check_k(k)
+        if self.dim is None:  # nothing stored yet: the shards agree on the empty answer
+            return self.shards[0].search(queries, k, where, **options)
+        single = _single(queries)
+        per = self._each(lambda s: s.search(queries, k, where, **options) if len(s) else None)
+        per = [p for p in per if p is not None]
+        return merge_queries(per, k, single)
+
+    def rerank(self, queries, candidate_ids, k: int | None = None):
+        """Exact MaxSim of each query against its own candidate ids (one list, or one per query)."""
+        if k is not None:
+            _check_k(k)
+        if self.dim is None:
+            return self.shards[0].rerank(queries, candidate_ids, k)
+        single = _single(queries)
+        q_list = [queries] if single else list(queries)
+        lists = [list(candidate_ids)] if single else [list(c) for c in candidate_ids]
+        if len(lists) != len(q_list):
+            raise InvalidInputError(f"candidate_ids: expected {len(q_list)} lists (one per query), got {len(lists)}")
+        # per shard, every query with the candidates that shard holds (possibly none): one batch each
+        per_shard = [[[] for _ in lists] for _ in self.shards]
+        for qi, c in enumerate(lists):
+            for si, pos in enumerate(self._owner(c)):
+                per_shard[si][qi] = [c[i] for i in pos]
+        busy = {id(s): per_shard[si] for si, s in enumerate(self.shards) if any(per_shard[si])}
+        per = self._each(lambda s: s.rerank(q_list, busy[id(s)]), [s for s in self.shards if id(s) in busy])
+        out = [merge([p[qi] for p in per], k) for qi in range(len(lists))]
+        return out[0] if single else out
+
+
+def _single(queries) -> bool:
+    """One query ([Lq, dim] array or tensor) rather than a batch (a list, or [Nq, Lq, dim]); the
+    shards validate the queries themselves."""
+    if isinstance(queries, (list, tuple)):
+        return False
+    if not hasattr(queries, "ndim"):
+        raise InvalidInputError(f"queries: expected a numpy array, torch tensor or list, got {type(queries).__name__}")
+    return queries.ndim == 2
