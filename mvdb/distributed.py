@@ -348,7 +348,8 @@ class Cluster:
 
         infos = ray.get([a.info.remote() for a in self.actors])
         dim = next((i["dim"] for i in infos if i["dim"] is not None), None)
-        _, lengths, _ = validate.documents(docs, dim)
+        tokens, lengths, _ = validate.documents(docs, dim)
+        validate.finite(tokens, lengths)  # here, not per shard: one bad document and no shard writes
         n = len(lengths)
         id_type = next((i["id_type"] for i in infos if i["id_type"]), None)
         id_arr, _ = validate.ids(ids, n, id_type, max(i["next_id"] for i in infos))

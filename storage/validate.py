@@ -108,8 +108,8 @@ def _nonfinite_rows(chunk: np.ndarray) -> np.ndarray:
     return ~np.isfinite(chunk).all(axis=1)
 
 
-def convert(tokens: np.ndarray, lengths: np.ndarray, dtype: str, chunk: int = 1 << 18) -> tuple[np.ndarray, np.ndarray | None]:
-    """Check finiteness and convert to the stored dtype (float16, or int8 + per-token scales), in chunks."""
+def finite(tokens: np.ndarray, lengths: np.ndarray, chunk: int = 1 << 18) -> None:
+    """InvalidInputError naming the first document holding NaN or Inf (in parallel chunks)."""
     if tokens.dtype.kind == "f":
         starts = range(0, tokens.shape[0], chunk)
         found = POOL.map(lambda r0: _nonfinite_rows(tokens[r0 : r0 + chunk]), starts)  # numpy releases the GIL
@@ -117,6 +117,11 @@ def convert(tokens: np.ndarray, lengths: np.ndarray, dtype: str, chunk: int = 1 
             if bad.any():
                 doc, tok = _doc_of_row(lengths, r0 + int(np.argmax(bad)))
                 raise InvalidInputError(f"document {doc}: contains NaN or Inf (token {tok})")
+
+
+def convert(tokens: np.ndarray, lengths: np.ndarray, dtype: str, chunk: int = 1 << 18) -> tuple[np.ndarray, np.ndarray | None]:
+    """Check finiteness and convert to the stored dtype (float16, or int8 + per-token scales), in chunks."""
+    finite(tokens, lengths, chunk)
     if dtype == "float16":
         if tokens.dtype == np.float16:
             return np.ascontiguousarray(tokens), None

@@ -118,10 +118,7 @@ KINDS = tuple(OPENERS)
 # A check with cases is keyed "check[case]"; a key without the case covers all its cases.
 
 NO = AttributeError  # the method does not exist
-SPLIT_BATCH = ("add checks NaN / Inf only inside each shard's own add, after the batch is split: a batch with "
-               "one bad document raises, but the other shards have committed their part")
 GAPS = {
-    ("sharded", "bad_add[one_bad_in_batch]"): (SPLIT_BATCH, AssertionError),
     ("sharded", "stats_describe"): ("ShardedDatabase.stats() has no 'dim' / 'dtype' keys", KeyError),
     ("sharded", "closed_handle"): (
         "a closed ShardedDatabase's search() raises AttributeError, not InvalidInputError", AttributeError),
@@ -139,7 +136,6 @@ GAPS = {
     ("cluster", "context_manager"): ("Cluster is not a context manager (no __enter__ / __exit__)", TypeError),
     ("cluster", "closed_handle"): (
         "a closed Cluster answers len() 0 and empty searches instead of raising InvalidInputError", None),
-    ("cluster", "bad_add[one_bad_in_batch]"): (SPLIT_BATCH, AssertionError),
 }
 
 

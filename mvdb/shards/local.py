@@ -143,7 +143,8 @@ class ShardedDatabase:
     def _add(self, docs, ids, metadata, sparse) -> list:
         for s in self.shards:
             s.store.check_writable()
-        _, lengths, _ = validate.documents(docs, self.dim)  # shapes, dtypes, finiteness, dim
+        tokens, lengths, _ = validate.documents(docs, self.dim)  # shapes, dtypes, dim
+        validate.finite(tokens, lengths)  # here, not per shard: one bad document and no shard writes
         n = len(lengths)
         id_type = next((s.store.manifest["id_type"] for s in self.shards if s.store.manifest["id_type"]), None)
         next_id = max(s.store.manifest["next_id"] for s in self.shards)
