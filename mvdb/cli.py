@@ -129,6 +129,7 @@ def ingest(db: str, sources: tuple[str, ...], dtype: str | None, batch: int, bui
 
 def _ingest(db: str, srcs: list, dim: int, dtype: str | None, batch: int, shards: int, quiet: bool) -> None:
     """Add the documents of the checked sources ``srcs`` to DB (created if missing)."""
+    from mvdb.ingest import add_new
     from mvdb.storage import Store
 
     paths = _shard_paths(db, create=shards)
@@ -145,16 +146,11 @@ def _ingest(db: str, srcs: list, dim: int, dtype: str | None, batch: int, shards
             with click.progressbar(length=src.n, label=src.path, show_pos=True, file=sys.stderr,
                                    item_show_func=lambda _, r=rate: r["text"], hidden=quiet) as bar:
                 for ids, toks, lens in src.batches(batch):
-                    found = st.contains(ids)
-                    legacy = src.legacy_ids(ids)  # ids of the path-derived scheme, before content keys
-                    if legacy is not None and len(st):
-                        found |= st.contains(legacy)
-                    keep = ~found
-                    if keep.any():
-                        st.add_packed(toks[np.repeat(keep, lens)], lens[keep], ids=[i for i, k in zip(ids, keep) if k])
-                    added += int(keep.sum())
-                    skipped += int((~keep).sum())
-                    tokens_added += int(lens[keep].sum())
+                    # legacy: ids of the path-derived scheme, before content keys
+                    got, skip, got_tokens = add_new(st, ids, toks, lens, also_known=src.legacy_ids(ids))
+                    added += got
+                    skipped += skip
+                    tokens_added += got_tokens
                     dt = max(time.perf_counter() - t0, 1e-9)
                     rate["text"] = f"{added / dt:,.0f} docs/s, {tokens_added / dt:,.0f} tokens/s"
                     bar.update(len(ids))

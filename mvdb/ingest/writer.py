@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def add_new(store, ids: list, tokens: np.ndarray, lengths: np.ndarray, also_known=None) -> tuple[int, int]:
+def add_new(store, ids: list, tokens: np.ndarray, lengths: np.ndarray, also_known=None) -> tuple[int, int, int]:
     """Add the documents of one packed batch whose ids ``store`` does not hold yet; returns
-    (added, skipped). ``store`` is anything with ``contains``, ``__len__`` and ``add_packed`` (a
+    (documents added, documents skipped, tokens added). ``store`` is anything with ``contains``, ``__len__`` and ``add_packed`` (a
     Store, or a set of shards placing documents). ``also_known``: other ids the same documents may
     be stored under (an older id scheme), one per document."""
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -17,4 +17,4 @@ def add_new(store, ids: list, tokens: np.ndarray, lengths: np.ndarray, also_know
     keep = ~found
     if keep.any():
         store.add_packed(tokens[np.repeat(keep, lengths)], lengths[keep], ids=[i for i, k in zip(ids, keep) if k])
-    return int(keep.sum()), int((~keep).sum())
+    return int(keep.sum()), int((~keep).sum()), int(lengths[keep].sum())
