@@ -27,6 +27,7 @@ import contextlib
 import os
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,8 +38,17 @@ except ImportError as e:  # pragma: no cover - the message says what to install
 
 from mvdb.errors import DuplicateIdError, InvalidInputError
 from mvdb.shards import layout
-from mvdb.shards.merge import merge_queries
+from mvdb.shards.merge import (
+    merge,
+    merge_queries,
+    merge_reports,
+    merge_stats,
+    single_query,
+)
 from mvdb.shards.placement import assign, membership, owners, split_packed, tokens_of
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 def _shard_dirs(shard_paths, shards: int = 0) -> list[str]:
@@ -228,13 +238,18 @@ class ShardActor:
 
         self.db = mvdb.open(path, **open_kw)
 
-    def search(self, queries, k, where, options):
-        if not len(self.db):
+    def search(self, queries, k, where, options, always: bool = False):
+        """This shard's top-k; None when it holds no document (unless ``always``: then the
+        arguments are validated and the empty answer given)."""
+        if not always and not len(self.db):
             return None
         return self.db.search(queries, k, where, **options)
 
     def rerank(self, queries, candidate_ids, k):
         return self.db.rerank(queries, candidate_ids, k)
+
+    def count(self) -> int:
+        return len(self.db)
 
     def contains(self, ids) -> np.ndarray:
         return membership(self.db.store, ids)
@@ -244,8 +259,8 @@ class ShardActor:
         m = self.db.store.manifest
         return {"dim": m["dim"], "id_type": m["id_type"], "next_id": m["next_id"], "tokens": tokens_of(self.db.store)}
 
-    def add(self, docs, ids, metadata):
-        return self.db.add(docs, ids=ids, metadata=metadata)
+    def add(self, docs, ids, metadata, sparse=None):
+        return self.db.add(docs, ids=ids, metadata=metadata, sparse=sparse)
 
     def delete(self, ids):
         self.db.delete(ids)
@@ -262,45 +277,130 @@ class ShardActor:
     def stats(self) -> dict:
         return self.db.stats()
 
+    def verify(self):
+        return self.db.verify()
+
+    def compact(self) -> int:
+        return self.db.compact()
+
+    def refresh(self) -> bool:
+        return self.db.refresh()
+
     def close(self):
         self.db.close()
 
 
 class Cluster:
-    """Client of one ``ShardActor`` per shard: fans a query batch out and merges the exact
-    per-shard top-k by score. ``shard_paths``: a sharded database directory (its ``shards.json``)
-    or a list of database directories. ``num_gpus`` per actor (the actor's database then runs on
-    its GPU), ``actor_options`` for placement; other keywords go to ``mvdb.open`` in each actor.
+    """Client of one ``ShardActor`` per shard, with the API of :class:`mvdb.Database`: fans a
+    query batch out and merges the exact per-shard top-k by score. ``shard_paths``: a sharded
+    database directory (its ``shards.json``) or a list of database directories. ``num_gpus`` per
+    actor (the actor's database then runs on its GPU), ``actor_options`` for placement; other
+    keywords go to ``mvdb.open`` in each actor.
 
-    Reads by id ask every shard which ids it holds, and ``add`` places by load: the same policy as
-    :class:`mvdb.ShardedDatabase` and ``mvdb ingest --shards`` (:mod:`mvdb.shards.placement`)."""
+    Reads by id (``get``, ``metadata``, ``delete``, ``rerank``) ask every shard which ids it holds,
+    and ``add`` places by load: the same policy as :class:`mvdb.ShardedDatabase` and ``mvdb ingest
+    --shards`` (:mod:`mvdb.shards.placement`). ``stats()`` and ``verify()`` give one answer over the
+    shards (:mod:`mvdb.shards.merge`), ``compact()`` and ``refresh()`` run on every shard, and
+    ``close()`` (or leaving a ``with`` block) closes the shards and ends their actors: any later
+    use is an InvalidInputError."""
 
     def __init__(self, shard_paths, *, num_gpus: float = 0, actor_options: dict | None = None, **open_kw):
         paths = _shard_dirs(shard_paths)
         opts = dict(actor_options or {}, num_gpus=num_gpus)
         open_kw.setdefault("device", "cuda" if num_gpus else "cpu")
+        one_dir = isinstance(shard_paths, (str, os.PathLike))
+        self.path = os.fspath(shard_paths) if one_dir else None
         self.paths = paths
+        # how verify() names each shard's problems: its directory's name in a sharded directory
+        self.names = [os.path.basename(os.path.normpath(p)) for p in paths] if one_dir else list(paths)
+        self._closed = False
         self.actors = [ShardActor.options(**opts).remote(p, **open_kw) for p in paths]
-        ray.get([a.stats.remote() for a in self.actors])  # surface open errors here
+        try:
+            ray.get([a.count.remote() for a in self.actors])  # surface open errors here
+        except BaseException:
+            self._end_actors()
+            raise
+
+    def _live(self) -> list:
+        """The actors of an open cluster (InvalidInputError once closed, as ``Database``)."""
+        if self._closed:
+            raise InvalidInputError(f"{self.path or self.paths}: the cluster is closed")
+        return self.actors
 
     def __len__(self) -> int:
-        return sum(s["documents"] for s in self.stats())
+        return sum(ray.get([a.count.remote() for a in self._live()]))
 
-    def stats(self) -> list[dict]:
-        return ray.get([a.stats.remote() for a in self.actors])
+    def __enter__(self) -> Self:
+        self._live()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def stats(self) -> dict:
+        """The keys of ``Database.stats()`` over the shards (:func:`mvdb.shards.merge.merge_stats`):
+        counts summed, ``dim`` / ``dtype`` / ``index`` / ``residency`` shared, ``devices``, and each
+        shard's own dict under ``shards``."""
+        return merge_stats(ray.get([a.stats.remote() for a in self._live()]), self.path)
+
+    def verify(self):
+        """Every shard's checks (run on its actor's node) as one ``VerifyReport``: ``ok``,
+        ``problems`` (each prefixed by its shard's name), ``n_docs`` and ``n_segments`` summed."""
+        return merge_reports(zip(self.names, ray.get([a.verify.remote() for a in self._live()])))
+
+    def compact(self) -> int:
+        """Compact every shard (in parallel); returns the number of segments rewritten in all."""
+        return int(sum(ray.get([a.compact.remote() for a in self._live()])))
+
+    def refresh(self) -> bool:
+        """Every shard follows the commits of its writer (read-only clusters); True when any
+        shard changed."""
+        return any(ray.get([a.refresh.remote() for a in self._live()]))
 
     def search(self, queries, k: int = 10, where=None, **options):
         """Top-k by exact MaxSim over every shard (same arguments as ``Database.search``)."""
-        per = [p for p in ray.get([a.search.remote(queries, k, where, options) for a in self.actors]) if p is not None]
-        single = getattr(queries, "ndim", None) == 2
-        if not per:
-            return [] if single else [[] for _ in range(len(queries))]
+        actors = self._live()
+        single = single_query(queries)
+        per = [p for p in ray.get([a.search.remote(queries, k, where, options) for a in actors]) if p is not None]
+        if not per:  # no shard holds a document: one validates the arguments and answers empty
+            return ray.get(actors[0].search.remote(queries, k, where, options, True))
         return merge_queries(per, k, single)
+
+    def rerank(self, queries, candidate_ids, k: int | None = None):
+        """Exact MaxSim of each query against its own candidate ids (one list, or one per query),
+        as ``Database.rerank``: each id is scored on the shard holding it (every id must be stored:
+        else UnknownIdError), and the shards' lists are merged by score."""
+        from mvdb.engine.search import check_k
+
+        actors = self._live()
+        if k is not None:
+            check_k(k)
+        single = single_query(queries)
+        q_list = [queries] if single else list(queries)
+        lists = [list(candidate_ids)] if single else [list(c) for c in candidate_ids]
+        if len(lists) != len(q_list):
+            raise InvalidInputError(f"candidate_ids: expected {len(q_list)} lists (one per query), got {len(lists)}")
+        flat = [c for cs in lists for c in cs]  # every query's candidates: one membership round
+        shard_of = np.zeros(len(flat), dtype=np.int64)
+        if flat:
+            for si, pos in enumerate(owners(self._masks(flat), flat)):
+                shard_of[pos] = si
+        # per shard, every query with the candidates that shard holds (possibly none): one call each
+        per_shard = [[[] for _ in lists] for _ in actors]
+        at = 0
+        for qi, c in enumerate(lists):
+            for j, cid in enumerate(c):
+                per_shard[shard_of[at + j]][qi].append(cid)
+            at += len(c)
+        busy = [si for si in range(len(actors)) if any(per_shard[si])]
+        per = ray.get([actors[si].rerank.remote(q_list, per_shard[si], None) for si in busy])
+        out = [merge([p[qi] for p in per], k) for qi in range(len(lists))]
+        return out[0] if single else out
 
     # ---- membership: every shard says which ids it holds
 
     def _masks(self, ids: list) -> list[np.ndarray]:
-        return ray.get([a.contains.remote(ids) for a in self.actors])
+        return ray.get([a.contains.remote(ids) for a in self._live()])
 
     def contains(self, ids) -> np.ndarray:
         """Bool mask: which of ``ids`` are stored (in any shard)."""
@@ -339,14 +439,16 @@ class Cluster:
         ids = list(ids)
         ray.get([self.actors[s].delete.remote([ids[i] for i in pos]) for s, pos in enumerate(self._owners(ids)) if pos])
 
-    def add(self, docs, ids=None, metadata=None) -> list:
+    def add(self, docs, ids=None, metadata=None, sparse=None) -> list:
         """Store documents, each on the shard holding the fewest tokens; returns their ids.
+        ``sparse``: per-document sparse vectors, as ``Database.add`` (each goes with its document).
         ``ids=None`` continues after the largest int id of any shard. The whole batch is checked
-        (documents, ids, metadata, ids already stored in any shard) before any shard writes; then
-        the shards commit in parallel. One writing client at a time."""
+        (documents, ids, metadata, sparse vectors, ids already stored in any shard) before any
+        shard writes; then the shards commit in parallel. One writing client at a time."""
         from mvdb.storage import validate
 
-        infos = ray.get([a.info.remote() for a in self.actors])
+        actors = self._live()
+        infos = ray.get([a.info.remote() for a in actors])
         dim = next((i["dim"] for i in infos if i["dim"] is not None), None)
         tokens, lengths, _ = validate.documents(docs, dim)
         validate.finite(tokens, lengths)  # here, not per shard: one bad document and no shard writes
@@ -354,19 +456,31 @@ class Cluster:
         id_type = next((i["id_type"] for i in infos if i["id_type"]), None)
         id_arr, _ = validate.ids(ids, n, id_type, max(i["next_id"] for i in infos))
         validate.metadata(metadata, n)
+        validate.sparse(sparse, n)
         ids = [validate.decode_id(x) for x in id_arr]
         dup = np.flatnonzero(self.contains(ids)) if n else []
         if len(dup):
             raise DuplicateIdError(f"ids: already in the database: {[ids[i] for i in dup[:5]]}")
         items = list(docs)
         parts = assign(lengths, [i["tokens"] for i in infos])
-        ray.get([self.actors[s].add.remote([items[i] for i in pos], [ids[i] for i in pos],
-                                           None if metadata is None else [metadata[i] for i in pos])
+        ray.get([actors[s].add.remote([items[i] for i in pos], [ids[i] for i in pos],
+                                      None if metadata is None else [metadata[i] for i in pos],
+                                      None if sparse is None else [sparse[i] for i in pos])
                  for s, pos in enumerate(parts) if pos])
         return ids
 
     def close(self) -> None:
-        ray.get([a.close.remote() for a in self.actors])
+        """Close every shard (their writer locks go) and end the actors; closing again does
+        nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            ray.get([a.close.remote() for a in self.actors])
+        finally:
+            self._end_actors()
+
+    def _end_actors(self) -> None:
         for a in self.actors:
             ray.kill(a)
         self.actors = []

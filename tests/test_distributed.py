@@ -11,8 +11,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-import mvdb  # noqa: E402
-from mvdb import distributed as md  # noqa: E402
+import mvdb
+from mvdb import distributed as md
 
 DIM = 16
 
@@ -52,7 +52,7 @@ def test_ingest_and_cluster_search_equal_a_single_database(local_ray, tmp_path):
     cluster = md.Cluster(shards, index="flat")
     try:
         assert len(cluster) == len(docs)
-        tokens = [st["tokens"] for st in cluster.stats()]  # least-loaded placement keeps the shards even
+        tokens = [st["tokens"] for st in cluster.stats()["shards"]]  # least-loaded placement: even shards
         assert min(tokens) > 0 and max(tokens) - min(tokens) <= 11
         keys = list(docs)
         queries = [docs[keys[5]][:4], docs[keys[77]][:3]]
@@ -211,3 +211,64 @@ def test_layout_records_placement_and_rejects_escaping_names(local_ray, tmp_path
         mvdb.open(path)
     with pytest.raises(mvdb.FormatError, match="placement 'hash'"):
         md.ingest([os.devnull], path)
+
+
+def test_cluster_has_the_database_api(local_ray, tmp_path):
+    """What a Cluster offers beyond search and reads by id, against the same directory opened as
+    a ShardedDatabase: rerank routed to the owner shards, one stats dict and one verify report
+    over the shards, compact and refresh on every shard, sparse vectors, a context manager, and a
+    closed handle that refuses every call."""
+    docs = _unit_docs(30, seed=8)
+    ids = [f"doc-{i}" for i in range(30)]
+    path = tmp_path / "sh"
+    with mvdb.open(path, devices=["cpu", "cpu"], index="flat") as sh:
+        sh.add(docs, ids=ids, sparse=[{i: 1.0} for i in range(30)])
+        cands = [ids[:12:2], [ids[29], ids[1], ids[14]]]
+        queries = [docs[4][:3], docs[14][:2]]
+        want = sh.rerank(queries, cands)
+        want_one = sh.rerank(queries[0], cands[0], k=2)
+        want_stats = sh.stats()
+    free = {"actor_options": {"num_cpus": 0}}  # two clusters at once on the module's 3 CPUs
+    with md.Cluster(path, index="flat", **free) as cluster:
+        got = cluster.rerank(queries, cands)
+        for w, g in zip(want, got):
+            assert [h.id for h in g] == [h.id for h in w]
+            np.testing.assert_allclose([h.score for h in g], [h.score for h in w], rtol=1e-5)
+        assert [h.id for h in cluster.rerank(queries[0], cands[0], k=2)] == [h.id for h in want_one]
+        with pytest.raises(mvdb.UnknownIdError):
+            cluster.rerank(queries[0], [ids[0], "nope"])
+        with pytest.raises(mvdb.InvalidTypeError):
+            cluster.search("a query")
+        hits = cluster.search(queries[1], k=1, n_candidates=1, k_tokens=1, sparse={14: 1.0}, n_sparse=1)
+        assert hits[0].id == ids[14]
+        st = cluster.stats()
+        assert [s["documents"] for s in st["shards"]] == [s["documents"] for s in want_stats["shards"]]
+        for key in ("documents", "tokens", "segments", "dim", "dtype", "index"):
+            assert st[key] == want_stats[key], key
+        assert st["path"] == os.fspath(path) and st["devices"] == ["cpu", "cpu"]
+        report = cluster.verify()
+        assert report.ok and report.n_docs == 30
+        cluster.delete(ids[:6])
+        assert cluster.compact() >= 1 and cluster.compact() == 0
+        assert len(cluster) == 24 and cluster.stats()["deleted"] == 0
+        with md.Cluster(path, index="flat", read_only=True, **free) as ro:
+            assert len(ro) == 24 and ro.refresh() is False
+            cluster.add(_unit_docs(2, seed=9), ids=["new-0", "new-1"])
+            assert ro.refresh() is True and len(ro) == 26
+    for call in (len, lambda c: c.stats(), lambda c: c.verify(), lambda c: c.get([ids[7]]),
+                 lambda c: c.search(docs[0], k=1), lambda c: c.rerank(docs[0], [ids[7]]),
+                 lambda c: c.add([docs[0]], ids=["again"]), lambda c: c.compact(), lambda c: c.refresh()):
+        with pytest.raises(mvdb.InvalidInputError, match="closed"):
+            call(cluster)
+    cluster.close()  # closing again does nothing
+    seg = next((path / "shard-001" / "segments").glob("*.h5"))
+    import h5py
+
+    with h5py.File(seg) as f:
+        at = f["tokens"].id.get_offset()
+    data = bytearray(seg.read_bytes())
+    data[at + 10] ^= 0xFF  # one token byte of shard-001 (opened without checksums, verify finds it)
+    seg.write_bytes(bytes(data))
+    with md.Cluster(path, checksums=False, **free) as cluster:
+        report = cluster.verify()
+    assert not report.ok and len(report.problems) == 1 and report.problems[0].startswith(f"shard-001: {seg.name}: ")

@@ -155,3 +155,41 @@ def test_verify_is_one_report_naming_the_shard(tmp_path):
     assert not report.ok and report.n_docs == 16
     assert len(report.problems) == 1 and report.problems[0].startswith(f"shard-001: {seg.name}: ")
     assert "1 problem(s)" in str(report)
+
+
+def test_stats_describe_the_shards_together(tmp_path):
+    """ShardedDatabase.stats() has the keys of Database.stats() where they add up or agree, and
+    each shard's own dict under "shards"."""
+    with mvdb.open(tmp_path / "sh", devices=["cpu", "cpu"], index="flat") as sh:
+        sh.add(_docs(12, seed=6))
+        sh.delete([3])
+        st = sh.stats()
+        per = st["shards"]
+        assert len(per) == 2 and per == [s.stats() for s in sh.shards]
+        for key in ("documents", "rows", "tokens", "segments", "deleted", "pages", "index_tokens"):
+            assert st[key] == sum(p[key] for p in per), key
+        assert st["documents"] == 11 and st["deleted"] == 1
+        assert (st["dim"], st["dtype"], st["index"]) == (DIM, "float16", "flat")
+        assert st["devices"] == ["cpu", "cpu"] and st["path"] == os.fspath(tmp_path / "sh")
+
+
+def test_every_document_deleted_and_closed_handle(tmp_path):
+    """With every document deleted a search still validates its arguments and answers empty (one
+    list per query); a closed ShardedDatabase refuses every call with InvalidInputError."""
+    sh = mvdb.open(tmp_path / "sh", devices=["cpu", "cpu"])
+    docs = _docs(6, seed=7)
+    sh.add(docs)
+    with pytest.raises(mvdb.InvalidTypeError):
+        sh.search("a query")
+    sh.delete(list(range(6)))
+    assert sh.search([docs[0][:2], docs[1][:2]], k=3) == [[], []]
+    assert sh.search(docs[0][:2], k=3) == []
+    with pytest.raises(InvalidInputError):
+        sh.search(np.ones((2, DIM + 1), np.float32))
+    sh.close()
+    sh.close()  # closing again does nothing
+    for call in (len, lambda d: d.stats(), lambda d: d.verify(), lambda d: d.contains([1]), lambda d: 1 in d,
+                 lambda d: d.compact(), lambda d: d.refresh(), lambda d: d.delete([1]),
+                 lambda d: d.rerank(docs[0], [1]), lambda d: d.metadata([1])):
+        with pytest.raises(InvalidInputError, match="closed"):
+            call(sh)

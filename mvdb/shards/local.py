@@ -30,7 +30,13 @@ from mvdb.database import Database
 from mvdb.engine.search import check_k as _check_k
 from mvdb.errors import DuplicateIdError, FormatError, InvalidInputError
 from mvdb.shards import layout
-from mvdb.shards.merge import merge, merge_queries, merge_reports
+from mvdb.shards.merge import (
+    merge,
+    merge_queries,
+    merge_reports,
+    merge_stats,
+    single_query,
+)
 from mvdb.shards.placement import contains_any, membership, owners, place
 from mvdb.storage import VerifyReport, validate
 from mvdb.storage.manifest import MANIFEST
@@ -47,6 +53,7 @@ class ShardedDatabase:
     def __init__(self, path, *, devices=None, dim=None, dtype=None, device="auto", read_only=False, **options):
         path = os.fspath(path)
         self.path = path
+        self._closed = False
         self._writer = threading.RLock()  # one write at a time across all shards
         if devices is not None:
             if isinstance(devices, (str, torch.device)) or not devices:
@@ -82,9 +89,15 @@ class ShardedDatabase:
 
     # ---- fan-out helpers
 
+    def _open(self) -> list[Database]:
+        """The shards of an open database (InvalidInputError once closed, as ``Database``)."""
+        if self._closed:
+            raise InvalidInputError(f"{self.path}: the database is closed")
+        return self.shards
+
     def _each(self, fn, shards=None) -> list:
         """fn(shard) on every shard at once (each under its own CUDA device), results in order."""
-        shards = self.shards if shards is None else shards
+        shards = self._open() if shards is None else shards
 
         def run(shard):
             if shard.device.type == "cuda":
@@ -100,17 +113,17 @@ class ShardedDatabase:
 
     @property
     def dim(self) -> int | None:
-        return next((s.dim for s in self.shards if s.dim is not None), None)
+        return next((s.dim for s in self._open() if s.dim is not None), None)
 
     def __len__(self) -> int:
-        return sum(len(s) for s in self.shards)
+        return sum(len(s) for s in self._open())
 
     def contains(self, ids) -> np.ndarray:
         """Bool mask: which of ``ids`` are stored (in any shard)."""
-        return contains_any([s.store for s in self.shards], list(ids))
+        return contains_any([s.store for s in self._open()], list(ids))
 
     def __contains__(self, doc_id) -> bool:
-        return any(doc_id in s for s in self.shards)
+        return any(doc_id in s for s in self._open())
 
     def __enter__(self) -> Self:
         return self
@@ -119,6 +132,8 @@ class ShardedDatabase:
         self.close()
 
     def close(self) -> None:
+        """Close every shard (their writer locks go); any later use is an InvalidInputError."""
+        self._closed = True
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.shutdown(wait=True)
@@ -131,7 +146,7 @@ class ShardedDatabase:
         """Positions of ``ids`` per shard, by asking each shard which it holds; every id must be
         stored (else UnknownIdError)."""
         ids = list(ids)
-        return owners([membership(s.store, ids) for s in self.shards], ids)
+        return owners([membership(s.store, ids) for s in self._open()], ids)
 
     def add(self, docs, ids=None, metadata=None, sparse=None) -> list:
         """Store documents, each on the shard holding the fewest tokens; returns their (global) ids.
@@ -141,7 +156,7 @@ class ShardedDatabase:
             return self._add(docs, ids, metadata, sparse)
 
     def _add(self, docs, ids, metadata, sparse) -> list:
-        for s in self.shards:
+        for s in self._open():
             s.store.check_writable()
         tokens, lengths, _ = validate.documents(docs, self.dim)  # shapes, dtypes, dim
         validate.finite(tokens, lengths)  # here, not per shard: one bad document and no shard writes
@@ -204,26 +219,24 @@ class ShardedDatabase:
     def verify(self) -> VerifyReport:
         """Every shard's checks as one report (the shape of ``Database.verify()``): ``ok``,
         ``problems`` (each prefixed by its shard's name), ``n_docs`` and ``n_segments`` summed."""
-        return merge_reports(zip(self.names, (s.verify() for s in self.shards)))
+        return merge_reports(zip(self.names, (s.verify() for s in self._open())))
 
     def stats(self) -> dict:
-        per = [s.stats() for s in self.shards]
-        return {
-            "path": self.path,
-            "shards": per,
-            "documents": sum(p["documents"] for p in per),
-            "tokens": sum(p["tokens"] for p in per),
-            "devices": [p["device"] for p in per],
-        }
+        """The keys of ``Database.stats()`` over the shards (:func:`mvdb.shards.merge.merge_stats`):
+        counts summed, ``dim`` / ``dtype`` / ``index`` / ``residency`` shared, ``devices`` and the
+        per-shard dicts under ``shards``."""
+        return merge_stats([s.stats() for s in self._open()], self.path)
 
     def search(self, queries, k: int = 10, where=None, **options):
         """Top-k by exact MaxSim: every shard's own candidates and top-k, merged by score."""
         _check_k(k)
         if self.dim is None:  # nothing stored yet: the shards agree on the empty answer
             return self.shards[0].search(queries, k, where, **options)
-        single = _single(queries)
+        single = single_query(queries)
         per = self._each(lambda s: s.search(queries, k, where, **options) if len(s) else None)
         per = [p for p in per if p is not None]
+        if not per:  # every document deleted: one shard validates the arguments and answers empty
+            return self.shards[0].search(queries, k, where, **options)
         return merge_queries(per, k, single)
 
     def rerank(self, queries, candidate_ids, k: int | None = None):
@@ -232,7 +245,7 @@ class ShardedDatabase:
             _check_k(k)
         if self.dim is None:
             return self.shards[0].rerank(queries, candidate_ids, k)
-        single = _single(queries)
+        single = single_query(queries)
         q_list = [queries] if single else list(queries)
         lists = [list(candidate_ids)] if single else [list(c) for c in candidate_ids]
         if len(lists) != len(q_list):
@@ -247,12 +260,3 @@ class ShardedDatabase:
         out = [merge([p[qi] for p in per], k) for qi in range(len(lists))]
         return out[0] if single else out
 
-
-def _single(queries) -> bool:
-    """One query ([Lq, dim] array or tensor) rather than a batch (a list, or [Nq, Lq, dim]); the
-    shards validate the queries themselves."""
-    if isinstance(queries, (list, tuple)):
-        return False
-    if not hasattr(queries, "ndim"):
-        raise InvalidInputError(f"queries: expected a numpy array, torch tensor or list, got {type(queries).__name__}")
-    return queries.ndim == 2

@@ -1,5 +1,6 @@
-"""Per-shard results merged into one: top-k hits (local threads and Ray actors alike) and verify
-reports. ``Hit`` is imported on first merge, so merging reports (``mvdb verify``) loads no engine."""
+"""Per-shard results merged into one: top-k hits (local threads and Ray actors alike), verify
+reports and stats. ``Hit`` is imported on first merge, so merging reports (``mvdb verify``) loads
+no engine."""
 
 from __future__ import annotations
 
@@ -35,3 +36,37 @@ def merge_reports(named) -> VerifyReport:
     named = list(named)
     return VerifyReport(problems=[f"{name}: {p}" for name, r in named for p in r.problems],
                         n_docs=sum(r.n_docs for _, r in named), n_segments=sum(r.n_segments for _, r in named))
+
+
+# Database.stats() keys that add up over shards, and those that describe every shard alike
+SUMMED = ("documents", "rows", "tokens", "segments", "deleted", "resident_bytes", "resident_capacity_bytes",
+          "pages", "index_tokens")
+SHARED = ("dim", "dtype", "residency", "index")
+
+
+def merge_stats(per_shard: list[dict], path=None) -> dict:
+    """Per-shard ``Database.stats()`` dicts as one dict with the same keys where they make sense:
+    counts (``SUMMED``) added up; ``dim``, ``dtype``, ``residency`` and ``index`` the value the
+    shards agree on (shards with none yet, e.g. an empty shard's ``dim``, left out; None if they
+    differ); ``devices`` each shard's device; ``shards`` the per-shard dicts themselves."""
+    out: dict = {"path": path}
+    for key in SUMMED:
+        out[key] = sum(int(p.get(key) or 0) for p in per_shard)
+    for key in SHARED:
+        values = {p.get(key) for p in per_shard} - {None}
+        out[key] = values.pop() if len(values) == 1 else None
+    out["devices"] = [p.get("device") for p in per_shard]
+    out["shards"] = list(per_shard)
+    return out
+
+
+def single_query(queries) -> bool:
+    """One query ([Lq, dim] array or tensor) rather than a batch (a list, or [Nq, Lq, dim]), as
+    ``Database.search`` tells them apart (``mvdb.engine.search.is_batch``); anything else is an
+    InvalidTypeError, as there. The shards validate the queries themselves."""
+    from mvdb.engine.search import is_batch
+    from mvdb.errors import InvalidTypeError
+
+    if not isinstance(queries, (list, tuple)) and not hasattr(queries, "ndim"):
+        raise InvalidTypeError(f"queries: expected a numpy array, torch tensor or list, got {type(queries).__name__}")
+    return not is_batch(queries)
