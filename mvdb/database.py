@@ -57,6 +57,7 @@ class Database:
         self._state = self._engine.state
         self._writer = threading.RLock()  # one write at a time in this process
         self._rw = RWLock()  # reads share it; publishing a state (and close) takes it alone
+        self._behind = False  # the store committed a state this handle has not followed yet
 
     # ---- state
 
@@ -76,7 +77,7 @@ class Database:
         self._behind = False
 
     def _catch_up(self) -> None:
-        if getattr(self, "_behind", False):
+        if self._behind:
             self._advance()
 
     def _follow(self) -> None:
@@ -169,7 +170,7 @@ class Database:
         """Follow commits made by another process (readers); True when something changed."""
         with self._writer:
             changed = self.store.refresh()
-            if changed or getattr(self, "_behind", False):
+            if changed or self._behind:
                 self._advance()
         return changed
 

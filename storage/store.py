@@ -476,7 +476,7 @@ class Store:
 
     def _catch_up(self) -> None:
         """After a commit whose snapshot could not be opened (no descriptors, say): open it now."""
-        if getattr(self, "_behind", None) is not None:
+        if self._behind is not None:
             try:
                 self._snap_swap(self._behind)
             except OSError as e:
@@ -640,12 +640,7 @@ class Store:
 
     def read_index_file(self, entry: dict) -> np.ndarray:
         """Read an index file named by the manifest, checking its size and CRC-32 (CorruptionError)."""
-        path = os.path.join(self.path, INDEX, entry["name"])
-        with open(path, "rb") as f:
-            data = f.read()
-        if len(data) != entry["nbytes"] or zlib.crc32(data) != entry["crc32"]:
-            raise CorruptionError(f"{path}: size or checksum does not match the manifest")
-        return np.load(io.BytesIO(data), allow_pickle=False)
+        return np.load(io.BytesIO(_index_bytes(self.path, entry)), allow_pickle=False)
 
     @_io("commit")
     def commit_index(self, entries: list[dict]) -> None:
@@ -848,6 +843,17 @@ def _open_segment(path: str, seg: dict) -> SegmentReader:
     return r
 
 
+def _index_bytes(db_path: str, entry: dict) -> bytes:
+    """An index file's bytes, checked against the size and CRC-32 its manifest entry records
+    (CorruptionError; OSError when it cannot be read)."""
+    path = os.path.join(db_path, INDEX, entry["name"])
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) != entry["nbytes"] or zlib.crc32(data) != entry["crc32"]:
+        raise CorruptionError(f"{path}: size or checksum does not match the manifest")
+    return data
+
+
 def _data_files(path: str) -> list[str]:
     """Segment files (and index files) under a database directory, as relative names."""
     out = []
@@ -913,13 +919,11 @@ def verify(path) -> VerifyReport:
         finally:
             r.close()
     for entry in manifest.get("index_files", []):
-        ipath = os.path.join(path, INDEX, entry["name"])
         try:
-            with open(ipath, "rb") as f:
-                data = f.read()
-            if len(data) != entry["nbytes"] or zlib.crc32(data) != entry["crc32"]:
-                problems.append(f"index/{entry['name']}: size or checksum does not match the manifest "
-                                f"(derived data: the database rebuilds it)")
+            _index_bytes(path, entry)
+        except CorruptionError:
+            problems.append(f"index/{entry['name']}: size or checksum does not match the manifest "
+                            f"(derived data: the database rebuilds it)")
         except OSError as e:
             problems.append(f"index/{entry['name']}: {e.strerror or e} (derived data: the database rebuilds it)")
     if all_keys:
