@@ -86,11 +86,10 @@ class ShardWriter:
 
     def write(self, ids: list, tokens: np.ndarray, lengths: np.ndarray) -> tuple[int, int]:
         """Commit the documents not stored yet; (added, skipped)."""
-        keep = ~membership(self.store, ids)
-        if keep.any():
-            self.store.add_packed(tokens[np.repeat(keep, lengths)], lengths[keep],
-                                  ids=[i for i, k in zip(ids, keep) if k])
-        return int(keep.sum()), int((~keep).sum())
+        from mvdb.ingest import add_new
+
+        added, skipped, _ = add_new(self.store, ids, tokens, lengths)
+        return added, skipped
 
     def close(self) -> None:
         self.store.close()

@@ -30,7 +30,7 @@ def new_manifest(dim: int, dtype: str) -> dict:
     }
 
 
-def _checksum(body: dict) -> int:
+def checksum(body: dict) -> int:
     return zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
 
 
@@ -52,7 +52,7 @@ def read_manifest(db_path: str) -> dict:
             f"{FORMAT_VERSION}: upgrade mvdb"
         )
     body = {k: v for k, v in doc.items() if k != "checksum"}
-    if doc.get("checksum") != _checksum(body):
+    if doc.get("checksum") != checksum(body):
         raise CorruptionError(f"{path}: manifest checksum mismatch")
     problem = manifest_problem(body)
     if problem:
@@ -119,6 +119,6 @@ def write_manifest(db_path: str, manifest: dict) -> dict:
     """Commit a new manifest (generation + 1); returns what was committed."""
     body = copy.deepcopy(manifest)
     body["generation"] = manifest["generation"] + 1
-    doc = dict(body, checksum=_checksum(body))
+    doc = dict(body, checksum=checksum(body))
     atomic_write(os.path.join(db_path, MANIFEST), json.dumps(doc, indent=1).encode())
     return body

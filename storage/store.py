@@ -787,24 +787,26 @@ class Store:
                 d0 = d1
 
     def load_all(self, device=None, pin: bool = False, *, include_deleted: bool = False,
-                 from_segment: int = 0) -> Packed:
+                 from_segment: int = 0, snap: Snapshot | None = None, out: list | None = None) -> Packed:
         """Every live document in one contiguous buffer (storage order), with offsets and ids.
 
         ``include_deleted`` keeps deleted documents too (every row of every segment, the row order
-        the database's token index uses); ``from_segment`` starts at that segment of the snapshot.
+        the database's token index uses); ``from_segment`` starts at that segment of the snapshot
+        (``snap``, by default the current one). ``out``: consecutive (tokens, scales) buffers on one
+        device whose rows add up to the load's, written in place (the result then holds no tokens).
 
         ``device`` (e.g. "cuda") copies through pinned staging buffers, overlapping disk reads with
         host-to-device copies; ``pin=True`` without a device returns pinned host tensors (plain host
         tensors where there is no CUDA driver). Without either, numpy arrays.
         """
-        if device is None and not pin and not include_deleted and not from_segment:
+        if device is None and not pin and not include_deleted and not from_segment and snap is None and out is None:
             parts = list(self.iter_batches(self.segment_tokens))
             if not parts:
                 return Packed(np.zeros((0, self.dim or 0), np.float16), np.zeros(1, np.int64), None, [])
             return _concat(parts)
         from mvdb.storage._load import load_to_device
 
-        return load_to_device(self, device, pin, include_deleted, from_segment)
+        return load_to_device(self, device, pin, include_deleted, from_segment, snap=snap, out=out)
 
     # ---- checks
 

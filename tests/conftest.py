@@ -24,3 +24,24 @@ TRITON_DEVICES = [
     pytest.param("cpu", id="interp", marks=pytest.mark.skipif(not INTERPRET, reason="TRITON_INTERPRET is off")),
     pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
 ]
+
+
+@pytest.fixture
+def engine_over():
+    """White-box engine tests: an Engine (mvdb.engine.state) built over a read-only view of a
+    database directory, as ``Database`` builds its own; ``engine_over(path, residency="host")``."""
+    from mvdb.storage import Store
+
+    from mvdb.engine.args import device_arg
+    from mvdb.engine.state import Engine, resolve_config
+
+    stores = []
+
+    def make(path, device="auto", residency="auto"):
+        store = Store(path, read_only=True)
+        stores.append(store)
+        return Engine(store, device_arg(device), residency, resolve_config(store, None, None))
+
+    yield make
+    for s in stores:
+        s.close()

@@ -226,7 +226,7 @@ def _index_files(path):
     return sorted(p.name for p in (path / "index").iterdir())
 
 
-def test_ivf_index_is_persisted_and_reopening_does_not_retrain(tmp_path, monkeypatch):
+def test_ivf_index_is_persisted_and_reopening_does_not_retrain(tmp_path, monkeypatch, engine_over):
     docs = _corpus(120, seed=13)
     q = _query(docs[7], np.random.default_rng(14))
     with mvdb.open(tmp_path / "db", index="ivf", nlist=16) as db:
@@ -236,7 +236,7 @@ def test_ivf_index_is_persisted_and_reopening_does_not_retrain(tmp_path, monkeyp
         assert [e["kind"] for e in entries] == ["centroids", "codes", "codes"]
         assert _index_files(tmp_path / "db") == sorted(e["name"] for e in entries)
         before = db.search(q, k=5)
-        lists = db._state.index.list_rows.clone()
+    lists = engine_over(tmp_path / "db").state.index.list_rows.clone()
 
     def no_training(*a, **k):
         raise AssertionError("reopening must not retrain")
@@ -245,9 +245,9 @@ def test_ivf_index_is_persisted_and_reopening_does_not_retrain(tmp_path, monkeyp
     monkeypatch.setattr(mvdb.engine.ivf.Lists, "assign", no_training)  # nor re-assign
     with mvdb.open(tmp_path / "db", read_only=True) as db:  # the index kind is recorded
         assert db.stats()["index"] == "ivf"
-        assert torch.equal(db._state.index.list_rows, lists)
         assert db.search(q, k=5) == before
         assert db.stats()["nlist"] == 16
+    assert torch.equal(engine_over(tmp_path / "db").state.index.list_rows, lists)
 
 
 def test_ivf_index_file_damage_is_repaired_from_the_segments(tmp_path):
@@ -339,7 +339,7 @@ def test_bad_index_options(tmp_path):
 
 @pytest.mark.parametrize("index", ["flat", "ivf"])
 @pytest.mark.parametrize("dtype", ["float16", "int8"])
-def test_host_residency_gives_the_same_results(tmp_path, index, dtype):
+def test_host_residency_gives_the_same_results(tmp_path, index, dtype, engine_over):
     """Tokens kept in (pinned) host memory, candidates copied per search: same hits as resident."""
     docs = _corpus(150, seed=21)
     rng = np.random.default_rng(22)
@@ -348,11 +348,14 @@ def test_host_residency_gives_the_same_results(tmp_path, index, dtype):
         db.add(docs[:100])
         want = db.search(queries, k=5)
     with mvdb.open(tmp_path / "db", index=index, residency="host") as db:
-        assert db.stats()["residency"] == "host" and db._state.tokens.home.type == "cpu"
+        assert db.stats()["residency"] == "host"
         assert db.search(queries, k=5) == want
-        assert db._state.tokens.score(torch.from_numpy(queries[0]).to(db.device), torch.tensor([0, 8], dtype=torch.int32,
-                                      device=db.device), torch.tensor([[3, -1, 3]], device=db.device), 8,
-                                      budget=1)[0, 1] == float("-inf")
+        eng = engine_over(tmp_path / "db", residency="host")
+        tokens = eng.state.tokens
+        assert tokens.home.type == "cpu"
+        assert tokens.score(torch.from_numpy(queries[0]).to(eng.device), torch.tensor([0, 8], dtype=torch.int32,
+                            device=eng.device), torch.tensor([[3, -1, 3]], device=eng.device), 8,
+                            budget=1)[0, 1] == float("-inf")
         db.add(docs[100:])  # appended on the host
         assert db.stats()["residency"] == "host"
         q = _query(docs[120], rng)
@@ -365,7 +368,7 @@ def test_host_residency_gives_the_same_results(tmp_path, index, dtype):
 # ---- the sparse (lexical) channel (issue #7)
 
 
-def test_sparse_channel_adds_candidates_and_survives_compaction(tmp_path, monkeypatch):
+def test_sparse_channel_adds_candidates_and_survives_compaction(tmp_path, monkeypatch, engine_over):
     rng = np.random.default_rng(11)
     docs = [rng.standard_normal((int(rng.integers(3, 9)), 16)).astype(np.float32) for _ in range(60)]
     sparse = [{int(t): 1.0 for t in rng.choice(50, 4, replace=False)} for _ in range(60)]
@@ -377,14 +380,15 @@ def test_sparse_channel_adds_candidates_and_survives_compaction(tmp_path, monkey
     score = Tokens.score
     monkeypatch.setattr(Tokens, "score", lambda self, q_, cu, cand, lq, **kw: seen.append(cand.clone())
                         or score(self, q_, cu, cand, lq, **kw))  # the rows reranked
-    row42 = int(np.flatnonzero(db._state.snap.row_keys() == 42)[0])
+    state = engine_over(tmp_path / "db", device="cpu").state
+    row42 = int(np.flatnonzero(state.snap.row_keys() == 42)[0])
     db.search(q, k=3, n_candidates=5, k_tokens=4)
     assert row42 not in seen[-1].tolist()[0]  # the token channel alone does not reach it
     hits = db.search(q, k=3, n_candidates=5, k_tokens=4, sparse={777: 1.0, 99999: 1.0})
     assert row42 in seen[-1].tolist()[0] and hits[0].id == 7
     cand = seen[-1][0]
     assert len(set(cand[cand >= 0].tolist())) == int((cand >= 0).sum())  # no repeats in the union
-    got = score(db._state.tokens, torch.as_tensor(q), torch.tensor([0, 3], dtype=torch.int32), torch.tensor([[row42]]), 3)
+    got = score(state.tokens, torch.as_tensor(q), torch.tensor([0, 3], dtype=torch.int32), torch.tensor([[row42]]), 3)
     exact = {h.id: h.score for h in db.search(q, k=60, n_candidates=60)}
     assert abs(float(got[0, 0]) - exact[42]) < 1e-4
     batch = db.search([q, docs[9][:2]], k=3, n_candidates=5, k_tokens=4, sparse=[{777: 1.0}, None])
@@ -408,7 +412,7 @@ def test_sparse_channel_adds_candidates_and_survives_compaction(tmp_path, monkey
         assert len(db) == 59
 
 
-def test_sparse_candidates_equal_brute_force_dot_products(tmp_path):
+def test_sparse_candidates_equal_brute_force_dot_products(tmp_path, engine_over):
     rng = np.random.default_rng(12)
     n, vocab = 80, 40
     docs = [rng.standard_normal((3, 8)).astype(np.float32) for _ in range(n)]
@@ -418,7 +422,8 @@ def test_sparse_candidates_equal_brute_force_dot_products(tmp_path):
     db.add(docs, sparse=sparse)
     db.delete([5])
     queries = [{int(t): float(rng.random()) for t in rng.choice(vocab + 10, 3, replace=False)} for _ in range(7)]
-    got = sparse_candidates(db._state, queries, 7, db._state.live, 6)
+    state = engine_over(tmp_path / "db", device="cpu").state
+    got = sparse_candidates(state, queries, 7, state.live, 6)
     for i, qv in enumerate(queries):
         qd = np.zeros(vocab + 10)
         for t, w in qv.items():
@@ -427,4 +432,4 @@ def test_sparse_candidates_equal_brute_force_dot_products(tmp_path):
         s[5] = 0  # deleted
         want = [j for j in np.argsort(-s, kind="stable")[:6] if s[j] > 0]
         rows = [r for r in got[i].tolist() if r >= 0]
-        assert sorted(int(db._state.snap.row_keys()[r]) for r in rows) == sorted(want)
+        assert sorted(int(state.snap.row_keys()[r]) for r in rows) == sorted(want)

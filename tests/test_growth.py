@@ -61,7 +61,7 @@ def test_resident_capacity_grows_logarithmically(tmp_path, small_pages):
         for i in range(n_adds):
             db.add([docs[i % 40][: int(rng.integers(1, 8))]])
         st = db.stats()
-        allocations = db._engine.resident.allocations
+        allocations = st["page_allocations"]
         # geometric growth: about log_{1 + GROWTH}(final / first) new pages, never one per add
         bound = math.log(st["tokens"] / 400) / math.log(1 + resident.GROWTH) + 3
         assert first_pages == 1 and allocations <= bound, (allocations, bound)

@@ -95,3 +95,52 @@ def test_importing_a_layer_loads_nothing_above_it(module, absent):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def _package(module: str) -> str:
+    """The package a module belongs to for the private-name rule: mvdb.kernels, mvdb.storage, a
+    subpackage of mvdb (mvdb.engine, mvdb.shards, ...), or mvdb itself for its top-level modules."""
+    parts = module.split(".")
+    if len(parts) >= 3 or (len(parts) == 2 and (ROOT / "mvdb" / parts[1]).is_dir()) or parts[:2] in (
+            ["mvdb", "kernels"], ["mvdb", "storage"]):
+        return ".".join(parts[:2])
+    return "mvdb"
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_private_name_crosses_a_package_boundary():
+    """``from a.b import _x`` only inside a's package, and ``obj._x`` (obj not self/cls) only for
+    a private name some module of the same package defines: the engine does not reach into the
+    store's members, nor the facade into the engine's."""
+    mods = _modules()
+    defined: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        tree = ast.parse(path.read_text())
+        names = defined.setdefault(_package(name), set())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and _private(node.name):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _private(node.attr):
+                names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and _private(node.id):
+                names.add(node.id)
+    bad = []
+    for name, path in mods.items():
+        pkg = _package(name)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                target = node.module if node.module.startswith("mvdb") else None
+                for a in node.names:
+                    if target and _private(a.name) and _package(target + "." + a.name) != pkg:
+                        bad.append(f"{name} imports {target}.{a.name}")
+                if target and _private(target.split(".")[-1]) and _package(target) != pkg:
+                    bad.append(f"{name} imports the private module {target}")
+            elif isinstance(node, ast.Attribute) and _private(node.attr):
+                if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                    continue
+                if node.attr not in defined.get(pkg, set()):
+                    bad.append(f"{name} reads {ast.unparse(node)}, a private name of another package")
+    assert not bad, bad

@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 import pytest
 from mvdb.storage import Store
-from mvdb.storage.manifest import _checksum
+from mvdb.storage.manifest import checksum
 
 import mvdb
 from mvdb import CorruptionError, DatabaseLockedError
@@ -40,7 +40,7 @@ def _edit_manifest(path, fn) -> None:
     doc = json.loads(p.read_text())
     body = {k: v for k, v in doc.items() if k != "checksum"}
     fn(body)
-    p.write_text(json.dumps(dict(body, checksum=_checksum(body))))
+    p.write_text(json.dumps(dict(body, checksum=checksum(body))))
 
 
 @pytest.fixture

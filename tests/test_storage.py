@@ -296,9 +296,9 @@ def test_newer_format_version_refused(tmp_path, db):
     doc = json.load(open(path))
     doc["format_version"] = 99
     body = {k: v for k, v in doc.items() if k != "checksum"}
-    from mvdb.storage.manifest import _checksum
+    from mvdb.storage.manifest import checksum
 
-    doc["checksum"] = _checksum(body)
+    doc["checksum"] = checksum(body)
     open(path, "w").write(json.dumps(doc))
     with pytest.raises(FormatError, match="format version 99.*upgrade mvdb"):
         Store(os.path.dirname(path))

@@ -60,6 +60,17 @@ def is_batch(queries) -> bool:
     return isinstance(queries, (list, tuple)) or getattr(queries, "ndim", 2) == 3
 
 
+def empty_answer(st, queries, device: torch.device):
+    """The answer of a search over a state with nothing to search (no documents, or none live):
+    no hits per query, after the same checks of the queries; None when there is something."""
+    if st.tokens is not None and st.snap.n_live:
+        return None
+    if st.dim:
+        qs = prepare(queries, st.dim, device)
+        return [] if qs.single else [[] for _ in range(qs.n)]
+    return [[] for _ in range(len(queries))] if is_batch(queries) else []
+
+
 def prepare(queries, dim: int, device: torch.device) -> Queries:
     """One query [Lq, dim] or a batch (list, or [Nq, Lq, dim]) -> packed float32 queries."""
     def as_tensor(x, where):

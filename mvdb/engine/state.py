@@ -148,8 +148,6 @@ class Engine:
         if not dim:
             self.resident = None
             return State(snap, None, torch.zeros(0, dtype=torch.bool, device=self.device), None)
-        from mvdb.storage._load import load_to_device
-
         home = self.home(snap)
         self.resident = None  # before loading: a rebuild must not hold two copies
         t0 = time.perf_counter()
@@ -157,7 +155,7 @@ class Engine:
         pin = home.type == "cpu" and self.device.type == "cuda"
         n_tok = sum(s["n_tokens"] for s in snap.manifest["segments"])
         with self.progress.step("loading tokens", n_tok, "tokens") as step:
-            whole = load_to_device(self.store, home, pin, include_deleted=True, snap=snap)
+            whole = self.store.load_all(home, pin, include_deleted=True, snap=snap)
             step.update(n_tok)
         tokens = res.adopt(whole.tokens, whole.scales, _lengths(snap))
         self.resident = res
@@ -352,14 +350,12 @@ class Engine:
         return replace(st, snap=snap, index=index)
 
     def _append(self, st: State, snap, first: int) -> State:
-        from mvdb.storage._load import load_to_device
-
         lengths = _lengths(snap, first)
         old_tokens = st.tokens.n_tokens
         old_rows = st.tokens.n_rows
 
         def loader(pieces):
-            load_to_device(self.store, None, False, include_deleted=True, from_segment=first, snap=snap, out=pieces)
+            self.store.load_all(None, False, include_deleted=True, from_segment=first, snap=snap, out=pieces)
 
         tokens = self.resident.load(loader, lengths)
         live = torch.from_numpy(snap.live.copy()).to(self.device)
@@ -401,6 +397,7 @@ class Engine:
             "resident_bytes": t.token_bytes if t is not None else 0,
             "resident_capacity_bytes": t.capacity_bytes if t is not None else 0,
             "pages": len(t.pages) if t is not None else 0,
+            "page_allocations": self.resident.allocations if self.resident is not None else 0,
             "index": idx.kind if idx is not None else None,
             "index_config": dict(self.config),
             "nlist": getattr(idx, "nlist", None) or None,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from mvdb.shards.placement import membership
+
 
 def add_new(store, ids: list, tokens: np.ndarray, lengths: np.ndarray, also_known=None) -> tuple[int, int, int]:
     """Add the documents of one packed batch whose ids ``store`` does not hold yet; returns
@@ -11,9 +13,9 @@ def add_new(store, ids: list, tokens: np.ndarray, lengths: np.ndarray, also_know
     Store, or a set of shards placing documents). ``also_known``: other ids the same documents may
     be stored under (an older id scheme), one per document."""
     lengths = np.asarray(lengths, dtype=np.int64)
-    found = store.contains(ids) if len(store) else np.zeros(len(ids), dtype=bool)
-    if also_known is not None and len(store):
-        found |= store.contains(also_known)
+    found = membership(store, ids)
+    if also_known is not None:
+        found |= membership(store, also_known)
     keep = ~found
     if keep.any():
         store.add_packed(tokens[np.repeat(keep, lengths)], lengths[keep], ids=[i for i, k in zip(ids, keep) if k])
