@@ -7,11 +7,11 @@ TORCH ?= torch==2.13.0
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
-	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev,pylate,distributed]"
+	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev,pylate,distributed,serve]"
 	@$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps pylate==1.6.0 colpali-engine==0.3.18
 
 install-demo: install
-	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev,pylate,distributed,demo]"
+	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev,pylate,distributed,serve,demo]"
 
 demo: install-demo
 	$(PYTHON) -m mvdb demo

@@ -36,6 +36,14 @@ class DuplicateIdError(InvalidInputError):
     """An id appears twice in a batch, or is already live in the database."""
 
 
+class AuthenticationError(MvdbError, PermissionError):
+    """A server (``mvdb serve --api-key-file``) refused a request without the right key."""
+
+
+class ServerError(MvdbError, ConnectionError):
+    """A server could not be reached, or answered something that is not mvdb's API."""
+
+
 class UnknownIdError(MvdbError, KeyError):
     """An id that is not live in the database was asked for."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 
 from mvdb.errors import (
+    AuthenticationError,
     CorruptionError,
     DatabaseLockedError,
     DeviceMismatchError,
@@ -20,6 +21,7 @@ from mvdb.errors import (
     InvalidTypeError,
     MvdbError,
     ReadOnlyError,
+    ServerError,
     StorageError,
     UnknownIdError,
 )
@@ -30,12 +32,14 @@ _LAZY = {
     "Database": "mvdb.database",
     "Hit": "mvdb.engine.search",
     "open": "mvdb.api",
+    "connect": "mvdb.serve",
+    "Client": "mvdb.serve",
     "rerank": "mvdb.engine.inline",
     "recover": "mvdb.storage",
     "verify": "mvdb.storage",
 }
 _SUBMODULES = ("api", "cli", "database", "demo", "distributed", "embed", "engine", "ingest", "integrations", "kernels",
-               "sharded", "shards", "storage")
+               "serve", "sharded", "shards", "storage")
 
 
 def __getattr__(name: str):
@@ -53,6 +57,8 @@ def __dir__():
 
 
 __all__ = [
+    "AuthenticationError",
+    "Client",
     "CorruptionError",
     "Database",
     "DatabaseLockedError",
@@ -64,9 +70,11 @@ __all__ = [
     "InvalidTypeError",
     "MvdbError",
     "ReadOnlyError",
+    "ServerError",
     "StorageError",
     "UnknownIdError",
     "__version__",
+    "connect",
     "open",
     "recover",
     "rerank",

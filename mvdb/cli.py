@@ -357,6 +357,45 @@ def recover(db: str, force: bool) -> None:
     sys.exit(0 if report.ok else 1)
 
 
+@main.command()
+@click.argument("db")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0: every interface; only with --api-key-file on a shared network).")
+@click.option("--port", default=8000, show_default=True, help="Port (0: a free one, printed).")
+@click.option("--read-only", is_flag=True, help="Refuse writes (add, delete, compact) with 403.")
+@click.option("--api-key-file", type=click.Path(dir_okay=False), default=None,
+              help="File holding the key every request must send (Authorization: Bearer <key>).")
+@click.option("--create", is_flag=True, help="Create an empty database at DB if there is none.")
+@click.option("--max-body-mb", default=256.0, show_default=True, help="Largest request body accepted (413 above).")
+@click.option("--batch-queries", default=256, show_default=True,
+              help="Most queries of concurrent requests searched as one batch.")
+@click.option("--batch-window-ms", default=0.0, show_default=True,
+              help="Wait this long after a search arrives for others to join its batch (0: batches form "
+                   "only from requests that queue while the GPU is busy).")
+@DEVICE
+@DEBUG
+def serve(db: str, host: str, port: int, read_only: bool, api_key_file: str | None, create: bool, max_body_mb: float,
+          batch_queries: int, batch_window_ms: float, device: str) -> None:
+    """Serve DB over HTTP until SIGTERM / Ctrl-C (graceful: requests in flight finish). Clients:
+    mvdb.connect("http://HOST:PORT"), or any HTTP client (MessagePack or JSON; docs at /docs).
+
+    Example: mvdb serve my.mvdb --port 8000
+    """
+    from mvdb.serve.server import main_ready, read_key
+    from mvdb.serve.server import serve as run
+
+    if not create:
+        _require_database(db, "serve (without --create)")
+    if port < 0 or port > 65535:
+        raise InvalidInputError(f"--port: expected 0 to 65535, got {port}")
+    if max_body_mb <= 0 or batch_queries < 1 or batch_window_ms < 0:
+        raise InvalidInputError("--max-body-mb and --batch-queries: expected positive values, --batch-window-ms "
+                                f"0 or more; got {max_body_mb}, {batch_queries}, {batch_window_ms}")
+    key = read_key(api_key_file) if api_key_file else None
+    run(db, host=host, port=port, read_only=read_only, api_key=key, device=device, max_body_mb=max_body_mb,
+        batch_queries=batch_queries, batch_window_ms=batch_window_ms, on_ready=main_ready)
+
+
 def _require_database(db: str, command: str) -> None:
     """FileNotFoundError unless DB is a database (or a file, which the library then refuses), so a
     writable open does not create an empty one."""

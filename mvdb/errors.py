@@ -2,6 +2,7 @@
 mvdb.storage depend on nothing above them); re-exported here and from ``mvdb``."""
 
 from mvdb.kernels.errors import (
+    AuthenticationError,
     CorruptionError,
     DatabaseLockedError,
     DeviceMismatchError,
@@ -11,9 +12,10 @@ from mvdb.kernels.errors import (
     InvalidTypeError,
     MvdbError,
     ReadOnlyError,
+    ServerError,
     StorageError,
     UnknownIdError,
 )
 
-__all__ = ["CorruptionError", "DatabaseLockedError", "DeviceMismatchError", "DuplicateIdError", "FormatError",
-           "InvalidInputError", "InvalidTypeError", "MvdbError", "ReadOnlyError", "StorageError", "UnknownIdError"]
+__all__ = ["AuthenticationError", "CorruptionError", "DatabaseLockedError", "DeviceMismatchError", "DuplicateIdError", "FormatError",
+           "InvalidInputError", "InvalidTypeError", "MvdbError", "ReadOnlyError", "ServerError", "StorageError", "UnknownIdError"]

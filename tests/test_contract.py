@@ -1,7 +1,8 @@
 """One contract, one conformance suite (issue #15).
 
 Every database-shaped class (``Database`` from ``mvdb.open(path)``, ``ShardedDatabase`` from
-``mvdb.open(path, devices=[...])`` and ``mvdb.distributed.Cluster`` on a local Ray) is held to
+``mvdb.open(path, devices=[...])``, ``mvdb.distributed.Cluster`` on a local Ray, and the
+``mvdb.connect`` client of an ``mvdb serve`` on loopback) is held to
 the same expectations for the public API of the README's "Database" section: the same results
 (exact MaxSim, checked against a brute force computed here with numpy) and the same error types.
 Only public API is used.
@@ -39,6 +40,12 @@ try:
 except ImportError as e:  # Ray is an optional extra (mvdb[distributed])
     ray = md = None
     RAY_MISSING = f"needs Ray (pip install 'mvdb[distributed]'): {e}"
+
+try:
+    from mvdb.serve import Client, Server
+except ImportError as e:  # the server is an optional extra (mvdb[serve])
+    Client = Server = None
+    SERVE_MISSING = f"needs the server's packages (pip install 'mvdb[serve]'): {e}"
 
 # ---- the data: tiny, seeded, unit-norm tokens (scores stay small, so fp16 storage errs little)
 
@@ -111,7 +118,26 @@ def _open_cluster(path, **kw):
     return md.Cluster([path / "s0", path / "s1"], index="flat", actor_options={"num_cpus": 0}, **kw)
 
 
-OPENERS = {"database": _open_database, "sharded": _open_sharded, "cluster": _open_cluster}
+if Client is not None:
+    class _ServedClient(Client):
+        """``mvdb.connect`` to a server on loopback that this client owns: closing the client stops the
+        server (which closes the database), as closing a database handle releases its lock."""
+
+        def __init__(self, path, **kw):
+            self._server = Server(str(path), device="cpu", read_only=kw.pop("read_only", False),
+                                  open_options=dict(index="flat", **kw))
+            super().__init__(self._server.url)
+
+        def close(self):
+            super().close()
+            self._server.stop()
+
+
+def _open_client(path, **kw):
+    return _ServedClient(path, **kw)
+
+
+OPENERS = {"database": _open_database, "sharded": _open_sharded, "cluster": _open_cluster, "client": _open_client}
 KINDS = tuple(OPENERS)
 
 # ---- where each class differs from the contract today: (kind, check) -> (reason, raises)
@@ -124,6 +150,8 @@ GAPS: dict = {}  # none today: every class meets the contract
 def _kind_marks(kind):
     if kind == "cluster" and md is None:
         return [pytest.mark.skip(reason=RAY_MISSING)]
+    if kind == "client" and Client is None:
+        return [pytest.mark.skip(reason=SERVE_MISSING)]
     return []
 
 

@@ -1,0 +1,174 @@
+"""``mvdb.connect(url)``: a client of ``mvdb serve`` with the methods, results and errors of
+``mvdb.open``'s database (hits are :class:`mvdb.Hit`, documents float32 arrays, and a server-side
+``UnknownIdError`` is raised here as ``UnknownIdError`` with the library's text).
+
+One client may be shared by many threads (one HTTP connection pool). Embeddings travel as
+MessagePack binary (fp16 stays fp16 on the wire; torch tensors are sent from the host).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mvdb import errors
+from mvdb.serve import codec
+
+_ERRORS = {name: getattr(errors, name) for name in dir(errors)
+           if isinstance(getattr(errors, name), type) and issubclass(getattr(errors, name), errors.MvdbError)}
+
+
+
+
+def connect(url: str, *, api_key: str | None = None, timeout: float = 300.0, max_connections: int = 100) -> Client:
+    """A client of the ``mvdb serve`` at ``url`` (e.g. "http://127.0.0.1:8000"); checks that it
+    answers (``/health``) before returning."""
+    c = Client(url, api_key=api_key, timeout=timeout, max_connections=max_connections)
+    try:
+        c.health()
+    except BaseException:
+        c.close()
+        raise
+    return c
+
+
+class Client:
+    def __init__(self, url: str, *, api_key: str | None = None, timeout: float = 300.0, max_connections: int = 100):
+        import httpx
+
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise errors.InvalidInputError(f"url: expected 'http://host:port' or 'https://...', got {url!r}")
+        self.url = url.rstrip("/")
+        headers = {"accept": codec.MSGPACK, "content-type": codec.MSGPACK}
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, limits=limits)
+        self._closed = False
+        self._dim = None
+
+    # ---- transport
+
+    def _call(self, path: str, body=None, method: str = "POST"):
+        import httpx
+
+        if self._closed:
+            raise errors.InvalidInputError(f"{self.url}: the client is closed")
+        try:
+            if method == "GET":
+                r = self._http.get(path)
+            else:
+                r = self._http.post(path, content=codec.pack(body if body is not None else {}))
+        except httpx.HTTPError as e:
+            raise errors.ServerError(f"{self.url}{path}: {type(e).__name__}: {e}") from None
+        if r.headers.get("content-type", "").startswith(codec.MSGPACK):
+            out = codec.unpack(r.content)
+        else:
+            raise errors.ServerError(f"{self.url}{path}: HTTP {r.status_code}, not an mvdb answer: {r.text[:200]!r}")
+        if r.status_code >= 400:
+            if isinstance(out, dict) and "error" in out:
+                raise _ERRORS.get(out["error"], errors.MvdbError)(out.get("message", ""))
+            raise errors.ServerError(f"{self.url}{path}: HTTP {r.status_code}: {out!r}")
+        return out
+
+    @staticmethod
+    def _hits(out):
+        from mvdb.engine.search import Hit
+
+        if out["batch"]:
+            return [[Hit(i, float(s)) for i, s in row] for row in out["hits"]]
+        return [Hit(i, float(s)) for i, s in out["hits"]]
+
+    # ---- the database API
+
+    def health(self) -> dict:
+        return self._call("/health", method="GET")
+
+    @property
+    def dim(self) -> int | None:
+        if self._dim is None:
+            self._dim = self.stats()["dim"]
+        return self._dim
+
+    def __len__(self) -> int:
+        return int(self._call("/len", method="GET"))
+
+    def __contains__(self, doc_id) -> bool:
+        return bool(self.contains([doc_id])[0])
+
+    def contains(self, ids) -> np.ndarray:
+        single = isinstance(ids, (str, int, np.integer))
+        return np.asarray(self._call("/contains", {"ids": [ids] if single else _ids(ids)}), dtype=bool)
+
+    def add(self, docs, ids=None, metadata=None, sparse=None) -> list:
+        return self._call("/add", {"docs": docs, "ids": _ids(ids), "metadata": metadata, "sparse": sparse})
+
+    def delete(self, ids) -> None:
+        self._call("/delete", {"ids": _ids(ids)})
+
+    def compact(self) -> int:
+        return self._call("/compact", {})
+
+    def refresh(self) -> bool:
+        return self._call("/refresh", {})
+
+    def get(self, ids) -> list[np.ndarray]:
+        return [np.asarray(a, dtype=np.float32) for a in self._call("/get", {"ids": _ids(ids)})]
+
+    def metadata(self, ids) -> list:
+        return self._call("/metadata", {"ids": _ids(ids)})
+
+    def verify(self):
+        from mvdb.storage import VerifyReport
+
+        r = self._call("/verify", method="GET")
+        return VerifyReport(r["problems"], r["n_docs"], r["n_segments"])
+
+    def stats(self) -> dict:
+        return self._call("/stats", method="GET")
+
+    def search(self, queries, k: int = 10, where=None, *, n_candidates=None, k_tokens=None, nprobe=None, sparse=None,
+               n_sparse=None, exact: bool = False):
+        body = _options(queries=queries, k=k, where=where, n_candidates=n_candidates, k_tokens=k_tokens,
+                        nprobe=nprobe, sparse=sparse, n_sparse=n_sparse, exact=exact)
+        return self._hits(self._call("/search", body))
+
+    def candidates(self, queries, k: int = 10, where=None, *, n_candidates=None, k_tokens=None, nprobe=None,
+                   sparse=None, n_sparse=None):
+        body = _options(queries=queries, k=k, where=where, n_candidates=n_candidates, k_tokens=k_tokens,
+                        nprobe=nprobe, sparse=sparse, n_sparse=n_sparse)
+        return self._call("/candidates", body)
+
+    def rerank(self, queries, candidate_ids, k: int | None = None):
+        body = {"queries": queries, "candidate_ids": _ids(candidate_ids), "k": k}
+        return self._hits(self._call("/rerank", body))
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"mvdb.Client({self.url!r}{', closed' if self._closed else ''})"
+
+
+def _options(**kw) -> dict:
+    """Arguments as given, without those left at None (the server applies the same defaults)."""
+    return {k: v for k, v in kw.items() if v is not None or k == "queries"}
+
+
+def _ids(ids):
+    """Ids as lists (numpy arrays of ids become plain lists); anything else is sent as it is, for
+    the server (the library) to name what is wrong."""
+    if isinstance(ids, np.ndarray):
+        return ids.tolist()
+    if isinstance(ids, tuple):
+        return list(ids)
+    if isinstance(ids, list) and ids and isinstance(ids[0], (list, tuple, np.ndarray)):
+        return [_ids(x) for x in ids]  # rerank: one list per query
+    return ids

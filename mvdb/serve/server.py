@@ -1,0 +1,161 @@
+"""Running the server: ``mvdb serve DB`` (:func:`serve`, in the foreground, until SIGTERM / Ctrl-C)
+and :class:`Server` (in a background thread of this process, for tests and notebooks).
+
+Shutdown is graceful: uvicorn stops accepting connections and lets requests in flight finish
+(up to ``graceful_s``); then the search batcher drains and the database is closed, which waits
+for a write in progress to commit. A write whose response was not sent was not acknowledged;
+one that was acknowledged is committed (and survives a SIGKILL: commits are durable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import uvicorn
+
+from mvdb.errors import InvalidInputError
+from mvdb.serve.app import create_app
+
+
+def read_key(path) -> str:
+    """The API key in ``path`` (surrounding whitespace dropped); refuses an empty file."""
+    try:
+        key = Path(path).read_text().strip()
+    except OSError as e:
+        raise InvalidInputError(f"--api-key-file {path}: cannot read it ({e.strerror})") from None
+    if not key:
+        raise InvalidInputError(f"--api-key-file {path}: expected a key, the file is empty")
+    return key
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise InvalidInputError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _config(app, graceful_s: float, log_level: str) -> uvicorn.Config:
+    return uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=graceful_s,
+                          lifespan="on", server_header=False, date_header=False)
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = False, api_key: str | None = None,
+          device: str = "auto", max_body_mb: float = 256, batch_queries: int = 256, batch_window_ms: float = 0.0,
+          search_threads: int = 1, graceful_s: float = 30.0, log_level: str = "warning", on_ready=None) -> None:
+    """Open the database at ``path`` and serve it until SIGTERM or Ctrl-C. ``port=0`` picks a free
+    port; ``on_ready(url)`` is called once it listens (the CLI prints the URL)."""
+    import mvdb
+
+    sock = _bind(host, port)
+    db = mvdb.open(path, device=device, read_only=read_only)
+    try:
+        app = create_app(db, read_only=read_only, api_key=api_key, max_body_mb=max_body_mb,
+                         batch_queries=batch_queries, batch_window_ms=batch_window_ms, search_threads=search_threads)
+        server = uvicorn.Server(_config(app, graceful_s, log_level))
+        if on_ready is not None:
+            _call_when_started(server, lambda: on_ready(_url(sock)))
+        with _quiet_signals():
+            server.run(sockets=[sock])
+    finally:
+        db.close()  # waits for a write in progress
+        sock.close()
+
+
+@contextlib.contextmanager
+def _quiet_signals():
+    """uvicorn catches SIGTERM / SIGINT to shut down gracefully, then raises the signal again
+    under the handler that was there before it started; with a no-op one there, the process goes
+    on to close the database and exits 0 instead of dying by the signal before that."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
+def _call_when_started(server: uvicorn.Server, fn) -> None:
+    def wait():
+        while not server.started and not server.should_exit:
+            threading.Event().wait(0.01)
+        if server.started:
+            fn()
+
+    threading.Thread(target=wait, daemon=True).start()
+
+
+class Server:
+    """``mvdb serve`` in a background thread of this process, over ``db`` (an open handle, which
+    stays the caller's) or a path (opened here, closed by ``stop``).
+
+        with Server("my.mvdb") as srv:
+            client = mvdb.connect(srv.url)
+    """
+
+    def __init__(self, db, *, host: str = "127.0.0.1", port: int = 0, read_only: bool = False,
+                 api_key: str | None = None, device: str = "auto", log_level: str = "warning",
+                 open_options: dict | None = None, **options):
+        import mvdb
+
+        self._owns = isinstance(db, (str, Path))
+        self._stopped = False
+        self.db = mvdb.open(db, device=device, read_only=read_only, **(open_options or {})) if self._owns else db
+        try:
+            self._sock = _bind(host, port)
+            app = create_app(self.db, read_only=read_only, api_key=api_key, **options)
+            self._server = uvicorn.Server(_config(app, 10.0, log_level))
+            self.url = _url(self._sock)
+            self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
+                                            name="mvdb-serve", daemon=True)
+            self._thread.start()
+            while not self._server.started:
+                if not self._thread.is_alive():
+                    raise RuntimeError("the server thread stopped before it started (see its log)")
+                self._thread.join(0.01)
+        except BaseException:
+            if self._owns:
+                self.db.close()
+            raise
+
+    def stop(self) -> None:
+        """Stop serving (requests in flight finish) and close the database if this server opened it."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._server.should_exit = True
+        self._thread.join(timeout=60)
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        if self._owns:
+            self.db.close()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main_ready(url: str) -> None:
+    print(f"mvdb serve: listening on {url} (docs at {url}/docs)", flush=True)
+    sys.stdout.flush()
