@@ -3,6 +3,10 @@
 #   bash benchmarks/gpu_session.sh tests bench:a,b,c sweep:b storage:1000000
 # Logs and JSON go to $OUT (the device tool brings them back). FAISS GPU: carry .gpu and run
 #   source .gpu/env.sh && bash benchmarks/gpu_session.sh dbtests e2e:100000
+# The server benchmark (issue #16): carry .gpu and .srv (the server's wheels:
+#   pip download -d .srv --python-version 3.12 --only-binary=:all: --platform manylinux2014_x86_64 \
+#       --platform manylinux_2_28_x86_64 --platform any fastapi uvicorn httptools msgpack httpx click)
+#   source .gpu/env.sh && bash benchmarks/gpu_session.sh serve:1000000
 # fast-plaid (issue #4 comparison): carry .whl_fp (its wheels, see benchmarks/e2e_fastplaid.py) and run
 #   bash benchmarks/gpu_session.sh fastplaid:1000000
 set -uo pipefail
@@ -13,7 +17,19 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+# the server's wheels (FastAPI, uvicorn, msgpack, httpx): carry .srv (pip download, see benchmarks/serve.py)
+if ls .srv/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/srv .srv/*.whl \
+        && export PYTHONPATH=/tmp/srv${PYTHONPATH:+:$PYTHONPATH}
+fi
+# this tree as the package mvdb: an editable install, or (where setuptools cannot build one
+# offline) a symlinked package tree on PYTHONPATH
+if ! python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1; then
+    R=$PWD; rm -rf /tmp/pk && mkdir -p /tmp/pk && cp -rs "$R/mvdb" /tmp/pk/mvdb && ln -s "$R/kernels" /tmp/pk/mvdb/kernels \
+        && ln -s "$R/storage" /tmp/pk/mvdb/storage && export PYTHONPATH=/tmp/pk${PYTHONPATH:+:$PYTHONPATH} \
+        || { cat "$OUT/install.log"; exit 1; }
+fi
+python3 -c "import mvdb, sys; print('mvdb from', mvdb.__file__)" || exit 1
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
 for step in "$@"; do
     echo "=== $step ($(date +%T))"
@@ -38,6 +54,8 @@ for step in "$@"; do
                        2>&1 | tee -a "$OUT/sparton.log" ;;
         spartonsweep) timeout 400 python3 benchmarks/sparton.py --sweep --out "$OUT" 2>&1 | tee -a "$OUT/sparton.log" ;;
         spartontests) timeout 200 python3 -m pytest -q tests/test_sparton.py 2>&1 | tee "$OUT/spartontests.log" | tail -5 ;;
+        serve:*) timeout ${SERVE_TIMEOUT:-560} python3 benchmarks/serve.py --docs "${step#serve:}" --out "$OUT" \
+                     ${SERVE_ARGS:-} 2>&1 | tee -a "$OUT/serve.log" ;;
         storage:*) df -h /tmp | tail -1; timeout 540 python3 benchmarks/storage.py --docs "${step#storage:}" \
                        --path /tmp/mvdb-bench.mvdb --out "$OUT" 2>&1 | tee -a "$OUT/storage.log" ;;
         *) echo "unknown step $step" ;;

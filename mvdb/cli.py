@@ -372,10 +372,18 @@ def recover(db: str, force: bool) -> None:
 @click.option("--batch-window-ms", default=0.0, show_default=True,
               help="Wait this long after a search arrives for others to join its batch (0: batches form "
                    "only from requests that queue while the GPU is busy).")
+@click.option("--workers", type=int, default=None,
+              help="HTTP worker processes in front of the database process (default: a quarter of the cores, "
+                   "1 to 8; 1: one process does both).")
+@click.option("--search-threads", default=1, show_default=True,
+              help="Threads taking batches of searches off the queue (each one db.search at a time).")
+@click.option("--gil-switch-us", default=100.0, show_default=True,
+              help="Python's thread switch interval in the server (0: Python's 5,000 us); short keeps the GPU fed.")
 @DEVICE
 @DEBUG
 def serve(db: str, host: str, port: int, read_only: bool, api_key_file: str | None, create: bool, max_body_mb: float,
-          batch_queries: int, batch_window_ms: float, device: str) -> None:
+          batch_queries: int, batch_window_ms: float, workers: int | None, search_threads: int, gil_switch_us: float,
+          device: str) -> None:
     """Serve DB over HTTP until SIGTERM / Ctrl-C (graceful: requests in flight finish). Clients:
     mvdb.connect("http://HOST:PORT"), or any HTTP client (MessagePack or JSON; docs at /docs).
 
@@ -392,8 +400,15 @@ def serve(db: str, host: str, port: int, read_only: bool, api_key_file: str | No
         raise InvalidInputError("--max-body-mb and --batch-queries: expected positive values, --batch-window-ms "
                                 f"0 or more; got {max_body_mb}, {batch_queries}, {batch_window_ms}")
     key = read_key(api_key_file) if api_key_file else None
+    if workers is not None and workers < 1:
+        raise InvalidInputError(f"--workers: expected 1 or more, got {workers}")
+    if search_threads < 1:
+        raise InvalidInputError(f"--search-threads: expected 1 or more, got {search_threads}")
+    if gil_switch_us < 0:
+        raise InvalidInputError(f"--gil-switch-us: expected 0 or more, got {gil_switch_us}")
     run(db, host=host, port=port, read_only=read_only, api_key=key, device=device, max_body_mb=max_body_mb,
-        batch_queries=batch_queries, batch_window_ms=batch_window_ms, on_ready=main_ready)
+        batch_queries=batch_queries, batch_window_ms=batch_window_ms, workers=workers,
+        search_threads=search_threads, gil_switch_us=gil_switch_us, on_ready=main_ready)
 
 
 def _require_database(db: str, command: str) -> None:

@@ -247,10 +247,38 @@ def _start(path, *args):
     raise AssertionError(f"the server did not start: {p.stderr.read()[-2000:]}")
 
 
-def test_killed_mid_add_restarts_with_every_acknowledged_add(tmp_path):
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = open(f"/proc/{d}/stat").read()  # noqa: SIM115
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d))
+    return out
+
+
+def _gone(pids, timeout=30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(os.path.exists(f"/proc/{p}") and "Z" not in open(f"/proc/{p}/stat").read().rsplit(")", 1)[1][:3]
+                   for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_killed_mid_add_restarts_with_every_acknowledged_add(tmp_path, workers):
+    """SIGKILL of the server (with worker processes: of the main one, which holds the database)
+    while a client adds in a loop: every acknowledged add is there after a restart, only whole
+    batches are, and no worker outlives the main process."""
     rng = np.random.default_rng(6)
     docs = _docs(rng, 400)
-    proc, url = _start(tmp_path / "db", "--create")
+    proc, url = _start(tmp_path / "db", "--create", "--workers", str(workers))
+    kids = _children(proc.pid)
     acked, stop = [], threading.Event()
 
     def writer():
@@ -273,7 +301,9 @@ def test_killed_mid_add_restarts_with_every_acknowledged_add(tmp_path):
     stop.set()
     t.join(timeout=60)
     assert len(acked) >= 50
-    proc, url = _start(tmp_path / "db")
+    if workers > 1:
+        assert len(kids) >= workers and _gone(kids), "a worker outlived the killed server"
+    proc, url = _start(tmp_path / "db", "--workers", str(workers))
     try:
         with connect(url) as c:
             assert c.contains(acked).all(), "an acknowledged add was lost"
@@ -282,6 +312,10 @@ def test_killed_mid_add_restarts_with_every_acknowledged_add(tmp_path):
             got = c.get(acked[-10:])
             for i, g in zip(acked[-10:], got):
                 np.testing.assert_allclose(g, docs[i], atol=2e-3)
+            q = docs[acked[3]][:3]
+            with mvdb.open(tmp_path / "db", device="cpu", read_only=True) as db:  # and the same answers
+                assert c.search(q, k=5) == db.search(q, k=5)
+                assert c.search([q, q[:2]], k=3) == db.search([q, q[:2]], k=3)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0  # graceful

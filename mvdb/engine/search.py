@@ -92,7 +92,12 @@ def prepare(queries, dim: int, device: torch.device) -> Queries:
             if t.shape[0] == 0:
                 raise InvalidInputError(f"query {i}: empty (0 tokens)")
         lens = [t.shape[0] for t in items]
-        q = torch.cat([t.to(device, torch.float32) for t in items]) if items else torch.zeros(0, dim, device=device)
+        if not items:
+            q = torch.zeros(0, dim, device=device)
+        elif all(t.device.type == "cpu" for t in items):  # one host-to-device copy for the batch
+            q = torch.cat([t.to(torch.float32) for t in items]).to(device)
+        else:
+            q = torch.cat([t.to(device, torch.float32) for t in items])
     else:
         t = as_tensor(queries, "queries")
         if t.dim() not in (2, 3):

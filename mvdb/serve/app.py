@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 
 from mvdb import errors
 from mvdb.serve import codec
-from mvdb.serve.batcher import Batcher, Job, split
+from mvdb.serve.batcher import Batcher
 
 STATUS = [  # most specific first
     (errors.DuplicateIdError, 409),
@@ -114,22 +114,18 @@ def create_app(db, *, read_only: bool = False, api_key: str | None = None, max_b
                               "MessagePack (arrays as {'$nd': dtype, 'shape', 'data': bytes}) or JSON "
                               "(embeddings as nested lists); see the README's 'Serving' section.")
     app.state.db, app.state.batcher, app.state.started = db, batcher, time.time()
-    open_docs = {"/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc"}
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        accept_json = codec.JSON in request.headers.get("accept", "")
-        if key is not None and request.url.path not in open_docs:
+    def guard(request: Request) -> None:
+        """The API key and the declared body size, before anything is read."""
+        if key is not None:
             given = request.headers.get("authorization", "")
             token = given[7:] if given.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
             if not hmac.compare_digest(token.encode(), key):
-                return error_response(errors.AuthenticationError("missing or wrong API key (send 'Authorization: Bearer "
-                                                          "<key>')"), accept_json)
+                raise errors.AuthenticationError("missing or wrong API key (send 'Authorization: Bearer <key>')")
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > limit:
-            return error_response(BodyTooLarge(f"request body: {int(size)} bytes, more than the server's limit of "
-                                               f"{limit} (mvdb serve --max-body-mb)"), accept_json)
-        return await call_next(request)
+            raise BodyTooLarge(f"request body: {int(size)} bytes, more than the server's limit of {limit} "
+                               f"(mvdb serve --max-body-mb)")
 
     async def body_of(request: Request, route: str) -> dict:
         chunks, n = [], 0
@@ -159,6 +155,7 @@ def create_app(db, *, read_only: bool = False, api_key: str | None = None, max_b
             async def endpoint(request: Request):
                 accept_json = codec.JSON in request.headers.get("accept", "")
                 try:
+                    guard(request)
                     args = await body_of(request, path) if method == "POST" else {}
                     if body is not None:
                         _only(args, path, body)
@@ -193,7 +190,7 @@ def create_app(db, *, read_only: bool = False, api_key: str | None = None, max_b
     async def stats(args):
         """Counts, residency and index figures (``db.stats()``), plus the server's batching counters."""
         out = await run_in_threadpool(db.stats)
-        out["server"] = {"batches": batcher.batches, "batched_queries": batcher.queries}
+        out.setdefault("server", batcher.counters)  # with worker processes: the engine's (mvdb.serve.workers)
         return out
 
     @route("/len", "GET", "len(db)")
@@ -206,14 +203,8 @@ def create_app(db, *, read_only: bool = False, api_key: str | None = None, max_b
         """Top-k by exact MaxSim among the candidates: one query ([Lq, dim]) gives a list of
         [id, score]; a batch (a list, or [Nq, Lq, dim]) one list per query."""
         queries = codec.embeddings(args.get("queries"), "queries")
-        sparse = args.get("sparse")
         options = {k: args[k] for k in SEARCH_OPTIONS if k in args}
-        parts = split(queries, sparse)
-        if parts is None:  # a form the batcher does not join: the library names what is wrong
-            return _hits(await run_in_threadpool(lambda: db.search(queries, sparse=sparse, **options)))
-        qs, single, sp = parts
-        job = Job(qs, single, options, sp, (queries, sparse))
-        return _hits(await asyncio.wrap_future(batcher.submit(job)))
+        return _hits(await asyncio.wrap_future(batcher.search(queries, args.get("sparse"), options)))
 
     @route("/candidates", summary="db.candidates(queries, ...)", body={k: v for k, v in SEARCH.items() if k != "exact"})
     async def candidates(args):

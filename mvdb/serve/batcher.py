@@ -77,6 +77,19 @@ class Batcher:
         self._q.put(job)
         return job.future
 
+    def search(self, queries, sparse, options: dict) -> Future:
+        """``db.search(queries, sparse=sparse, **options)`` as a future: joined with other
+        requests where the form allows, else run by itself on a worker."""
+        parts = split(queries, sparse)
+        if parts is None:  # a form the batcher does not join: the library names what is wrong
+            return self.submit(Job([], True, options, None, (queries, sparse)))
+        qs, single, sp = parts
+        return self.submit(Job(qs, single, options, sp, (queries, sparse)))
+
+    @property
+    def counters(self) -> dict:
+        return {"batches": self.batches, "batched_queries": self.queries}
+
     def close(self) -> None:
         for _ in self._workers:
             self._q.put(None)
@@ -91,7 +104,7 @@ class Batcher:
             self._held = None
             if first is None:
                 return None
-            jobs, n = [first], len(first.queries)
+            jobs, n = [first], max(1, len(first.queries))
             deadline = time.monotonic() + self.window_s
             while n < self.max_queries:
                 wait = deadline - time.monotonic()
@@ -106,7 +119,7 @@ class Batcher:
                     self._held = job  # first in the next batch
                     break
                 jobs.append(job)
-                n += len(job.queries)
+                n += max(1, len(job.queries))
             return jobs
 
     def _run(self) -> None:
@@ -116,7 +129,7 @@ class Batcher:
                 return
             groups: dict[str, list[Job]] = {}
             for j in jobs:
-                groups.setdefault(j.key, []).append(j)
+                groups.setdefault(j.key if j.queries else f"alone-{id(j)}", []).append(j)
             for group in groups.values():
                 self._search(group)
 
@@ -126,6 +139,9 @@ class Batcher:
             return
         queries = [q for j in group for q in j.queries]
         sparse = [s for j in group for s in j.sparse] if group[0].sparse is not None else None
+        shape, dtype = queries[0].shape, queries[0].dtype
+        if all(q.shape == shape and q.dtype == dtype for q in queries):
+            queries = np.stack(queries)  # one [Nq, Lq, dim] array: one conversion and copy, not one per query
         try:
             out = self.db.search(queries, sparse=sparse, **group[0].options)
         except Exception:  # noqa: BLE001 - some request's input: each one on its own

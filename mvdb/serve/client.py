@@ -48,18 +48,24 @@ class Client:
 
     # ---- transport
 
-    def _call(self, path: str, body=None, method: str = "POST"):
+    def _call(self, path: str, body=None, method: str = "POST", *, write: bool = False):
+        """One request. A read whose connection broke before any answer came (a kept-alive
+        connection the server had just closed) is sent once more; a write never is (it may have
+        been committed: the caller decides)."""
         import httpx
 
         if self._closed:
             raise errors.InvalidInputError(f"{self.url}: the client is closed")
-        try:
-            if method == "GET":
-                r = self._http.get(path)
-            else:
-                r = self._http.post(path, content=codec.pack(body if body is not None else {}))
-        except httpx.HTTPError as e:
-            raise errors.ServerError(f"{self.url}{path}: {type(e).__name__}: {e}") from None
+        content = None if method == "GET" else codec.pack(body if body is not None else {})
+        for attempt in (0, 1):
+            try:
+                r = self._http.get(path) if method == "GET" else self._http.post(path, content=content)
+                break
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.ConnectError) as e:
+                if write or attempt:
+                    raise errors.ServerError(f"{self.url}{path}: {type(e).__name__}: {e}") from None
+            except httpx.HTTPError as e:
+                raise errors.ServerError(f"{self.url}{path}: {type(e).__name__}: {e}") from None
         if r.headers.get("content-type", "").startswith(codec.MSGPACK):
             out = codec.unpack(r.content)
         else:
@@ -100,13 +106,13 @@ class Client:
         return np.asarray(self._call("/contains", {"ids": [ids] if single else _ids(ids)}), dtype=bool)
 
     def add(self, docs, ids=None, metadata=None, sparse=None) -> list:
-        return self._call("/add", {"docs": docs, "ids": _ids(ids), "metadata": metadata, "sparse": sparse})
+        return self._call("/add", {"docs": docs, "ids": _ids(ids), "metadata": metadata, "sparse": sparse}, write=True)
 
     def delete(self, ids) -> None:
-        self._call("/delete", {"ids": _ids(ids)})
+        self._call("/delete", {"ids": _ids(ids)}, write=True)
 
     def compact(self) -> int:
-        return self._call("/compact", {})
+        return self._call("/compact", {}, write=True)
 
     def refresh(self) -> bool:
         return self._call("/refresh", {})

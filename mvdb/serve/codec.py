@@ -54,10 +54,17 @@ class _Opaque:
     library refuses it with the same words as in-process (``Object of type set is not JSON
     serializable``, ``expected int or str ids, got set``)."""
 
+    def __reduce__(self):  # to the database process of a server with workers (mvdb.serve.workers)
+        return (_opaque, (type(self).__name__,))
+
+
+def _opaque(name: str) -> _Opaque:
+    return type(name, (_Opaque,), {})()
+
 
 def _hook(d: dict):
     if _OBJ in d and len(d) == 1 and isinstance(d[_OBJ], str) and d[_OBJ].isidentifier() and len(d[_OBJ]) <= 100:
-        return type(d[_OBJ], (_Opaque,), {})()
+        return _opaque(d[_OBJ])
     if _ND in d and "data" in d:
         dtype, shape = d[_ND], d.get("shape")
         if dtype not in _DTYPES or not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):

@@ -10,6 +10,7 @@ one that was acknowledged is committed (and survives a SIGKILL: commits are dura
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import sys
@@ -19,6 +20,8 @@ from pathlib import Path
 import uvicorn
 
 from mvdb.errors import InvalidInputError
+
+GIL_SWITCH_US = 100.0
 from mvdb.serve.app import create_app
 
 
@@ -46,8 +49,9 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _config(app, graceful_s: float, log_level: str) -> uvicorn.Config:
+def uvicorn_config(app, graceful_s: float, log_level: str) -> uvicorn.Config:
     return uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=graceful_s,
+                          timeout_keep_alive=60,
                           lifespan="on", server_header=False, date_header=False)
 
 
@@ -56,26 +60,78 @@ def _url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def default_workers() -> int:
+    """HTTP worker processes when not told: a quarter of the cores, 1 to 8 (1: no separate
+    processes, the database and HTTP share one)."""
+    return max(1, min(8, (os.cpu_count() or 1) // 4))
+
+
 def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = False, api_key: str | None = None,
-          device: str = "auto", max_body_mb: float = 256, batch_queries: int = 256, batch_window_ms: float = 0.0,
-          search_threads: int = 1, graceful_s: float = 30.0, log_level: str = "warning", on_ready=None) -> None:
+          device: str = "auto", workers: int | None = None, max_body_mb: float = 256, batch_queries: int = 256,
+          batch_window_ms: float = 0.0, search_threads: int = 1, graceful_s: float = 30.0, log_level: str = "warning",
+          on_ready=None, gil_switch_us: float = GIL_SWITCH_US) -> None:
     """Open the database at ``path`` and serve it until SIGTERM or Ctrl-C. ``port=0`` picks a free
-    port; ``on_ready(url)`` is called once it listens (the CLI prints the URL)."""
+    port; ``on_ready(url)`` is called once it answers (the CLI prints the URL).
+
+    ``workers``: HTTP worker processes (mvdb.serve.workers; None: :func:`default_workers`); with 1,
+    this process does both. ``gil_switch_us``: the interpreter's thread switch interval in the
+    server's processes (Python's default is 5,000 us; 0 leaves it), so that a thread coming back
+    from a GPU call does not wait long for the one answering HTTP.
+    """
     import mvdb
 
+    workers = default_workers() if workers is None else workers
+    if gil_switch_us:
+        sys.setswitchinterval(gil_switch_us / 1e6)
     sock = _bind(host, port)
     db = mvdb.open(path, device=device, read_only=read_only)
+    options = dict(api_key=api_key, max_body_mb=max_body_mb, batch_queries=batch_queries,
+                   batch_window_ms=batch_window_ms, search_threads=search_threads)
     try:
-        app = create_app(db, read_only=read_only, api_key=api_key, max_body_mb=max_body_mb,
-                         batch_queries=batch_queries, batch_window_ms=batch_window_ms, search_threads=search_threads)
-        server = uvicorn.Server(_config(app, graceful_s, log_level))
-        if on_ready is not None:
-            _call_when_started(server, lambda: on_ready(_url(sock)))
-        with _quiet_signals():
-            server.run(sockets=[sock])
+        if workers <= 1:
+            app = create_app(db, read_only=read_only, **options)
+            server = uvicorn.Server(uvicorn_config(app, graceful_s, log_level))
+            if on_ready is not None:
+                _call_when_started(server, lambda: on_ready(_url(sock)))
+            with _quiet_signals():
+                server.run(sockets=[sock])
+        else:
+            _serve_with_workers(db, sock, workers, path, read_only, options, graceful_s, log_level, gil_switch_us,
+                                on_ready)
     finally:
         db.close()  # waits for a write in progress
         sock.close()
+
+
+def _serve_with_workers(db, sock, n: int, path, read_only: bool, options: dict, graceful_s: float, log_level: str,
+                        gil_switch_us: float, on_ready) -> None:
+    from mvdb.serve.batcher import Batcher
+    from mvdb.serve.workers import Engine, Workers
+
+    batcher = Batcher(db, max_queries=options["batch_queries"], window_s=options["batch_window_ms"] / 1e3,
+                      threads=options["search_threads"])
+    engine = Engine(db, batcher)
+    stop = threading.Event()
+    before = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    # the workers batch their own requests before calling the engine: one thread each is enough
+    worker_options = dict(options, search_threads=2, batch_window_ms=0.0)
+    pool = None
+    try:
+        pool = Workers(n, sock, engine, read_only, path, worker_options, log_level, gil_switch_us)
+        url = _url(sock)
+        pool.wait_ready(url)
+        if on_ready is not None:
+            on_ready(url)
+        while not stop.wait(0.5):
+            if not pool.alive():
+                raise RuntimeError("a server worker process died; stopping the server")
+    finally:
+        if pool is not None:
+            pool.stop(graceful_s)  # requests in flight finish (their engine calls with them)
+        engine.close()
+        batcher.close()
+        for s, h in before.items():
+            signal.signal(s, h)
 
 
 @contextlib.contextmanager
@@ -123,7 +179,7 @@ class Server:
         try:
             self._sock = _bind(host, port)
             app = create_app(self.db, read_only=read_only, api_key=api_key, **options)
-            self._server = uvicorn.Server(_config(app, 10.0, log_level))
+            self._server = uvicorn.Server(uvicorn_config(app, 10.0, log_level))
             self.url = _url(self._sock)
             self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                             name="mvdb-serve", daemon=True)

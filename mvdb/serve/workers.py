@@ -1,0 +1,202 @@
+"""``mvdb serve --workers N``: HTTP in N processes, the database in one.
+
+One Python process cannot both answer thousands of HTTP requests a second and keep a GPU fed:
+parsing, decoding and encoding take a few hundred microseconds of interpreter time per request,
+all under one GIL (README "Serving" has the measurement). So with ``--workers`` above 1:
+
+- the main process opens the database and runs the search batcher (mvdb.serve.batcher) behind a
+  local socket (``multiprocessing.connection``, a Unix socket in a private temporary directory,
+  with a random key): the engine;
+- N worker processes share the listening socket, each running the same FastAPI application
+  (mvdb.serve.app) over :class:`RemoteDatabase`, which forwards every call to the engine. A
+  worker's own batcher joins its concurrent searches into one call, and the engine's joins the
+  workers' calls, so the GPU still sees one batch;
+- writes are acknowledged by the worker only after the engine committed them; a worker dies with
+  the main process (``PR_SET_PDEATHSIG``), so a killed server leaves no process holding the port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing as mp
+import os
+import signal
+import tempfile
+import threading
+import time
+from multiprocessing.connection import Client, Listener
+from types import SimpleNamespace
+
+from mvdb.errors import MvdbError, ServerError
+
+CALLS = {"search", "candidates", "rerank", "add", "delete", "get", "metadata", "contains", "compact", "refresh",
+         "verify", "stats", "__len__"}
+
+
+class Engine:
+    """The main process's side: answers the workers' calls with the real database."""
+
+    def __init__(self, db, batcher):
+        self.db, self.batcher = db, batcher
+        self.dir = tempfile.mkdtemp(prefix="mvdb-serve-")
+        self.address = os.path.join(self.dir, "engine.sock")
+        self.authkey = os.urandom(32)
+        self._listener = Listener(self.address, family="AF_UNIX", authkey=self.authkey)
+        self._closed = False
+        threading.Thread(target=self._accept, name="mvdb-engine-accept", daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn = self._listener.accept()
+            except (OSError, EOFError):
+                if self._closed:
+                    return
+                continue
+            except Exception:  # noqa: BLE001 - a peer without the key: refuse it, go on
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="mvdb-engine-conn", daemon=True).start()
+
+    def _serve(self, conn) -> None:
+        with conn:
+            while True:
+                try:
+                    method, args, kwargs = conn.recv()
+                except (EOFError, OSError):
+                    return
+                try:
+                    ok, value = True, self._call(method, args, kwargs)
+                except BaseException as e:  # noqa: BLE001 - handed back to the worker
+                    ok, value = False, e
+                try:
+                    conn.send((ok, value))
+                except (EOFError, OSError):
+                    return
+                except Exception as e:  # noqa: BLE001 - an answer that does not pickle
+                    conn.send((False, MvdbError(f"{method}: {type(e).__name__}: {e}")))
+
+    def _call(self, method: str, args: tuple, kwargs: dict):
+        if method not in CALLS:
+            raise MvdbError(f"unknown call {method!r}")
+        if method == "search":
+            (queries,) = args
+            sparse = kwargs.pop("sparse", None)
+            return self.batcher.search(queries, sparse, kwargs).result()
+        if method == "stats":
+            return dict(self.db.stats(), server=self.batcher.counters)
+        return getattr(self.db, method)(*args, **kwargs)
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.address)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.dir)
+
+
+class RemoteDatabase:
+    """A worker's view of the engine's database: the same methods, each one call to the engine
+    (one connection per thread)."""
+
+    def __init__(self, address: str, authkey: bytes, read_only: bool, path: str):
+        self._address, self._authkey = address, authkey
+        self._local = threading.local()
+        self.store = SimpleNamespace(read_only=read_only, path=path)
+
+    def _conn(self):
+        c = getattr(self._local, "conn", None)
+        if c is None:
+            c = self._local.conn = Client(self._address, family="AF_UNIX", authkey=self._authkey)
+        return c
+
+    def _call(self, method: str, *args, **kwargs):
+        try:
+            c = self._conn()
+            c.send((method, args, kwargs))
+            ok, value = c.recv()
+        except (EOFError, OSError) as e:
+            self._local.conn = None
+            raise ServerError(f"the server's database process is gone ({type(e).__name__}: {e}); "
+                              f"nothing was acknowledged") from None
+        if ok:
+            return value
+        raise value
+
+    def __len__(self) -> int:
+        return self._call("__len__")
+
+    def __getattr__(self, name: str):
+        if name in CALLS:
+            return lambda *a, **k: self._call(name, *a, **k)
+        raise AttributeError(name)
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(Exception):  # Linux only; elsewhere the parent's shutdown stops them
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the parent is already gone
+        os._exit(1)
+
+
+def _worker(sock, address: str, authkey: bytes, read_only: bool, path: str, app_options: dict,
+            log_level: str, gil_switch_us: float) -> None:
+    import sys
+
+    import uvicorn
+
+    from mvdb.serve.app import create_app
+    from mvdb.serve.server import uvicorn_config
+
+    _die_with_parent()
+    if gil_switch_us:
+        sys.setswitchinterval(gil_switch_us / 1e6)
+    db = RemoteDatabase(address, authkey, read_only, path)
+    app = create_app(db, read_only=read_only, **app_options)
+    uvicorn.Server(uvicorn_config(app, 30.0, log_level)).run(sockets=[sock])
+
+
+class Workers:
+    """The worker processes of one server (started by :func:`mvdb.serve.server.serve`)."""
+
+    def __init__(self, n: int, sock, engine: Engine, read_only: bool, path: str, app_options: dict,
+                 log_level: str, gil_switch_us: float):
+        ctx = mp.get_context("spawn")  # the main process holds CUDA and threads: never fork it
+        self.procs = [ctx.Process(target=_worker, name=f"mvdb-serve-worker-{i}", daemon=True,
+                                  args=(sock, engine.address, engine.authkey, read_only, str(path), app_options,
+                                        log_level, gil_switch_us))
+                      for i in range(n)]
+        for p in self.procs:
+            p.start()
+
+    def wait_ready(self, url: str, timeout: float = 300.0) -> None:
+        """Until a request through the shared socket is answered (workers import and start)."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not all(p.is_alive() for p in self.procs):
+                raise ServerError("a server worker process exited while starting (see its log)")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/openapi.json", timeout=5).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise ServerError(f"the server workers did not answer within {timeout:.0f} s")
+
+    def alive(self) -> bool:
+        return all(p.is_alive() for p in self.procs)
+
+    def stop(self, graceful_s: float) -> None:
+        """SIGTERM each (uvicorn lets requests in flight finish), then wait; kill what is left."""
+        for p in self.procs:
+            if p.is_alive():
+                with contextlib.suppress(OSError):
+                    os.kill(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + graceful_s + 5
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(5)
