@@ -24,20 +24,31 @@ if ls .srv/*.whl >/dev/null 2>&1; then
 fi
 # this tree as the package mvdb: an editable install, or (where setuptools cannot build one
 # offline) a symlinked package tree on PYTHONPATH
+# offline) a symlinked package tree on PYTHONPATH, with the tests beside it (pytest then runs
+# there, where the checkout's own mvdb/ folder does not shadow the package)
+TESTROOT=$PWD
 if ! python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1; then
     R=$PWD; rm -rf /tmp/pk && mkdir -p /tmp/pk && cp -rs "$R/mvdb" /tmp/pk/mvdb && ln -s "$R/kernels" /tmp/pk/mvdb/kernels \
-        && ln -s "$R/storage" /tmp/pk/mvdb/storage && export PYTHONPATH=/tmp/pk${PYTHONPATH:+:$PYTHONPATH} \
+        && ln -s "$R/storage" /tmp/pk/mvdb/storage && cp -rs "$R/tests" /tmp/pk/tests && cp "$R/pyproject.toml" /tmp/pk/ \
+        && export PYTHONPATH=/tmp/pk${PYTHONPATH:+:$PYTHONPATH} && TESTROOT=/tmp/pk \
         || { cat "$OUT/install.log"; exit 1; }
+fi
+# pytest where the machine has none: carry .pyt (pip download pytest --python-version 3.12 --only-binary=:all: -d .pyt)
+if ls .pyt/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/pt .pyt/*.whl \
+        && export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/pt
 fi
 python3 -c "import mvdb, sys; print('mvdb from', mvdb.__file__)" || exit 1
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
 for step in "$@"; do
     echo "=== $step ($(date +%T))"
     case "$step" in
-        tests) MVDB_AUTOTUNE=0 timeout 300 python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/tests.log" | tail -15 ;;
+        tests) (cd "$TESTROOT" && MVDB_AUTOTUNE=0 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -m gpu tests) \
+                   2>&1 | tee "$OUT/tests.log" | tail -15 ;;
         bench:*) timeout 480 python3 benchmarks/kernels.py --cases "${step#bench:}" --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
         sweep:*) timeout 480 python3 benchmarks/kernels.py --sweep --no-peers --cases "${step#sweep:}" --out "$OUT" 2>&1 | tee -a "$OUT/sweep.log" ;;
-        dbtests) timeout ${DBTESTS_TIMEOUT:-400} python3 -m pytest -q tests/test_database.py tests/test_cli.py tests/test_lists.py 2>&1 | tee "$OUT/dbtests.log" | tail -15 ;;
+        dbtests) (cd "$TESTROOT" && timeout ${DBTESTS_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider tests/test_database.py \
+                     tests/test_cli.py tests/test_lists.py) 2>&1 | tee "$OUT/dbtests.log" | tail -15 ;;
         e2e:*) timeout ${E2E_TIMEOUT:-400} python3 benchmarks/e2e.py --docs "${step#e2e:}" --out "$OUT" ${E2E_ARGS:-} 2>&1 | tee -a "$OUT/e2e.log" ;;
         fastplaid:*) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-fp \
                          .whl_fp/*.whl || { echo "fast-plaid wheels did not install (carry .whl_fp)"; continue; }
