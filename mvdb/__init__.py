@@ -2,7 +2,8 @@
 
 Layers, bottom up: :mod:`mvdb.kernels` (fused MaxSim and friends; owns the exceptions),
 :mod:`mvdb.storage` (crash-safe segments), :mod:`mvdb.engine` (resident tokens, token indexes, the
-search pipeline), then the database facades (``mvdb.open``). The names below load on first use,
+search pipeline), then the database facades (``mvdb.open``) and the server and its client
+(:mod:`mvdb.serve`, ``mvdb.connect``). The names below load on first use,
 so ``import mvdb.kernels`` or ``import mvdb.storage`` pulls in neither the engine nor FAISS.
 """
 

@@ -378,7 +378,7 @@ def recover(db: str, force: bool) -> None:
 @click.option("--search-threads", default=1, show_default=True,
               help="Threads taking batches of searches off the queue (each one db.search at a time).")
 @click.option("--gil-switch-us", default=100.0, show_default=True,
-              help="Python's thread switch interval in the server (0: Python's 5,000 us); short keeps the GPU fed.")
+              help="Python's thread switch interval in the server's processes (0: Python's 5,000 us).")
 @DEVICE
 @DEBUG
 def serve(db: str, host: str, port: int, read_only: bool, api_key_file: str | None, create: bool, max_body_mb: float,

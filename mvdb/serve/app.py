@@ -273,3 +273,12 @@ def create_app(db, *, read_only: bool = False, api_key: str | None = None, max_b
 
 def _plain(x):
     return x.item() if hasattr(x, "item") else x
+
+
+def uvicorn_config(app, graceful_s: float, log_level: str):
+    """How every mvdb server runs ``app`` on uvicorn (the main process and each worker)."""
+    import uvicorn
+
+    return uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=graceful_s,
+                          timeout_keep_alive=60,
+                          lifespan="on", server_header=False, date_header=False)

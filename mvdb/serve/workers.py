@@ -147,8 +147,7 @@ def _worker(sock, address: str, authkey: bytes, read_only: bool, path: str, app_
 
     import uvicorn
 
-    from mvdb.serve.app import create_app
-    from mvdb.serve.server import uvicorn_config
+    from mvdb.serve.app import create_app, uvicorn_config
 
     _die_with_parent()
     if gil_switch_us:
