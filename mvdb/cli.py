@@ -16,6 +16,7 @@ from mvdb.errors import InvalidInputError, MvdbError
 
 QUIET = click.option("--quiet", "-q", is_flag=True, help="No progress bars or summaries.")
 DEVICE = click.option("--device", default="auto", show_default=True, help="cpu, cuda, or auto (cuda when present).")
+JSON_OUT = click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of text.")
 _DEBUG_KEY = "mvdb.debug"
 
 
@@ -73,11 +74,14 @@ def main() -> None:
               help="Train and persist the token index at the end (else the first writable open does).")
 @click.option("--shards", default=0, show_default=True,
               help="Create DB sharded into this many shards (mvdb.open(DB, devices=[...]) then puts one per device).")
+@click.option("--metadata", "metadata_file", type=click.Path(dir_okay=False), default=None,
+              help="JSON lines: one object (or null) per document, in the order of the sources' documents.")
+@JSON_OUT
 @DEVICE
 @QUIET
 @DEBUG
 def ingest(db: str, sources: tuple[str, ...], dtype: str | None, batch: int, build_index: bool, shards: int,
-           device: str, quiet: bool) -> None:
+           metadata_file: str | None, as_json: bool, device: str, quiet: bool) -> None:
     """Add document embeddings from files to DB (created if missing).
 
     SOURCES: packed X.npy + X.lengths.npy (optional X.ids.npy; side files given among the
@@ -92,7 +96,10 @@ def ingest(db: str, sources: tuple[str, ...], dtype: str | None, batch: int, bui
     A sharded DB (created with --shards N, or by mvdb.open(DB, devices=[...])) gets each document
     on the shard holding the fewest tokens.
 
-    Example: mvdb ingest my.mvdb docs.npz more_docs/
+    --metadata F.jsonl gives each document a metadata object (for search --where), line i for
+    the i-th document of the sources in order; documents already stored keep theirs.
+
+    Example: mvdb ingest my.mvdb docs.npz more_docs/ --metadata docs.metadata.jsonl
     """
     from mvdb.ingest import open_source, sources_of
 
@@ -107,9 +114,10 @@ def ingest(db: str, sources: tuple[str, ...], dtype: str | None, batch: int, bui
         if len(dims) > 1:
             raise InvalidInputError("sources: different embedding dims: " + ", ".join(f"{s.path} has {s.dim}" for s in srcs))
         dim = dims.pop()
+        meta = _read_metadata(metadata_file, sum(src.n for src in srcs)) if metadata_file else None
         new = not os.path.lexists(db)
         try:
-            _ingest(db, srcs, dim, dtype, batch, shards, quiet)
+            summary = _ingest(db, srcs, dim, dtype, batch, shards, quiet or as_json, meta)
         except BaseException:
             if new:
                 _remove_if_empty(db)
@@ -117,18 +125,47 @@ def ingest(db: str, sources: tuple[str, ...], dtype: str | None, batch: int, bui
     if build_index:
         import mvdb
 
+        summary["index"] = []
         for p in _shard_paths(db):
             t0 = time.perf_counter()
-            with mvdb.open(p, device=device) as d:
+            with mvdb.open(p, device=device, progress=not (quiet or as_json)) as d:
                 stats = d.stats()
-            if not quiet:
+            summary["index"].append({"path": p, "index": stats["index"], "nlist": stats["nlist"],
+                                     "seconds": time.perf_counter() - t0})
+            if not (quiet or as_json):
                 nlist = f", nlist {stats['nlist']}" if stats["nlist"] else ""
                 click.echo(f"token index{'' if p == db else ' of ' + os.path.basename(p)}: {stats['index']}{nlist} "
                            f"on {stats['device']}, ready in {time.perf_counter() - t0:.1f} s")
+    if as_json:
+        click.echo(json.dumps(summary))
 
 
-def _ingest(db: str, srcs: list, dim: int, dtype: str | None, batch: int, shards: int, quiet: bool) -> None:
-    """Add the documents of the checked sources ``srcs`` to DB (created if missing)."""
+def _read_metadata(path: str, n: int) -> list:
+    """``--metadata``: n JSON lines, each an object or null."""
+    out = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line)
+                except ValueError as e:
+                    raise InvalidInputError(f"{path}, line {i}: not JSON ({e})") from None
+                if value is not None and not isinstance(value, dict):
+                    raise InvalidInputError(f"{path}, line {i}: expected a JSON object or null, got "
+                                            f"{type(value).__name__}")
+                out.append(value)
+    except OSError as e:
+        raise InvalidInputError(f"--metadata {path}: cannot read it ({e.strerror})") from None
+    if len(out) != n:
+        raise InvalidInputError(f"--metadata {path}: expected {n} lines (one per document of the sources), got {len(out)}")
+    return out
+
+
+def _ingest(db: str, srcs: list, dim: int, dtype: str | None, batch: int, shards: int, quiet: bool,
+            metadata: list | None = None) -> dict:
+    """Add the documents of the checked sources ``srcs`` to DB (created if missing); a summary."""
     from mvdb.ingest import add_new
     from mvdb.storage import Store
 
@@ -139,25 +176,29 @@ def _ingest(db: str, srcs: list, dim: int, dtype: str | None, batch: int, shards
             if st.dim is not None and st.dim != dim:
                 raise InvalidInputError(f"{p}: stores dim {st.dim}, but the sources have dim {dim}")
         st = _Placement(stores) if len(stores) > 1 or shards else stores[0]
-        added = skipped = tokens_added = 0
+        added = skipped = tokens_added = at = 0
         t0 = time.perf_counter()
         for src in srcs:
             rate = {"text": ""}
             with click.progressbar(length=src.n, label=src.path, show_pos=True, file=sys.stderr,
                                    item_show_func=lambda _, r=rate: r["text"], hidden=quiet) as bar:
                 for ids, toks, lens in src.batches(batch):
+                    meta = None if metadata is None else metadata[at : at + len(ids)]
+                    at += len(ids)
                     # legacy: ids of the path-derived scheme, before content keys
-                    got, skip, got_tokens = add_new(st, ids, toks, lens, also_known=src.legacy_ids(ids))
+                    got, skip, got_tokens = add_new(st, ids, toks, lens, also_known=src.legacy_ids(ids), metadata=meta)
                     added += got
                     skipped += skip
                     tokens_added += got_tokens
                     dt = max(time.perf_counter() - t0, 1e-9)
                     rate["text"] = f"{added / dt:,.0f} docs/s, {tokens_added / dt:,.0f} tokens/s"
                     bar.update(len(ids))
+        dt = time.perf_counter() - t0
         if not quiet:
-            dt = time.perf_counter() - t0
             click.echo(f"ingested {added} documents ({tokens_added:,} tokens) in {dt:.1f} s; "
                        f"skipped {skipped} already stored; {len(st)} in {db}")
+        return {"db": db, "added": added, "skipped": skipped, "tokens_added": tokens_added, "documents": len(st),
+                "seconds": dt}
 
 
 def _remove_if_empty(db: str) -> None:
@@ -215,38 +256,204 @@ class _Placement:
 
         return contains_any(self.stores, list(ids))
 
-    def add_packed(self, tokens, lengths, ids) -> None:
+    def add_packed(self, tokens, lengths, ids, metadata=None) -> None:
         from mvdb.shards.placement import place, split_packed
 
         for si, part, toks, lens in split_packed(tokens, lengths, place(lengths, self.stores)):
-            self.stores[si].add_packed(toks, lens, ids=[ids[i] for i in part])
+            meta = None if metadata is None else [metadata[i] for i in part]
+            self.stores[si].add_packed(toks, lens, ids=[ids[i] for i in part], metadata=meta)
 
 
 @main.command()
 @click.argument("db")
 @click.argument("queries")
 @click.option("-k", default=10, show_default=True, help="Hits per query.")
+@click.option("--where", default=None, help='Metadata filter as JSON, e.g. \'{"lang": "en"}\'.')
+@click.option("--nprobe", type=int, default=None, help="IVF lists probed per query token (default: the database's).")
+@click.option("--n-candidates", type=int, default=None, help="Documents reranked exactly per query.")
+@click.option("--exact", is_flag=True, help="Score every (matching) document: exhaustive MaxSim, slow.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON list of [id, score] per query.")
+@DEVICE
 @DEBUG
-def search(db: str, queries: str, k: int, as_json: bool) -> None:
+def search(db: str, queries: str, k: int, where: str | None, nprobe: int | None, n_candidates: int | None, exact: bool,
+           as_json: bool, device: str) -> None:
     """Search DB with query embeddings from a .npy file ([Lq, dim] or [Nq, Lq, dim]).
 
-    Example: mvdb search my.mvdb query.npy -k 5
+    Example: mvdb search my.mvdb query.npy -k 5 --where '{"lang": "en"}'
     """
     import mvdb
     from mvdb.ingest import load_npy
 
+    _require_database(db, "search")
     q = load_npy(queries, "the queries")
     if q.ndim not in (2, 3):
         raise InvalidInputError(f"{queries}: expected queries as [Lq, dim] or [Nq, Lq, dim], got shape {q.shape}")
-    with mvdb.open(db, read_only=True) as d:
-        hits = d.search(q, k=k)
+    filt = None
+    if where is not None:
+        try:
+            filt = json.loads(where)
+        except ValueError as e:
+            raise InvalidInputError(f"--where: expected a JSON object, got {where!r} ({e})") from None
+    with mvdb.open(db, read_only=True, device=device) as d:
+        hits = d.search(q, k=k, where=filt, nprobe=nprobe, n_candidates=n_candidates, exact=exact)
     batch = hits if q.ndim == 3 else [hits]
     for i, row in enumerate(batch):
         if as_json:
             click.echo(json.dumps([[h.id, h.score] for h in row]))
         else:
             click.echo(f"query {i}: " + ", ".join(f"{h.id} ({h.score:.4f})" for h in row))
+
+
+def _ids_arg(d, ids: tuple[str, ...]) -> list:
+    """Ids from the command line, as the database stores them (ints or strings)."""
+    if (d.stats().get("id_type") or "int") != "int":
+        return list(ids)
+    out = []
+    for x in ids:
+        try:
+            out.append(int(x))
+        except ValueError:
+            raise InvalidInputError(f"ids: this database uses int ids, got {x!r}") from None
+    return out
+
+
+@main.command()
+@click.argument("db")
+@click.argument("ids", nargs=-1, required=True)
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Write the documents to OUT.npy (+ .lengths.npy, .ids.npy, .metadata.jsonl), re-ingestable.")
+@JSON_OUT
+@DEBUG
+def get(db: str, ids: tuple[str, ...], out: str | None, as_json: bool) -> None:
+    """Show (or write out) documents of DB by id: token count and metadata.
+
+    Example: mvdb get my.mvdb 17 42 --out two.npy
+    """
+    import mvdb
+
+    _require_database(db, "get")
+    with mvdb.open(db, read_only=True, device="cpu") as d:
+        keys = _ids_arg(d, ids)
+        docs, meta = d.get(keys), d.metadata(keys)
+    if out is not None:
+        _write_packed(out, keys, docs, meta)
+    rows = [{"id": i, "tokens": int(x.shape[0]), "metadata": m} for i, x, m in zip(keys, docs, meta)]
+    if as_json:
+        click.echo(json.dumps({"documents": rows, "out": out}))
+    else:
+        for r in rows:
+            click.echo(f"{r['id']}: {r['tokens']} tokens, metadata {json.dumps(r['metadata'])}")
+        if out is not None:
+            click.echo(f"wrote {len(rows)} documents to {out}")
+
+
+@main.command()
+@click.argument("db")
+@click.argument("ids", nargs=-1, required=True)
+@JSON_OUT
+@DEVICE
+@DEBUG
+def delete(db: str, ids: tuple[str, ...], as_json: bool, device: str) -> None:
+    """Delete documents of DB by id (all or none: an unknown id deletes nothing).
+
+    Example: mvdb delete my.mvdb 17 42
+    """
+    import mvdb
+
+    _require_database(db, "delete")
+    with mvdb.open(db, device=device, progress=False) as d:
+        keys = _ids_arg(d, ids)
+        d.delete(keys)
+        left = len(d)
+    if as_json:
+        click.echo(json.dumps({"deleted": len(keys), "documents": left}))
+    else:
+        click.echo(f"deleted {len(keys)} documents; {left} left in {db}")
+
+
+@main.command()
+@click.argument("db")
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--batch", default=10_000, show_default=True, help="Documents read at a time.")
+@JSON_OUT
+@QUIET
+@DEBUG
+def export(db: str, out: str, batch: int, as_json: bool, quiet: bool) -> None:
+    """Write every live document of DB to OUT.npy with OUT.lengths.npy, OUT.ids.npy and (when any
+    document has metadata) OUT.metadata.jsonl: the packed format `mvdb ingest` reads back
+    (`mvdb ingest NEW OUT.npy --metadata OUT.metadata.jsonl`). fp16 stores export fp16; int8
+    stores export their dequantized tokens as float32. Reads the files only (no GPU, no index).
+
+    Example: mvdb export my.mvdb backup.npy
+    """
+    from mvdb.storage import Store
+
+    _require_database(db, "export")
+    if not out.endswith(".npy"):
+        raise InvalidInputError(f"{out}: expected a path ending in .npy (the side files go beside it)")
+    if batch < 1:
+        raise InvalidInputError(f"--batch: expected 1 or more documents, got {batch}")
+    with contextlib.ExitStack() as stack:
+        stores = [stack.enter_context(Store(p, read_only=True)) for p in _shard_paths(db)]
+        per = [(st, st.ids()) for st in stores]
+        n = sum(len(ids) for _, ids in per)
+        dims = {st.dim for st in stores if st.dim} or {0}
+        dim = dims.pop()
+        int8 = any(st.manifest["dtype"] == "int8" for st in stores)
+        total = sum(s["n_tokens"] for st in stores for s in st.manifest["segments"])  # deleted too: cut at the end
+        lengths, all_ids, meta, t = np.zeros(n, np.int64), [], [], 0
+        tokens = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32 if int8 else np.float16,
+                                           shape=(max(total, 0), dim))
+        with click.progressbar(length=n, label=f"exporting {db}", show_pos=True, file=sys.stderr,
+                               hidden=quiet or as_json) as bar:
+            for st, ids in per:
+                for a in range(0, len(ids), batch):
+                    part = ids[a : a + batch]
+                    p = st.gather(part)
+                    x = p.tokens.astype(np.float32) * p.scales[:, None] if p.scales is not None else p.tokens
+                    tokens[t : t + x.shape[0]] = x
+                    lengths[len(all_ids) : len(all_ids) + len(part)] = np.diff(p.offsets)
+                    t += x.shape[0]
+                    all_ids += list(part)
+                    meta += st.metadata(part)
+                    bar.update(len(part))
+        tokens.flush()
+        del tokens
+    if t != total:
+        _truncate_npy(out, t)
+    with_meta = _write_side_files(out, all_ids, lengths, meta)
+    summary = {"documents": n, "tokens": t, "out": out, "metadata": out[:-4] + ".metadata.jsonl" if with_meta else None}
+    if as_json:
+        click.echo(json.dumps(summary))
+    elif not quiet:
+        click.echo(f"exported {n} documents ({t:,} tokens) to {out}" + (" with metadata" if with_meta else ""))
+
+
+def _truncate_npy(path: str, rows: int) -> None:
+    old = np.load(path, mmap_mode="r")
+    np.save(path + ".tmp.npy", np.ascontiguousarray(old[:rows]))
+    del old
+    os.replace(path + ".tmp.npy", path)
+
+
+def _write_packed(out: str, ids: list, docs: list, meta: list) -> None:
+    if not out.endswith(".npy"):
+        raise InvalidInputError(f"{out}: expected a path ending in .npy (the side files go beside it)")
+    np.save(out, np.concatenate(docs) if docs else np.zeros((0, 0), np.float32))
+    _write_side_files(out, ids, np.array([len(x) for x in docs], dtype=np.int64), meta)
+
+
+def _write_side_files(out: str, ids: list, lengths: np.ndarray, meta: list) -> bool:
+    """X.lengths.npy, X.ids.npy and (when any document has metadata) X.metadata.jsonl beside
+    X.npy; whether the metadata file was written."""
+    base = out[:-4]
+    np.save(base + ".lengths.npy", lengths)
+    np.save(base + ".ids.npy", np.array(ids) if ids and isinstance(ids[0], str) else np.asarray(ids, dtype=np.int64))
+    if not any(m is not None for m in meta):
+        return False
+    with open(base + ".metadata.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(m) + "\n" for m in meta)
+    return True
 
 
 @main.command()
@@ -298,8 +505,9 @@ def _index_info(m: dict) -> str:
 
 @main.command()
 @click.argument("db")
+@JSON_OUT
 @DEBUG
-def verify(db: str) -> None:
+def verify(db: str, as_json: bool) -> None:
     """Check every checksum, offset and the manifest of DB; changes nothing. Exit 1 on problems.
 
     Example: mvdb verify my.mvdb
@@ -314,17 +522,23 @@ def verify(db: str) -> None:
         from mvdb.shards.merge import merge_reports
 
         report = merge_reports((os.path.basename(p), verify_path(p)) for p in paths)
-        click.echo(f"{len(paths)} shards: ", nl=False)
-    click.echo(str(report))
+        if not as_json:
+            click.echo(f"{len(paths)} shards: ", nl=False)
+    if as_json:
+        click.echo(json.dumps({"ok": report.ok, "documents": report.n_docs, "segments": report.n_segments,
+                               "problems": list(report.problems)}))
+    else:
+        click.echo(str(report))
     sys.exit(0 if report.ok else 1)
 
 
 @main.command()
 @click.argument("db")
+@JSON_OUT
 @DEVICE
 @QUIET
 @DEBUG
-def compact(db: str, device: str, quiet: bool) -> None:
+def compact(db: str, as_json: bool, device: str, quiet: bool) -> None:
     """Rewrite segments without deleted documents and merge small ones (ids are kept); the token
     index follows.
 
@@ -333,17 +547,21 @@ def compact(db: str, device: str, quiet: bool) -> None:
     import mvdb
 
     _require_database(db, "compact")
-    with mvdb.open(db, device=device) as d:
+    with mvdb.open(db, device=device, progress=not (quiet or as_json)) as d:
         n = d.compact()
-        if not quiet:
-            click.echo(f"rewrote {n} segments; {len(d)} documents in {d.stats()['segments']} segments")
+        out = {"rewritten": n, "documents": len(d), "segments": d.stats()["segments"]}
+    if as_json:
+        click.echo(json.dumps(out))
+    elif not quiet:
+        click.echo(f"rewrote {n} segments; {out['documents']} documents in {out['segments']} segments")
 
 
 @main.command()
 @click.argument("db")
 @click.option("--force", is_flag=True, help="Rebuild the manifest even when it is intact.")
+@JSON_OUT
 @DEBUG
-def recover(db: str, force: bool) -> None:
+def recover(db: str, force: bool, as_json: bool) -> None:
     """Rebuild a lost or damaged MANIFEST.json from the segments whose checksums hold (the newest
     copy of an id wins; deletions made after a segment was written are lost; the index is rebuilt
     on the next open). Prints what was left out; exit 1 when anything was.
@@ -353,7 +571,11 @@ def recover(db: str, force: bool) -> None:
     from mvdb.storage import recover as recover_path
 
     report = recover_path(db, force=force)
-    click.echo(str(report))
+    if as_json:
+        click.echo(json.dumps({"ok": report.ok, "documents": report.n_docs, "segments": report.n_segments,
+                               "problems": list(report.problems)}))
+    else:
+        click.echo(str(report))
     sys.exit(0 if report.ok else 1)
 
 

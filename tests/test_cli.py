@@ -397,3 +397,86 @@ def test_verify_lists_damage_and_recover_rebuilds_a_lost_manifest(tmp_path):
         f.truncate(seg.stat().st_size - 100)
     r = CliRunner().invoke(main, ["verify", str(db)])
     assert r.exit_code == 1 and seg.name in r.output and "size" in r.output
+
+
+# ---- search options, get / delete / export, metadata on ingest, --json (issue #18)
+
+
+def _with_metadata(tmp_path, n=30):
+    tokens, lengths = _packed(n, seed=5)
+    np.save(tmp_path / "d.npy", tokens)
+    np.save(tmp_path / "d.lengths.npy", lengths)
+    np.save(tmp_path / "d.ids.npy", np.arange(100, 100 + n))
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps({"lang": "en" if i % 2 else "fr", "n": i}) + "\n"
+                                              for i in range(n)))
+    return tokens, lengths
+
+
+def test_ingest_metadata_search_where_get_delete_export_round_trip(tmp_path):
+    tokens, lengths = _with_metadata(tmp_path)
+    db = tmp_path / "db"
+    r = run("ingest", db, tmp_path / "d.npy", "--metadata", tmp_path / "m.jsonl", "--json", "--device", "cpu")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.output.strip().splitlines()[-1])
+    assert summary["added"] == 30 and summary["documents"] == 30 and summary["index"][0]["index"] == "flat"
+    off = np.concatenate(([0], np.cumsum(lengths)))
+    np.save(tmp_path / "q.npy", tokens[off[7] : off[7] + 3])  # drawn from document 107 ("n": 7, "en")
+    r = run("search", db, tmp_path / "q.npy", "-k", "3", "--where", '{"lang": "en"}', "--json", "--device", "cpu")
+    assert r.exit_code == 0, r.output
+    hits = json.loads(r.output)
+    assert hits[0][0] == 107 and all((i - 100) % 2 == 1 for i, _ in hits)  # only "en" documents
+    r = run("search", db, tmp_path / "q.npy", "-k", "2", "--where", '{"lang": "fr"}', "--exact", "--json")
+    assert r.exit_code == 0 and all((i - 100) % 2 == 0 for i, _ in json.loads(r.output))
+    r = run("search", db, tmp_path / "q.npy", "--n-candidates", "5", "--nprobe", "2", "--json", "--device", "cpu")
+    assert r.exit_code == 0 and json.loads(r.output)[0][0] == 107
+    r = run("get", db, 107, 100, "--json", "--out", tmp_path / "two.npy")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output)["documents"]
+    assert [(g["id"], g["tokens"], g["metadata"]) for g in got] == [
+        (107, int(lengths[7]), {"lang": "en", "n": 7}), (100, int(lengths[0]), {"lang": "fr", "n": 0})]
+    np.testing.assert_allclose(np.load(tmp_path / "two.npy")[: lengths[7]], tokens[off[7] : off[8]], atol=2e-3)
+    r = run("delete", db, 101, 102, "--json", "--device", "cpu")
+    assert r.exit_code == 0 and json.loads(r.output) == {"deleted": 2, "documents": 28}
+    r = run("export", db, tmp_path / "all.npy", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["documents"] == 28
+    # the export is the ingest format: a new database from it holds the same documents and metadata
+    r = run("ingest", tmp_path / "db2", tmp_path / "all.npy", "--metadata", tmp_path / "all.metadata.jsonl", "-q",
+            "--device", "cpu")
+    assert r.exit_code == 0, r.output
+    r = run("get", tmp_path / "db2", 107, "--json")
+    assert json.loads(r.output)["documents"][0]["metadata"] == {"lang": "en", "n": 7}
+    r = run("info", tmp_path / "db2", "--json")
+    assert json.loads(r.output)["documents"] == 28
+    r = run("compact", db, "--json", "--device", "cpu")
+    assert r.exit_code == 0 and json.loads(r.output) == {"rewritten": 1, "documents": 28, "segments": 1}
+    r = run("verify", db, "--json")
+    assert r.exit_code == 0 and json.loads(r.output) == {"ok": True, "documents": 28, "segments": 1, "problems": []}
+
+
+def test_cli_bad_arguments_are_clear_and_change_nothing(tmp_path):
+    _with_metadata(tmp_path)
+    db = tmp_path / "db"
+    (tmp_path / "short.jsonl").write_text('{"a": 1}\n')
+    r = run("ingest", db, tmp_path / "d.npy", "--metadata", tmp_path / "short.jsonl")
+    assert r.exit_code == 1 and "expected 30 lines (one per document of the sources), got 1" in r.output
+    (tmp_path / "bad.jsonl").write_text('{"a": 1}\n[1, 2]\n')
+    r = run("ingest", db, tmp_path / "d.npy", "--metadata", tmp_path / "bad.jsonl")
+    assert r.exit_code == 1 and "line 2: expected a JSON object or null, got list" in r.output
+    assert not db.exists()  # checked before anything was created
+    for cmd in (["get", db, 1], ["delete", db, 1], ["export", db, tmp_path / "x.npy"],
+                ["search", db, tmp_path / "d.npy"]):
+        r = run(*cmd)
+        assert r.exit_code == 1 and "no database here" in r.output, (cmd, r.output)
+        assert not db.exists()
+    assert run("ingest", db, tmp_path / "d.npy", "-q", "--device", "cpu").exit_code == 0
+    r = run("get", db, "abc")
+    assert r.exit_code == 1 and "ids: this database uses int ids, got 'abc'" in r.output
+    r = run("delete", db, 100, 99999)
+    assert r.exit_code == 1 and "99999" in r.output
+    assert json.loads(run("info", db, "--json").output)["documents"] == 30  # nothing deleted
+    np.save(tmp_path / "q.npy", np.ones((2, DIM), np.float32))
+    r = run("search", db, tmp_path / "q.npy", "--where", "{bad")
+    assert r.exit_code == 1 and "--where: expected a JSON object" in r.output
+    r = run("export", db, tmp_path / "x.txt")
+    assert r.exit_code == 1 and "expected a path ending in .npy" in r.output

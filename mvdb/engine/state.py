@@ -390,6 +390,7 @@ class Engine:
             "tokens": t.n_tokens if t is not None else 0,
             "dim": m["dim"],
             "dtype": m["dtype"],
+            "id_type": m["id_type"],
             "segments": len(m["segments"]),
             "deleted": sum(len(s["deleted"]) for s in m["segments"]),
             "device": str(self.device),
