@@ -400,10 +400,10 @@ def export(db: str, out: str, batch: int, as_json: bool, quiet: bool) -> None:
         dims = {st.dim for st in stores if st.dim} or {0}
         dim = dims.pop()
         int8 = any(st.manifest["dtype"] == "int8" for st in stores)
-        total = sum(s["n_tokens"] for st in stores for s in st.manifest["segments"])  # deleted too: cut at the end
+        total = sum(st.snapshot().live_tokens for st in stores)
         lengths, all_ids, meta, t = np.zeros(n, np.int64), [], [], 0
         tokens = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32 if int8 else np.float16,
-                                           shape=(max(total, 0), dim))
+                                           shape=(total, dim))
         with click.progressbar(length=n, label=f"exporting {db}", show_pos=True, file=sys.stderr,
                                hidden=quiet or as_json) as bar:
             for st, ids in per:
@@ -419,21 +419,12 @@ def export(db: str, out: str, batch: int, as_json: bool, quiet: bool) -> None:
                     bar.update(len(part))
         tokens.flush()
         del tokens
-    if t != total:
-        _truncate_npy(out, t)
     with_meta = _write_side_files(out, all_ids, lengths, meta)
     summary = {"documents": n, "tokens": t, "out": out, "metadata": out[:-4] + ".metadata.jsonl" if with_meta else None}
     if as_json:
         click.echo(json.dumps(summary))
     elif not quiet:
         click.echo(f"exported {n} documents ({t:,} tokens) to {out}" + (" with metadata" if with_meta else ""))
-
-
-def _truncate_npy(path: str, rows: int) -> None:
-    old = np.load(path, mmap_mode="r")
-    np.save(path + ".tmp.npy", np.ascontiguousarray(old[:rows]))
-    del old
-    os.replace(path + ".tmp.npy", path)
 
 
 def _write_packed(out: str, ids: list, docs: list, meta: list) -> None:
@@ -524,6 +515,11 @@ def verify(db: str, as_json: bool) -> None:
         report = merge_reports((os.path.basename(p), verify_path(p)) for p in paths)
         if not as_json:
             click.echo(f"{len(paths)} shards: ", nl=False)
+    _exit_with_report(report, as_json)
+
+
+def _exit_with_report(report, as_json: bool) -> None:
+    """Print a verify / recover report (text, or one JSON document); exit 1 when it found problems."""
     if as_json:
         click.echo(json.dumps({"ok": report.ok, "documents": report.n_docs, "segments": report.n_segments,
                                "problems": list(report.problems)}))
@@ -571,12 +567,7 @@ def recover(db: str, force: bool, as_json: bool) -> None:
     from mvdb.storage import recover as recover_path
 
     report = recover_path(db, force=force)
-    if as_json:
-        click.echo(json.dumps({"ok": report.ok, "documents": report.n_docs, "segments": report.n_segments,
-                               "problems": list(report.problems)}))
-    else:
-        click.echo(str(report))
-    sys.exit(0 if report.ok else 1)
+    _exit_with_report(report, as_json)
 
 
 @main.command()

@@ -112,6 +112,12 @@ class Snapshot:
         self._all_keys = None
 
     @property
+    def live_tokens(self) -> int:
+        """Tokens of the live documents (deleted ones left out)."""
+        return sum(int(np.diff(r.offsets)[self.live[a:b]].sum())
+                   for r, a, b in zip(self.readers, self.doc_start[:-1], self.doc_start[1:]))
+
+    @property
     def generation(self) -> int:
         return self.manifest["generation"]
 
