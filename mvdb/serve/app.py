@@ -103,6 +103,7 @@ def create_app(db, *, read_only: bool = False, api_key: str | None = None, max_b
     limit = int(max_body_mb * (1 << 20))
     key = api_key.encode() if api_key else None
     batcher = Batcher(db, max_queries=batch_queries, window_s=batch_window_ms / 1e3, threads=search_threads)
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield

@@ -89,27 +89,31 @@ def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = 
             server = uvicorn.Server(uvicorn_config(app, graceful_s, log_level))
             if on_ready is not None:
                 _call_when_started(server, lambda: on_ready(_url(sock)))
-            with _quiet_signals():
+            # uvicorn catches SIGTERM / SIGINT to shut down gracefully, then raises the signal again
+            # under the handler that was there before it started; with a no-op one there, the
+            # process goes on to close the database and exits 0 instead of dying by the signal
+            with _signals(lambda *_: None):
                 server.run(sockets=[sock])
         else:
-            _serve_with_workers(db, sock, workers, path, read_only, options, graceful_s, log_level, gil_switch_us,
-                                on_ready)
+            stop = threading.Event()
+            with _signals(lambda *_: stop.set()):  # the main process waits; the workers serve
+                _serve_with_workers(db, sock, workers, path, read_only, options, graceful_s, log_level, gil_switch_us,
+                                    on_ready, stop)
     finally:
         db.close()  # waits for a write in progress
         sock.close()
 
 
 def _serve_with_workers(db, sock, n: int, path, read_only: bool, options: dict, graceful_s: float, log_level: str,
-                        gil_switch_us: float, on_ready) -> None:
+                        gil_switch_us: float, on_ready, stop: threading.Event) -> None:
     from mvdb.serve.batcher import Batcher
     from mvdb.serve.workers import Engine, Workers
 
     batcher = Batcher(db, max_queries=options["batch_queries"], window_s=options["batch_window_ms"] / 1e3,
                       threads=options["search_threads"])
     engine = Engine(db, batcher)
-    stop = threading.Event()
-    before = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
-    # the workers batch their own requests before calling the engine: one thread each is enough
+    # the workers batch their own requests before calling the engine; two threads each, so that a
+    # worker has its next call ready while the engine answers the last one
     worker_options = dict(options, search_threads=2, batch_window_ms=0.0)
     pool = None
     try:
@@ -126,19 +130,16 @@ def _serve_with_workers(db, sock, n: int, path, read_only: bool, options: dict, 
             pool.stop(graceful_s)  # requests in flight finish (their engine calls with them)
         engine.close()
         batcher.close()
-        for s, h in before.items():
-            signal.signal(s, h)
 
 
 @contextlib.contextmanager
-def _quiet_signals():
-    """uvicorn catches SIGTERM / SIGINT to shut down gracefully, then raises the signal again
-    under the handler that was there before it started; with a no-op one there, the process goes
-    on to close the database and exits 0 instead of dying by the signal before that."""
+def _signals(handler):
+    """SIGTERM and SIGINT go to ``handler`` inside the block (main thread only; elsewhere a no-op),
+    the previous handlers come back after it."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
+    before = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
