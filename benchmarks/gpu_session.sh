@@ -46,6 +46,8 @@ for step in "$@"; do
         tests) (cd "$TESTROOT" && MVDB_AUTOTUNE=0 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -m gpu tests) \
                    2>&1 | tee "$OUT/tests.log" | tail -15 ;;
         bench:*) timeout 480 python3 benchmarks/kernels.py --cases "${step#bench:}" --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
+        variants:*) timeout ${VARIANTS_TIMEOUT:-480} python3 benchmarks/kernel_variants.py --cases "${step#variants:}" \
+                        --out "$OUT" 2>&1 | tee -a "$OUT/variants.log" | grep -v '^{' ;;
         sweep:*) timeout 480 python3 benchmarks/kernels.py --sweep --no-peers --cases "${step#sweep:}" --out "$OUT" 2>&1 | tee -a "$OUT/sweep.log" ;;
         dbtests) (cd "$TESTROOT" && timeout ${DBTESTS_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider tests/test_database.py \
                      tests/test_cli.py tests/test_lists.py) 2>&1 | tee "$OUT/dbtests.log" | tail -15 ;;

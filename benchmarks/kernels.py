@@ -47,7 +47,7 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 
 import peers  # noqa: E402
-from synthetic import make_corpus, make_queries  # noqa: E402
+from synthetic import candidate_lists, make_corpus, make_queries  # noqa: E402
 
 from mvdb.kernels import maxsim, maxsim_candidates, maxsim_varlen, quantize_int8  # noqa: E402
 from mvdb.kernels.maxsim import fused, naive  # noqa: E402
@@ -184,6 +184,8 @@ def _varlen_case(n_docs: int, dev, ceil, peers_ok: bool, scale: float):
     padded, mask = peers._pad(tok, cu_d, max_len)
     run(name, "mvdb varlen", lambda: maxsim_varlen(q, cu_q, tok, cu_d, max_seqlen_q=32, check=False)[0], ref,
         nbytes=nbytes, flops=flops, ceil=ceil)
+    run(name, "mvdb varlen (default call)", lambda: maxsim_varlen(q, cu_q, tok, cu_d, check=False)[0], ref,
+        nbytes=nbytes, flops=flops, ceil=ceil, note="check=False, no max_seqlen_q: the call as users write it")
     run(name, "mvdb varlen (check=True)", lambda: maxsim_varlen(q, cu_q, tok, cu_d)[0], ref,
         nbytes=nbytes, flops=flops, ceil=ceil, note="validates offsets: one device sync per call")
     run(name, "naive torch (padded)", lambda: peers.naive_padded(q[None], padded, mask)[0], ref,
@@ -198,6 +200,8 @@ def _varlen_case(n_docs: int, dev, ceil, peers_ok: bool, scale: float):
     nbytes8 = T * (128 + 4) + 32 * 128 * 2 + 4 * (n_docs + 1) + 4 * n_docs
     run(name + "-int8", "mvdb varlen int8", lambda: maxsim_varlen(q, cu_q, tok8, cu_d, d_scales=sc8, max_seqlen_q=32,
         check=False)[0], ref, nbytes=nbytes8, flops=flops, ceil=ceil, int8=True)
+    run(name + "-int8", "mvdb varlen int8 (default call)", lambda: maxsim_varlen(q, cu_q, tok8, cu_d, d_scales=sc8,
+        check=False)[0], ref, nbytes=nbytes8, flops=flops, ceil=ceil, int8=True, note="check=False, no max_seqlen_q")
     if peers_ok:
         D8, s8, lens = peers.fm_prepare_int8_varlen(tok, cu_d, max_len)
         run(name + "-int8", "flash-maxsim int8x8 (padded)", lambda: peers.fm_int8_varlen_1q(q, D8, s8, lens), ref,
@@ -242,13 +246,7 @@ def _colpali_case(dev, ceil, peers_ok: bool, scale: float):
 def _candidates_case(n_docs: int, dev, ceil, peers_ok: bool, label: str):
     """(c) 32 queries x 1000 candidates each, gathered from a CSR store of n_docs docs of 64-128 tokens."""
     nq, k = 32, min(1000, n_docs)
-    corpus = make_corpus(n_docs, 64, 128, 128, device=dev, seed=11)
-    Q, src = make_queries(corpus, nq, 32, seed=13)
-    g = torch.Generator(device=dev).manual_seed(17)
-    cand = torch.randint(0, n_docs, (nq, k), device=dev, generator=g)
-    cand[:, 0] = src
-    q = Q.half().reshape(nq * 32, 128)
-    cu_q = torch.arange(nq + 1, dtype=torch.int32, device=dev) * 32
+    corpus, Q, q, cu_q, cand = candidate_lists(n_docs, nq, k, device=dev)
     tok, off = corpus.tokens, corpus.offsets
     ref = naive.maxsim_csr(q.float(), cu_q, tok, off, cand, dtype=torch.float32)
     lens = corpus.lengths[cand]
@@ -258,6 +256,8 @@ def _candidates_case(n_docs: int, dev, ceil, peers_ok: bool, label: str):
     name = f"c-{label}"
     run(name, "mvdb candidates", lambda: maxsim_candidates(q, cu_q, tok, off, cand, max_seqlen_q=32, check=False), ref,
         nbytes=nbytes, flops=flops, ceil=ceil)
+    run(name, "mvdb candidates (default call)", lambda: maxsim_candidates(q, cu_q, tok, off, cand, check=False), ref,
+        nbytes=nbytes, flops=flops, ceil=ceil, note="check=False, no max_seqlen_q")
     run(name, "mvdb candidates (check=True)", lambda: maxsim_candidates(q, cu_q, tok, off, cand), ref,
         nbytes=nbytes, flops=flops, ceil=ceil, note="validates offsets and candidate range: one sync")
 
@@ -287,6 +287,9 @@ def _candidates_case(n_docs: int, dev, ceil, peers_ok: bool, label: str):
     run(name + "-int8", "mvdb candidates int8",
         lambda: maxsim_candidates(q, cu_q, tok8, off, cand, sc8, max_seqlen_q=32, check=False), ref,
         nbytes=nbytes8, flops=flops, ceil=ceil, int8=True)
+    run(name + "-int8", "mvdb candidates int8 (default call)",
+        lambda: maxsim_candidates(q, cu_q, tok8, off, cand, sc8, check=False), ref,
+        nbytes=nbytes8, flops=flops, ceil=ceil, int8=True, note="check=False, no max_seqlen_q")
     del tok8, sc8, corpus
 
 

@@ -160,3 +160,17 @@ def make_structured(kind: str, n_docs: int, *, dim: int | None = None, dtype: to
                 torch.randn(rows.numel(), dim, device=device, generator=g), dim=-1)
             tokens[offsets[dd][rows] + j] = torch.nn.functional.normalize(x, dim=-1).to(dtype)
     return Corpus(tokens, offsets, topics[:, 0], words)
+
+
+def candidate_lists(n_docs: int, nq: int, k: int, *, device, lq: int = 32):
+    """The rerank benchmark's inputs (issue #2 case c): a corpus of n_docs docs of 64-128 tokens,
+    nq queries of lq tokens drawn from source docs, and k random candidates per query with the
+    source first. Returns (corpus, Q [nq, lq, dim] float, q packed fp16 [nq * lq, dim], cu_q, cand)."""
+    corpus = make_corpus(n_docs, 64, 128, 128, device=device, seed=11)
+    Q, src = make_queries(corpus, nq, lq, seed=13)
+    g = torch.Generator(device=device).manual_seed(17)
+    cand = torch.randint(0, n_docs, (nq, k), device=device, generator=g)
+    cand[:, 0] = src
+    q = Q.half().reshape(nq * lq, Q.shape[-1])
+    cu_q = torch.arange(nq + 1, dtype=torch.int32, device=device) * lq
+    return corpus, Q, q, cu_q, cand

@@ -186,6 +186,79 @@ def test_long_query_is_chunked_exactly(device):
 
 
 @pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("dtype", ["fp16", "int8"])
+@pytest.mark.parametrize("runmax", [0, 1], ids=["reduce-per-tile", "running-max"])
+@pytest.mark.parametrize("lq_bucket", [16, 128], ids=["short-path", "full-tiles-then-tail"])
+def test_every_launch_variant_is_exact(device, dtype, runmax, lq_bucket):
+    """The kernel's tuning choices (per-tile reduction or an elementwise running max; the short
+    and the long-query tile loop) give the same scores as the reference, for both CSR layouts.
+    Documents span several BLOCK_D tiles plus a tail; one query spans two BLOCK_Q blocks."""
+    from mvdb.kernels.maxsim import fused
+
+    g = _gen("variants", dtype)
+    dim = 64
+    lengths = [5, 16, 37, 0, 48, 1]
+    q, cu_q = _packed([20, 3], dim, g, device, torch.float16)
+    d, cu_d = _packed(lengths, dim, g, device)
+    tok, sc = quantize_int8(d) if dtype == "int8" else (d.half(), None)
+    cand = torch.tensor([[5, 0, 2, -1], [4, 1, 3, 2]], device=device)
+    if dtype == "int8":
+        ref_cross = naive.maxsim_csr(q.cpu(), cu_q.cpu(), tok.cpu(), cu_d.cpu().long(), None, sc.cpu(), dtype=torch.float64)
+        ref_cand = naive.maxsim_csr(q.cpu(), cu_q.cpu(), tok.cpu(), cu_d.cpu().long(), cand.cpu(), sc.cpu(),
+                                    dtype=torch.float64)
+    else:
+        ref_cross = naive.maxsim_csr(q.double().cpu(), cu_q.cpu(), tok.double().cpu(), cu_d.cpu().long())
+        ref_cand = naive.maxsim_csr(q.double().cpu(), cu_q.cpu(), tok.double().cpu(), cu_d.cpu().long(), cand.cpu())
+    config = {"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": runmax, "num_warps": 4}
+    cross = fused.launch(_poison((2, len(lengths)), device), q, None, cu_q, 0, tok, sc, None, cu_d, None, 0, 2,
+                         len(lengths), fused.CSR_CROSS, lq_bucket, config=config)
+    cands = fused.launch(_poison((2, 4), device), q, None, cu_q, 0, tok, sc, None, cu_d.long(), cand, 0, 2, 4,
+                         fused.CSR_CAND, lq_bucket, config=config)
+    same = None if dtype == "int8" else _torch_same_dtype_csr(q, cu_q, tok, cu_d)
+    _check_close(cross, ref_cross, same, rtol=1e-6 if dtype == "int8" else 0.0)
+    same = None if dtype == "int8" else _torch_same_dtype_csr(q, cu_q, tok, cu_d.long(), cand)
+    _check_close(cands, ref_cand, same, rtol=1e-6 if dtype == "int8" else 0.0)
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+def test_query_quantization_kernel_matches_quantize_int8(device):
+    """The per-launch query quantization is bit-identical to mvdb.kernels.quantize_int8
+    (including an all-zero token, scale 1, and exact .5 ties rounded away from zero)."""
+    from mvdb.kernels.maxsim import fused
+
+    x = torch.randn(70, 96, generator=_gen("qq")).to(device)
+    x[3] = 0
+    x[4, :4] = torch.tensor([127.0, 63.5, -63.5, 0.5])
+    x[4, 4:] = 0
+    for dt in (torch.float16, torch.float32):
+        q8, qs = fused.quantize_queries(x.to(dt).contiguous())
+        r8, rs = quantize_int8(x.to(dt).cpu())
+        assert torch.equal(q8.cpu(), r8) and torch.equal(qs.cpu(), rs)
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+def test_default_call_needs_no_longest_query(device, monkeypatch):
+    """check=False without max_seqlen_q reads nothing from the device to pick the launch (the
+    longest query is estimated from the shapes) and scores exactly, even when the estimate is
+    short of the real longest query (a batch of one long and many short queries)."""
+    from mvdb.kernels.maxsim import ops
+
+    g = _gen("nosync")
+    q, cu_q = _packed([40, 1, 1, 1, 1, 1, 1, 2], 32, g, device, torch.float16)
+    d, cu_d = _packed([3, 70, 9], 32, g, device, torch.float16)
+    seen = []
+    real = ops.fused.launch
+    monkeypatch.setattr(ops.fused, "launch", lambda *a, **k: seen.append(a[14]) or real(*a, **k))
+    got = maxsim_varlen(q, cu_q, d, cu_d, check=False)
+    assert seen == [6], "the longest query is estimated as ceil(tokens / queries) = ceil(48 / 8)"
+    ref = naive.maxsim_csr(q.double().cpu(), cu_q.cpu(), d.double().cpu(), cu_d.cpu())
+    _check_close(got, ref, _torch_same_dtype_csr(q, cu_q, d, cu_d))
+    one = maxsim_varlen(q[:40], cu_q[:2], d, cu_d, check=False)
+    assert seen[-1] == 40, "one query: its length, exactly"
+    _check_close(one, ref[:1], _torch_same_dtype_csr(q[:40], cu_q[:2], d, cu_d))
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
 def test_empty_inputs(device):
     q, cu_q = _packed([3], 32, _gen("e"), device)
     empty_q = torch.zeros(0, 32, device=device)

@@ -41,13 +41,18 @@ def interpreting() -> bool:
 
 
 def _configs():
-    """Candidate launch configs; the prune filter keeps the ones that fit the query bucket."""
+    """Candidate launch configs; the prune filter keeps the ones that fit the query bucket.
+    RUNMAX=1 keeps an elementwise running max over the document's tiles and reduces across the
+    tile's columns once per document (fewer cross-lane reductions, one more [BLOCK_Q, BLOCK_D]
+    block of registers); RUNMAX=0 reduces every tile."""
     out = []
     for bq in (32, 64, 128, 256):
         for bd in (32, 64, 128):
             for warps in (4, 8):
                 for stages in (2, 3, 4):
-                    out.append(triton.Config({"BLOCK_Q": bq, "BLOCK_D": bd}, num_warps=warps, num_stages=stages))
+                    for runmax in (0, 1):
+                        out.append(triton.Config({"BLOCK_Q": bq, "BLOCK_D": bd, "RUNMAX": runmax}, num_warps=warps,
+                                                 num_stages=stages))
     return out
 
 
@@ -70,10 +75,11 @@ def _prune(configs, nargs, **kwargs):
 
 
 @triton.jit
-def _tile_max(best, qk, D, DS, DM, d_start, s_start, cols, d_n, offs_c, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr,
-              HAS_DMASK: tl.constexpr, INT8: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-              TAIL: tl.constexpr):
-    """best[i] = max(best[i], max over valid doc tokens j in cols of <q_i, d_j>)."""
+def _tile_scores(qk, D, DS, DM, d_start, s_start, cols, d_n, offs_c, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr,
+                 HAS_DMASK: tl.constexpr, INT8: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+                 TAIL: tl.constexpr):
+    """[BLOCK_Q, BLOCK_D] scores <q_i, d_j> of the doc tokens in ``cols`` (-inf where j is not a
+    valid token); int8 scores carry the document token's scale, not the query token's."""
     d_ptrs = D + (d_start + cols)[None, :] * DIM + offs_c[:, None]  # [BDIM, BD]
     dim_ok = offs_c < DIM
     if TAIL:
@@ -94,7 +100,8 @@ def _tile_max(best, qk, D, DS, DM, d_start, s_start, cols, d_n, offs_c, DIM: tl.
         acc = tl.dot(qk, dt, out_dtype=tl.int32)  # [BQ, BD]
         if DIM * 127 * 127 < 4194304:
             # |acc| < 2**22: int -> float by adding 1.5 * 2**23's bit pattern (an integer add and a
-            # float subtract, exact) instead of the slow I2F conversion.
+            # float subtract, exact) instead of the slow I2F conversion. (Folding the subtract
+            # into an FMA with -12582912 * scale loses about half an int8 unit per score: no.)
             s = ((acc + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0) * scale[None, :]
         else:
             s = acc.to(tl.float32) * scale[None, :]
@@ -112,12 +119,53 @@ def _tile_max(best, qk, D, DS, DM, d_start, s_start, cols, d_n, offs_c, DIM: tl.
         s = tl.where(valid[None, :], s, float("-inf"))
     elif TAIL:
         s = tl.where(d_ok[None, :], s, float("-inf"))
-    return tl.maximum(best, tl.max(s, axis=1))
+    return s
+
+
+@triton.jit
+def _fold(acc, s, RUNMAX: tl.constexpr):
+    """Fold a tile's scores into the running max: elementwise ([BQ, BD], RUNMAX) or per row ([BQ])."""
+    if RUNMAX:
+        out = tl.maximum(acc, s)
+    else:
+        out = tl.maximum(acc, tl.max(s, axis=1))
+    return out
+
+
+@triton.jit
+def _doc_max(qk, D, DS, DM, d_start, s_start, d_n, offs_d, offs_c, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr,
+             HAS_DMASK: tl.constexpr, INT8: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+             LQ_BUCKET: tl.constexpr, RUNMAX: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
+    """[BLOCK_Q]: each query row's max over the document's valid tokens (-inf if none)."""
+    if RUNMAX:
+        acc = tl.full([BLOCK_Q, BLOCK_D], float("-inf"), dtype=tl.float32)
+    else:
+        acc = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+    # Long queries are compute-bound: whole tiles skip the bounds mask and one masked tail
+    # follows. Short queries are latency-bound on short documents: one pipelined masked loop.
+    if LQ_BUCKET >= 128:
+        n_full = (d_n // BLOCK_D) * BLOCK_D
+        for db in range(0, n_full, BLOCK_D):
+            acc = _fold(acc, _tile_scores(qk, D, DS, DM, d_start, s_start, db + offs_d, d_n, offs_c, DIM, BLOCK_DIM,
+                                          HAS_DMASK, INT8, IEEE, UPCAST, False), RUNMAX)
+        if n_full < d_n:
+            acc = _fold(acc, _tile_scores(qk, D, DS, DM, d_start, s_start, n_full + offs_d, d_n, offs_c, DIM,
+                                          BLOCK_DIM, HAS_DMASK, INT8, IEEE, UPCAST, True), RUNMAX)
+    else:
+        for db in range(0, d_n, BLOCK_D):
+            acc = _fold(acc, _tile_scores(qk, D, DS, DM, d_start, s_start, db + offs_d, d_n, offs_c, DIM, BLOCK_DIM,
+                                          HAS_DMASK, INT8, IEEE, UPCAST, True), RUNMAX)
+    if RUNMAX:
+        best = tl.max(acc, axis=1)
+    else:
+        best = acc
+    return best
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "q_len", "d_len"])
 def _maxsim_fwd_kernel(
-    Q,  # [Tq, DIM] query tokens (any float dtype)
+    Q,  # [Tq, DIM] query tokens (any float dtype; int8 when INT8, quantized by _quantize_rows_kernel)
+    QS,  # [Tq] float32 query-token scales (INT8) or None
     QM,  # [Tq] uint8 query-token mask (1 = valid) or None
     CU_Q,  # [Nq + 1] int32 query offsets (Q_VARLEN) or None
     D,  # [Td, DIM] doc tokens: float or int8
@@ -145,6 +193,7 @@ def _maxsim_fwd_kernel(
     PAGED: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    RUNMAX: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     if D_LAYOUT == PADDED_CROSS or D_LAYOUT == CSR_CROSS:
@@ -203,30 +252,13 @@ def _maxsim_fwd_kernel(
         if HAS_QMASK:
             r_ok = r_ok & (tl.load(QM + q_start + rows, mask=r_ok, other=0) != 0)
         if INT8:
-            qf = q.to(tl.float32)
-            amax = tl.max(tl.abs(qf), axis=1)
-            q_scale = tl.where(amax > 0, amax / 127.0, 1.0)  # [BQ]
-            y = qf / q_scale[:, None]
-            qk = tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int8)
+            qk = q  # int8, quantized once per launch
         else:
             qk = q.to(D.dtype.element_ty)
-        best = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
-        # Long queries are compute-bound: whole tiles skip the bounds mask and one masked tail
-        # follows. Short queries are latency-bound on short documents: one pipelined masked loop.
-        if LQ_BUCKET >= 128:
-            n_full = (d_n // BLOCK_D) * BLOCK_D
-            for db in range(0, n_full, BLOCK_D):
-                best = _tile_max(best, qk, D, DS, DM, d_start, s_start, db + offs_d, d_n, offs_c, DIM, BLOCK_DIM,
-                                 HAS_DMASK, INT8, IEEE, UPCAST, False)
-            if n_full < d_n:
-                best = _tile_max(best, qk, D, DS, DM, d_start, s_start, n_full + offs_d, d_n, offs_c, DIM, BLOCK_DIM,
-                                 HAS_DMASK, INT8, IEEE, UPCAST, True)
-        else:
-            for db in range(0, d_n, BLOCK_D):
-                best = _tile_max(best, qk, D, DS, DM, d_start, s_start, db + offs_d, d_n, offs_c, DIM, BLOCK_DIM,
-                                 HAS_DMASK, INT8, IEEE, UPCAST, True)
+        best = _doc_max(qk, D, DS, DM, d_start, s_start, d_n, offs_d, offs_c, DIM, BLOCK_DIM, HAS_DMASK, INT8, IEEE,
+                        UPCAST, LQ_BUCKET, RUNMAX, BLOCK_Q, BLOCK_D)
         if INT8:
-            best = best * q_scale
+            best = best * tl.load(QS + q_start + rows, mask=r_ok, other=1.0)
         # A row with no valid doc token (empty or fully masked doc) adds 0, as do masked rows.
         best = tl.where(r_ok & (best > float("-inf")), best, 0.0)
         total += tl.sum(best, axis=0)
@@ -244,9 +276,39 @@ _tuned = triton.autotune(configs=_configs(), key=_KEY, prune_configs_by={"early_
 def default_config(lq_bucket_: int) -> dict:
     """Launch config used without autotuning (interpreter, MVDB_AUTOTUNE=0)."""
     if interpreting():
-        return {"BLOCK_Q": 16, "BLOCK_D": 16, "num_warps": 4}
+        return {"BLOCK_Q": 16, "BLOCK_D": 16, "num_warps": 4, "RUNMAX": 1}
     bq = 32 if lq_bucket_ <= 32 else 64
-    return {"BLOCK_Q": bq, "BLOCK_D": 64, "num_warps": 4, "num_stages": 3}
+    return {"BLOCK_Q": bq, "BLOCK_D": 64, "num_warps": 4, "num_stages": 3, "RUNMAX": 1}
+
+
+@triton.jit
+def _quantize_rows_kernel(X, Q8, QS, n_rows, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Per-row symmetric INT8 (mvdb.kernels.quant's rule: scale = absmax / 127, 1 for a zero
+    row, round half away from zero) of the query tokens, once per launch of the MaxSim kernel."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, BLOCK_DIM)
+    ok = (rows < n_rows)[:, None] & (cols < DIM)[None, :]
+    x = tl.load(X + rows[:, None] * DIM + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.where(amax > 0, amax / 127.0, 1.0)
+    y = x / scale[:, None]
+    tl.store(Q8 + rows[:, None] * DIM + cols[None, :], tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int8), mask=ok)
+    tl.store(QS + rows, scale, mask=rows < n_rows)
+
+
+def quantize_queries(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query tokens [..., dim] (contiguous) -> (int8 of the same shape, float32 scales [rows]),
+    bit-identical to mvdb.kernels.quantize_int8, in one launch."""
+    dim = q.shape[-1]
+    n = q.numel() // dim if dim else 0
+    q8 = torch.empty(q.shape, dtype=torch.int8, device=q.device)
+    qs = torch.empty(n, dtype=torch.float32, device=q.device)
+    if n:
+        block_dim = max(16, triton.next_power_of_2(dim))
+        block_t = max(1, min(64, 4096 // block_dim))
+        _quantize_rows_kernel[(triton.cdiv(n, block_t),)](q, q8, qs, n, DIM=dim, BLOCK_DIM=block_dim,
+                                                          BLOCK_T=block_t)
+    return q8, qs
 
 
 def autotuning() -> bool:
@@ -271,9 +333,13 @@ def launch(
     max_lq: int,
     starts: torch.Tensor | None = None,
     scale_starts: torch.Tensor | None = None,
+    config: dict | None = None,
 ) -> torch.Tensor:
     """Launch the kernel over an [n_q, n_k] output; arguments are already validated and contiguous.
-    ``starts`` / ``scale_starts`` (CSR_CAND only): a paged store's document rows (see PAGED)."""
+    ``starts`` / ``scale_starts`` (CSR_CAND only): a paged store's document rows (see PAGED).
+    ``config`` (tests, benchmarks): launch with these BLOCK_Q/BLOCK_D/RUNMAX/num_warps/num_stages
+    instead of the autotuned or default ones. INT8 documents: the query tokens are quantized
+    here, once per launch, not in every program."""
     n = n_q * n_k
     if starts is not None and int(getattr(layout, "value", layout)) != int(CSR_CAND.value):
         raise ValueError("starts: only the candidate layout (CSR_CAND) reads a paged store")
@@ -281,9 +347,25 @@ def launch(
         return out
     if n >= 2**31:
         raise ValueError(f"too many (query, document) pairs in one call: {n} (at most 2**31 - 1); split the batch")
+    other_gpu = out.is_cuda and out.device.index != torch.cuda.current_device()
+    with torch.cuda.device(out.device) if other_gpu else contextlib.nullcontext():
+        _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_len, n_q, n_k, layout, max_lq,
+                starts, scale_starts, config)
+    return out
+
+
+def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_len, n_q, n_k, layout, max_lq,
+            starts, scale_starts, config) -> None:
+    q_dtype = q.dtype  # the autotune key names the caller's query dtype
     dim = q.shape[-1]
+    int8 = d.dtype == torch.int8
+    q_scales = None
+    if int8:
+        with launch_guard():
+            q, q_scales = quantize_queries(q)
     args = (
         q,
+        q_scales,
         None if q_mask is None else q_mask.view(torch.uint8),
         cu_q,
         d,
@@ -307,19 +389,18 @@ def launch(
         D_LAYOUT=int(getattr(layout, "value", layout)),
         HAS_QMASK=q_mask is not None,
         HAS_DMASK=d_mask is not None,
-        INT8=d.dtype == torch.int8,
+        INT8=int8,
         IEEE=d.dtype == torch.float32,
         # Triton's CPU interpreter computes bf16 x bf16 dots wrongly (triton 3.9): upcast there.
         UPCAST=d.dtype == torch.bfloat16 and interpreting(),
         PAGED=starts is not None,
     )
-    grid = (n,)
-    if out.is_cuda and out.device.index != torch.cuda.current_device():
-        with torch.cuda.device(out.device):
-            _run(grid, args, meta, out.device, q.dtype, d.dtype)
+    grid = (n_q * n_k,)
+    if config is not None:
+        with launch_guard():
+            _maxsim_fwd_kernel[grid](*args, **meta, **config)
     else:
-        _run(grid, args, meta, out.device, q.dtype, d.dtype)
-    return out
+        _run(grid, args, meta, out.device, q_dtype, d.dtype)
 
 
 _BEST: dict[tuple, dict] = {}  # autotune winners, launched directly (skips the autotuner's per-call work)

@@ -66,13 +66,18 @@ def _out(out: torch.Tensor | None, shape: tuple[int, int], device: torch.device)
 
 
 def _longest_query(check: bool, given: int | None, q, cu_q, offsets: list, cand=None) -> int:
-    """Validate the offsets (one sync) when ``check``, and return the longest query's length."""
+    """Validate the offsets (one sync) when ``check``, and return the longest query's length, or
+    without ``check`` and ``given``: a length taken from the shapes alone, never from device
+    memory (no sync): exact for one query, the mean length for a batch. The length only picks
+    the launch config (the kernel loops over query blocks of any length), so an estimate costs
+    no correctness."""
     if check:
         max_lq = _checks.value_checks(offsets, cand)[0]
         return given or max_lq
     if given is not None:
         return given
-    return int((cu_q[1:] - cu_q[:-1]).max()) if cu_q.numel() > 1 else 0
+    nq = cu_q.numel() - 1
+    return -(-q.shape[0] // nq) if nq > 0 else 0
 
 
 def _contig(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -176,8 +181,9 @@ def maxsim_varlen(
     """MaxSim of every packed query against every packed document -> [Nq, Nd] fp32.
 
     q [Tq, dim], d [Td, dim]; cu_q [Nq+1], cu_d [Nd+1] int32 cumulative lengths (FlashAttention
-    convention). ``check=False`` skips the value checks of the offsets (one device sync);
-    ``max_seqlen_q`` avoids computing the longest query. Differentiable in q and d (``backward``
+    convention). ``check=False`` skips the value checks of the offsets (one device sync) and
+    then nothing reads device memory before the launch; ``max_seqlen_q`` (the longest query,
+    optional) only guides the launch config. Differentiable in q and d (``backward``
     and ``normalize`` as in :func:`maxsim`).
     """
     grad = _grad_mode(backward, normalize, q, d)
@@ -186,12 +192,15 @@ def maxsim_varlen(
     _checks.scales("d", d, d_scales, (d.shape[0],))
     device = _checks.same_device(q=q, cu_q=cu_q, d=d, cu_d=cu_d, d_scales=d_scales)
     nq, nd = cu_q.numel() - 1, cu_d.numel() - 1
+    estimated = not check and max_seqlen_q is None
     max_seqlen_q = _longest_query(
         check, max_seqlen_q, q, cu_q, [("cu_q", cu_q, q.shape[0]), ("cu_d", cu_d, d.shape[0])]
     )
     tri = _use_triton(device, backend)
     q, d, fused_norm = _prepare(q, d, normalize, grad, tri, "d", d_scales, out)
     if grad or fused_norm:
+        if tri and estimated and nq > 1:  # the training kernels size their saved winners by it: exact
+            max_seqlen_q = int((cu_q[1:] - cu_q[:-1]).max())
         res = train.varlen(q, cu_q, d, cu_d, max_seqlen_q, backward, fused_norm) if tri else \
             naive.maxsim_csr(q, cu_q, d, cu_d)
         return res if out is None else _out(out, (nq, nd), device).copy_(res)
