@@ -26,6 +26,7 @@ class _Step:
     def __init__(self, owner: Progress, what: str, total, unit: str):
         self.owner, self.what, self.total, self.unit = owner, what, total, unit
         self.done, self.t0, self.last, self.shown = 0, time.perf_counter(), 0.0, False
+        self.shown_done = -1  # the count the line on screen shows
 
     def __enter__(self) -> "_Step":
         return self
@@ -37,7 +38,7 @@ class _Step:
     def _show(self, final: bool) -> None:
         if not self.owner.enabled:
             return
-        if final and self.shown and self.total and self.done == self.total:  # the last update said it all
+        if final and self.shown and self.total and self.shown_done == self.total:  # the last update said it all
             self.owner.stream.write("\n")
             self.owner.stream.flush()
             return
@@ -45,7 +46,7 @@ class _Step:
         elapsed = now - self.t0
         if elapsed < self.owner.after or (not final and now - self.last < 0.5):
             return
-        self.last, self.shown = now, True
+        self.last, self.shown, self.shown_done = now, True, self.done
         part = ""
         if self.total:
             part = f" {self.done:,}/{self.total:,}{(' ' + self.unit) if self.unit else ''}"
