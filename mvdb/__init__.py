@@ -17,6 +17,7 @@ from mvdb.errors import (
     DatabaseLockedError,
     DeviceMismatchError,
     DuplicateIdError,
+    EncoderMismatchError,
     FormatError,
     InvalidInputError,
     InvalidTypeError,
@@ -31,6 +32,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Database": "mvdb.database",
+    "Encoder": "mvdb.encoders",
     "Hit": "mvdb.engine.search",
     "open": "mvdb.api",
     "connect": "mvdb.serve",
@@ -39,8 +41,8 @@ _LAZY = {
     "recover": "mvdb.storage",
     "verify": "mvdb.storage",
 }
-_SUBMODULES = ("api", "cli", "database", "demo", "distributed", "embed", "engine", "ingest", "integrations", "kernels",
-               "serve", "sharded", "shards", "storage")
+_SUBMODULES = ("api", "cli", "database", "demo", "distributed", "embed", "encoders", "engine", "ingest",
+               "integrations", "kernels", "serve", "sharded", "shards", "storage", "text")
 
 
 def __getattr__(name: str):
@@ -65,6 +67,8 @@ __all__ = [
     "DatabaseLockedError",
     "DeviceMismatchError",
     "DuplicateIdError",
+    "Encoder",
+    "EncoderMismatchError",
     "FormatError",
     "Hit",
     "InvalidInputError",

@@ -11,7 +11,7 @@ __all__ = ["open"]
 
 
 def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=None, nlist=None,  # noqa: A001
-         residency="auto", devices=None, progress=None, checksums=True):
+         residency="auto", devices=None, progress=None, checksums=True, encoder=None):
     """Open (or create) a database directory.
 
     ``dtype``: "float16" (the default) or "int8" for a new database; for an existing one, None or
@@ -27,10 +27,14 @@ def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=No
     ``checksums``: check each segment's tokens against their CRC-32 as they are loaded into memory
     (CorruptionError on a mismatch; structural checks run on every open regardless). On by default;
     False saves the hashing (see the README's reliability section for its cost).
+    ``encoder``: a text model for ``add_texts`` / ``search_text`` (a Sentence Transformers or
+    PyLate model, a callable ``f(texts, is_query)``, or an :class:`mvdb.Encoder` with settings);
+    an EncoderMismatchError when the database's vectors were made by another (:mod:`mvdb.text`).
     """
     if devices is not None or is_sharded(path):
         return ShardedDatabase(path, devices=devices, dim=dim, dtype=dtype, device=device, read_only=read_only,
-                               index=index, nlist=nlist, residency=residency, progress=progress, checksums=checksums)
+                               index=index, nlist=nlist, residency=residency, progress=progress, checksums=checksums,
+                               encoder=encoder)
     return Database(path, dim=dim, dtype=dtype, device=device, read_only=read_only, index=index, nlist=nlist,
-                    residency=residency, progress=progress, checksums=checksums)
+                    residency=residency, progress=progress, checksums=checksums, encoder=encoder)
 

@@ -4,6 +4,7 @@
     ids = db.add(doc_embs)                  # list of [L_i, dim] arrays / tensors
     hits = db.search(q_embs, k=10)          # one query [Lq, dim] -> list[Hit]; a batch -> list[list[Hit]]
     hits = db.rerank(q_embs, candidate_ids) # exact MaxSim over stored documents
+    db = mvdb.open("my.mvdb", encoder=model)  # text in, text out (mvdb.text): add_texts, search_text
 
 This module is the facade: argument checks and the public API. The work is in mvdb.engine: the
 resident tokens (engine.resident), the token indexes (engine.flat, engine.ivf), the state a search
@@ -21,6 +22,7 @@ import json
 
 import numpy as np
 
+from mvdb.encoders import as_encoder
 from mvdb.engine.args import RESIDENCY, device_arg, ids_arg, search_args
 from mvdb.engine.filters import allowed_rows
 from mvdb.engine.inline import rerank
@@ -33,19 +35,23 @@ from mvdb.engine.search import search as run_search
 from mvdb.engine.state import Engine, resolve_config
 from mvdb.errors import InvalidInputError, InvalidTypeError
 from mvdb.storage import Store
+from mvdb.text import TextMethods, check_encoder, recorded_encoder
 
 __all__ = ["Database", "Hit", "rerank"]
 
-class Database:
-    """See the module docstring; create with :func:`mvdb.open`."""
+class Database(TextMethods):
+    """See the module docstring; create with :func:`mvdb.open`. ``encoder``: the model of
+    ``add_texts`` / ``search_text`` (:mod:`mvdb.text`), None for embeddings only."""
 
     def __init__(self, path, *, dim=None, dtype=None, device="auto", read_only=False, index=None, nlist=None,
-                 residency="auto", progress=None, checksums=True):
+                 residency="auto", progress=None, checksums=True, encoder=None):
         self.device = device_arg(device)
         if residency not in RESIDENCY:
             raise InvalidInputError(f"residency: expected 'auto', 'device' or 'host', got {residency!r}")
+        self.encoder = as_encoder(encoder)
         self.store = Store(path, dim=dim, dtype=dtype, read_only=read_only, checksums=checksums)
         try:
+            check_encoder(self.encoder, recorded_encoder([self.store]), self.store.path, self.store.snapshot().n_live)
             config = resolve_config(self.store, index, nlist)
             self._engine = Engine(self.store, self.device, residency, config, Progress(progress))
         except BaseException:
@@ -98,6 +104,21 @@ class Database:
             self._pub.advance()
         return out
 
+    def _text_stores(self) -> list:
+        return [self.store]
+
+    def _text_progress(self) -> Progress:
+        return self._engine.progress
+
+    def _check_writable(self) -> None:
+        self.store.check_writable()
+
+    def _commit_encoder(self, record: dict) -> None:
+        """Record the encoder of the vectors in the manifest (mvdb.text)."""
+        with self._pub.write():
+            self.store.commit_config(dict(self.store.config, encoder=record))
+            self._pub.advance()
+
     def delete(self, ids) -> None:
         ids = ids_arg(ids)
         with self._pub.write():
@@ -140,9 +161,11 @@ class Database:
         return self.store.verify()
 
     def stats(self) -> dict:
-        """Counts, residency and index figures of the current state (see the README)."""
+        """Counts, residency and index figures of the current state (see the README); ``encoder``:
+        the record of the model that made the vectors (mvdb.text), None when there is none."""
         with self._pub.read() as st:
-            return dict(self._engine.stats(st), path=self.store.path)
+            rec = (st.snap.manifest.get("config") or {}).get("encoder")
+            return dict(self._engine.stats(st), path=self.store.path, encoder=rec)
 
     def search(self, queries, k: int = 10, where=None, *, n_candidates: int | None = None,
                k_tokens: int | None = None, nprobe: int | None = None, sparse=None, n_sparse: int | None = None,

@@ -27,6 +27,7 @@ import pytest
 import mvdb
 from mvdb import (
     DuplicateIdError,
+    EncoderMismatchError,
     InvalidInputError,
     InvalidTypeError,
     ReadOnlyError,
@@ -144,7 +145,10 @@ KINDS = tuple(OPENERS)
 # A check with cases is keyed "check[case]"; a key without the case covers all its cases.
 
 NO = AttributeError  # the method does not exist
-GAPS: dict = {}  # none today: every class meets the contract
+# text in, text out (add_texts / search_text, mvdb.text) is offered by the in-process classes: the
+# Cluster and the client take vectors (encode on the client, then add / search)
+GAPS: dict = {(kind, "text"): ("no text methods: encode on the client, then add / search", NO)
+              for kind in ("cluster", "client")}
 
 
 def _kind_marks(kind):
@@ -634,3 +638,35 @@ def test_read_only_refuses_writes(kind, case, corpus, reader):
         READ_ONLY[case](reader)
     assert len(reader) == N
     assert_exact(reader.search(QUERIES[0], k=3), QUERIES[0], STORED, 3)
+
+
+# ---- text in, text out (the classes that offer it; see GAPS)
+
+WORDS = ["alpha beta gamma", "beta delta", "gamma epsilon zeta", "eta theta", "alpha zeta theta iota"]
+
+
+def _words(texts, is_query):
+    """A stand-in text model: one seeded vector per word (unit norm after the adapter)."""
+    return [np.stack([np.random.default_rng(sum(map(ord, w))).standard_normal(DIM) for w in t.split()])
+            .astype(np.float32) for t in texts]
+
+
+@pytest.mark.parametrize("kind,case", params("text", ["round_trip", "mixing_refused"]))
+def test_text_in_text_out(kind, case, fresh):
+    db = fresh()
+    enc = mvdb.Encoder(_words, name="contract-words", normalize=True)
+    ids = [f"w{i}" for i in range(len(WORDS))]
+    assert list(db.add_texts(WORDS, ids=ids, store_text=True, encoder=enc)) == ids
+    if case == "round_trip":
+        q = enc.encode([WORDS[2]], is_query=True)[0]
+        pool = {i: d.astype(np.float16).astype(np.float32) for i, d in zip(ids, enc.encode(WORDS))}
+        assert_exact(db.search_text(WORDS[2], k=3, encoder=enc), q, pool, 3)
+        assert db.metadata(["w1"]) == [{"text": WORDS[1]}]
+        assert db.stats()["encoder"]["name"] == "contract-words"
+    else:
+        other = mvdb.Encoder(_words, name="another-model", normalize=True)
+        with pytest.raises(EncoderMismatchError):
+            db.add_texts(["alpha"], ids=["x"], encoder=other)
+        with pytest.raises(InvalidTypeError):
+            db.add_texts(["alpha", 3], ids=["x", "y"], encoder=enc)
+        assert len(db) == len(WORDS)

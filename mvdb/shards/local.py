@@ -27,6 +27,8 @@ import numpy as np
 import torch
 
 from mvdb.database import Database
+from mvdb.encoders import as_encoder
+from mvdb.engine.progress import Progress
 from mvdb.engine.search import check_k as _check_k
 from mvdb.errors import DuplicateIdError, FormatError, InvalidInputError
 from mvdb.shards import layout
@@ -40,6 +42,7 @@ from mvdb.shards.merge import (
 from mvdb.shards.placement import contains_any, membership, owners, place
 from mvdb.storage import VerifyReport, validate
 from mvdb.storage.manifest import MANIFEST
+from mvdb.text import TextMethods, check_encoder, recorded_encoder
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -47,12 +50,16 @@ if TYPE_CHECKING:
 __all__ = ["ShardedDatabase"]
 
 
-class ShardedDatabase:
-    """The :class:`mvdb.Database` API over one shard per device; see the module docstring."""
+class ShardedDatabase(TextMethods):
+    """The :class:`mvdb.Database` API over one shard per device; see the module docstring.
+    ``encoder``: as for ``Database`` (:mod:`mvdb.text`); its record goes into every shard."""
 
-    def __init__(self, path, *, devices=None, dim=None, dtype=None, device="auto", read_only=False, **options):
+    def __init__(self, path, *, devices=None, dim=None, dtype=None, device="auto", read_only=False, encoder=None,
+                 **options):
         path = os.fspath(path)
         self.path = path
+        self.encoder = as_encoder(encoder)
+        self._progress = Progress(options.get("progress"))
         self._closed = False
         self._writer = threading.RLock()  # one write at a time across all shards
         if devices is not None:
@@ -82,6 +89,8 @@ class ShardedDatabase:
             for name, dev in zip(names, on):
                 self.shards.append(Database(os.path.join(path, name), dim=dim, dtype=dtype, device=dev,
                                             read_only=read_only, **options))
+            stores = [s.store for s in self.shards]
+            check_encoder(self.encoder, recorded_encoder(stores), path, sum(len(s) for s in self.shards))
         except BaseException:
             self.close()
             raise
@@ -182,6 +191,22 @@ class ShardedDatabase:
 
         self._each(add_part, [s for s in self.shards if id(s) in jobs])
         return ids
+
+    def _text_stores(self) -> list:
+        return [s.store for s in self._open()]
+
+    def _text_progress(self) -> Progress:
+        return self._progress
+
+    def _check_writable(self) -> None:
+        for s in self._open():
+            s.store.check_writable()
+
+    def _commit_encoder(self, record: dict) -> None:
+        """Record the encoder in every shard (each shard's manifest names the model of its vectors)."""
+        with self._writer:
+            for s in self._open():
+                s._commit_encoder(record)
 
     def delete(self, ids) -> None:
         with self._writer:

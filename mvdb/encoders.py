@@ -1,0 +1,276 @@
+"""Text encoders: a model object turned into per-token vectors for ``add_texts`` / ``search_text``.
+
+    enc = mvdb.Encoder(model)                 # a Sentence Transformers model, a PyLate ColBERT, or
+    vecs = enc.encode(["a text"])             # any callable f(texts, is_query) -> [L_i, dim] each
+    db = mvdb.open("my.mvdb", encoder=model)  # mvdb.open wraps a bare model the same way
+
+Three kinds of model, told apart by their class:
+
+- ``"pylate"``: a ``pylate.models.ColBERT``. ``model.encode(texts, is_query=...)`` adds the
+  query or document prefix, pads queries to ``query_length`` with mask tokens (ColBERT query
+  augmentation) and normalises each token itself (``normalize="model"``).
+- ``"sentence-transformers"``: any other ``SentenceTransformer``.
+  ``encode_query`` / ``encode_document`` (their prompts, where the model has any) with
+  ``output_value="token_embeddings"``: every token's vector, [CLS] and [SEP] included. These are
+  not normalised by the model, so the adapter divides each token by its L2 norm
+  (``normalize="l2"``, the default; ``normalize=False`` keeps them as they come).
+- ``"callable"``: any ``f(texts, is_query)`` called with a list of str and a bool, returning one
+  [L_i, dim] array or tensor per text. Its vectors are stored as returned (``normalize="none"``)
+  unless ``normalize=True`` asks the adapter to L2-normalise each token.
+
+``encode`` sorts the texts by length (as Sentence Transformers does, so each batch pads little
+and the batches are those of one ``model.encode`` call over all of them), encodes ``batch_size``
+texts per call, reports progress on stderr (``mvdb.engine.progress``; ``MVDB_PROGRESS=0`` turns it
+off) and checks every output: one per text, 2-D, the same dim for all. Results are float32 numpy
+arrays in the order of the texts.
+
+:meth:`Encoder.record` is what a database remembers in its manifest about the model that made its
+vectors (see ``mvdb.text``): ``name``, ``kind``, ``dim``, ``document_max_tokens``,
+``query_max_tokens``, ``normalize`` and ``adapter_version`` (:data:`ADAPTER_VERSION`, raised
+whenever this module would make different vectors for the same model and settings).
+
+``cache=``: a directory (or True for ``$MVDB_CACHE``, else ``~/.cache/mvdb``) where results are
+kept, keyed by the texts, ``is_query`` and the record; cached vectors are stored as float16 (what
+a database stores by default), so a cached result equals a fresh one rounded to float16.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from mvdb.engine.progress import Progress
+from mvdb.errors import InvalidInputError, InvalidTypeError
+
+__all__ = ["ADAPTER_VERSION", "IDENTITY", "Encoder", "as_encoder", "cache_dir", "texts_arg"]
+
+ADAPTER_VERSION = 1
+KINDS = ("sentence-transformers", "pylate", "callable")
+# the record's fields that decide the stored vectors: two encoders that differ in one of them
+# must not fill one database (query_max_tokens shapes only the queries, so it may differ)
+IDENTITY = ("name", "kind", "dim", "document_max_tokens", "normalize", "adapter_version")
+
+
+def cache_dir() -> Path:
+    """Where cached encodings go: ``$MVDB_CACHE``, else ``~/.cache/mvdb``."""
+    return Path(os.environ.get("MVDB_CACHE", Path.home() / ".cache" / "mvdb"))
+
+
+def _kind(model) -> str:
+    """The kind of ``model``, from its class (no import of the libraries needed)."""
+    for cls in type(model).__mro__:
+        mod = cls.__module__ or ""
+        if mod.split(".")[0] == "pylate" and cls.__name__ == "ColBERT":
+            return "pylate"
+    for cls in type(model).__mro__:
+        if (cls.__module__ or "").split(".")[0] == "sentence_transformers" and cls.__name__ == "SentenceTransformer":
+            return "sentence-transformers"
+    if callable(model):
+        return "callable"
+    raise InvalidTypeError("encoder: expected a Sentence Transformers model, a PyLate ColBERT model, an "
+                           f"mvdb.Encoder or a callable f(texts, is_query), got {type(model).__name__}")
+
+
+def _model_name(model, kind: str) -> str:
+    """A name for the record: the model card's id, else the name or path it was loaded from;
+    for a callable its module and qualified name."""
+    if kind == "callable":
+        return f"{getattr(model, '__module__', None) or '?'}.{getattr(model, '__qualname__', type(model).__name__)}"
+    card = getattr(model, "model_card_data", None)
+    for attr in ("model_id", "base_model"):
+        if isinstance(getattr(card, attr, None), str) and getattr(card, attr):
+            return getattr(card, attr)
+    try:
+        path = model[0].auto_model.config.name_or_path
+    except (AttributeError, IndexError, KeyError, TypeError):
+        path = None
+    return path or getattr(getattr(model, "tokenizer", None), "name_or_path", None) or type(model).__name__
+
+
+def _positive(value, what: str):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise InvalidInputError(f"{what}: expected a positive int or None, got {value!r}")
+    return value
+
+
+def texts_arg(texts, what: str = "texts", single: bool = False) -> tuple[list[str], bool]:
+    """``texts`` as a non-empty list of str (one str too where ``single``) -> (list, was one str)."""
+    if isinstance(texts, str):
+        if single:
+            return [texts], True
+        raise InvalidTypeError(f"{what}: expected a list of str, got one str (wrap it in a list: [text])")
+    if not isinstance(texts, (list, tuple)):
+        raise InvalidTypeError(f"{what}: expected a list of str, got {type(texts).__name__}")
+    if not texts:
+        raise InvalidInputError(f"{what}: expected at least one text, got an empty {type(texts).__name__}")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise InvalidTypeError(f"{what}[{i}]: expected a str, got {type(t).__name__}")
+    return list(texts), False
+
+
+def _array(v, i: int, name: str) -> np.ndarray:
+    """One output of the model as float32 [L, dim], or an error naming what came."""
+    if hasattr(v, "detach"):  # a torch tensor, on any device
+        v = v.detach().float().cpu().numpy()
+    try:
+        a = np.asarray(v, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise InvalidTypeError(f"encoder {name}: output {i}: expected a 2-D [tokens, dim] array or tensor, "
+                               f"got {type(v).__name__} ({e})") from None
+    if a.ndim != 2:
+        raise InvalidInputError(f"encoder {name}: output {i}: expected a 2-D [tokens, dim] array, got shape "
+                                f"{tuple(a.shape)}")
+    return a
+
+
+class Encoder:
+    """The adapter: see the module docstring. ``name`` names the model in the record (default:
+    the model card's id, else the path it was loaded from, else the callable's qualified name;
+    give it for a model loaded from a local folder so the record does not depend on the machine).
+    ``document_max_tokens`` / ``query_max_tokens``: tokens kept per text (default: the model's
+    own, ``max_seq_length``, or PyLate's ``document_length`` / ``query_length``; None for a
+    callable, which decides itself). ``normalize``: see the kinds. ``batch_size``: texts per call
+    of the model. ``dim``: what the model makes, when known before the first call (else learned
+    from it)."""
+
+    def __init__(self, model, *, name: str | None = None, document_max_tokens: int | None = None,
+                 query_max_tokens: int | None = None, normalize: bool | None = None, batch_size: int = 32,
+                 dim: int | None = None, cache=None):
+        if isinstance(model, Encoder):
+            raise InvalidTypeError("model: already an mvdb.Encoder (pass it as it is)")
+        self.model = model
+        self.kind = _kind(model)
+        if name is not None and (not isinstance(name, str) or not name):
+            raise InvalidInputError(f"name: expected a non-empty str, got {name!r}")
+        self.name = name or _model_name(model, self.kind)
+        if normalize is not None and not isinstance(normalize, bool):
+            raise InvalidTypeError(f"normalize: expected a bool or None, got {type(normalize).__name__}")
+        self.batch_size = _positive(batch_size, "batch_size")
+        if batch_size is None:
+            raise InvalidInputError("batch_size: expected a positive int, got None")
+        self.dim = _positive(dim, "dim")
+        if self.kind == "pylate":
+            self.normalize = "none" if normalize is False else "model"
+            doc, query = getattr(model, "document_length", None), getattr(model, "query_length", None)
+        elif self.kind == "sentence-transformers":
+            self.normalize = "none" if normalize is False else "l2"
+            doc = query = getattr(model, "max_seq_length", None)
+        else:
+            self.normalize = "l2" if normalize else "none"
+            doc = query = None
+        self.document_max_tokens = _positive(document_max_tokens, "document_max_tokens") or doc
+        self.query_max_tokens = _positive(query_max_tokens, "query_max_tokens") or query
+        self.cache = None if cache in (None, False) else (cache_dir() if cache is True else Path(cache))
+
+    def __repr__(self) -> str:
+        return f"mvdb.Encoder({self.name!r}, kind={self.kind!r}, dim={self.dim})"
+
+    def record(self) -> dict:
+        """What the manifest keeps about this encoder (JSON values)."""
+        return {"name": self.name, "kind": self.kind, "dim": self.dim,
+                "document_max_tokens": self.document_max_tokens, "query_max_tokens": self.query_max_tokens,
+                "normalize": self.normalize, "adapter_version": ADAPTER_VERSION}
+
+    def differences(self, recorded: dict) -> list[str]:
+        """The identity fields in which this encoder differs from ``recorded`` (a dim not known
+        yet on this side does not count)."""
+        mine = self.record()
+        return [k for k in IDENTITY if not (k == "dim" and mine[k] is None) and recorded.get(k) != mine[k]]
+
+    # ---- encoding
+
+    def encode(self, texts, *, is_query: bool = False, progress=None) -> list[np.ndarray]:
+        """Per-token vectors of ``texts`` (a list of str): float32 [L_i, dim] arrays, in order.
+        ``progress``: a :class:`mvdb.engine.progress.Progress`, or a bool (None: on unless
+        ``MVDB_PROGRESS=0``)."""
+        texts, _ = texts_arg(texts)
+        if not isinstance(is_query, bool):
+            raise InvalidTypeError(f"is_query: expected a bool, got {type(is_query).__name__}")
+        path = self._cache_path(texts, is_query)
+        if path is not None and path.exists():
+            with np.load(path) as z:
+                tokens, lengths = z["tokens"], z["lengths"]
+            if self.dim is None:
+                self.dim = int(tokens.shape[1])
+            if tokens.shape[1] == self.dim and len(lengths) == len(texts):
+                return np.split(tokens.astype(np.float32), np.cumsum(lengths)[:-1])
+        out = self._encode(texts, is_query, progress if isinstance(progress, Progress) else Progress(progress))
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp-{os.getpid()}.npz")
+            np.savez(tmp, tokens=np.concatenate(out).astype(np.float16), lengths=np.array([len(v) for v in out]))
+            os.replace(tmp, path)
+            out = [v.astype(np.float16).astype(np.float32) for v in out]
+        return out
+
+    def _cache_path(self, texts: list[str], is_query: bool) -> Path | None:
+        if self.cache is None:
+            return None
+        rec = dict(self.record(), dim=None, is_query=is_query)  # the dim follows from the rest
+        del rec["document_max_tokens" if is_query else "query_max_tokens"]  # the other side's setting
+        key = hashlib.sha1(("\x00".join(texts) + "|" + json.dumps(rec, sort_keys=True)).encode()).hexdigest()[:16]
+        return self.cache / f"encoded-{key}.npz"
+
+    def _encode(self, texts: list[str], is_query: bool, progress: Progress) -> list[np.ndarray]:
+        # the order Sentence Transformers and PyLate sort a call's texts in: our batches are theirs
+        order = np.argsort([-len(t) for t in texts])
+        out: list[np.ndarray | None] = [None] * len(texts)
+        what = "queries" if is_query else "documents"
+        with progress.step(f"encoding {len(texts):,} {what} with {self.name}", len(texts), "texts") as step:
+            for b0 in range(0, len(texts), self.batch_size):
+                idx = order[b0 : b0 + self.batch_size]
+                batch = [texts[i] for i in idx]
+                got = self._call(batch, is_query)
+                if not isinstance(got, (list, tuple)) and not (hasattr(got, "ndim") and got.ndim == 3):
+                    raise InvalidTypeError(f"encoder {self.name}: expected a list of [tokens, dim] arrays (one per "
+                                           f"text), got {type(got).__name__}")
+                if len(got) != len(batch):
+                    raise InvalidInputError(f"encoder {self.name}: expected {len(batch)} outputs (one per text), "
+                                            f"got {len(got)}")
+                for i, v in zip(idx, got):
+                    a = _array(v, int(i), self.name)
+                    if self.dim is None:
+                        self.dim = a.shape[1]
+                    if a.shape[1] != self.dim:
+                        raise InvalidInputError(f"encoder {self.name}: output {int(i)}: expected dim {self.dim}, "
+                                                f"got shape {tuple(a.shape)}")
+                    if self.normalize == "l2":
+                        a = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
+                    out[i] = a
+                step.update(len(batch))
+        return out
+
+    def _call(self, batch: list[str], is_query: bool):
+        m = self.model
+        if self.kind == "callable":
+            return m(batch, is_query)
+        limit = self.query_max_tokens if is_query else self.document_max_tokens
+        if self.kind == "pylate":
+            attr = "query_length" if is_query else "document_length"
+            before = getattr(m, attr)
+            setattr(m, attr, limit)
+            try:
+                return m.encode(batch, is_query=is_query, batch_size=len(batch), show_progress_bar=False,
+                                convert_to_numpy=True, normalize_embeddings=self.normalize == "model")
+            finally:
+                setattr(m, attr, before)
+        before = m.max_seq_length
+        m.max_seq_length = limit
+        try:
+            fn = getattr(m, "encode_query" if is_query else "encode_document", None) or m.encode
+            return fn(batch, output_value="token_embeddings", batch_size=len(batch), convert_to_numpy=False,
+                      show_progress_bar=False)
+        finally:
+            m.max_seq_length = before
+
+
+def as_encoder(encoder) -> Encoder | None:
+    """None, an :class:`Encoder`, or a model to wrap in one with its defaults."""
+    if encoder is None or isinstance(encoder, Encoder):
+        return encoder
+    return Encoder(encoder)

