@@ -8,6 +8,6 @@
 - ``rwlock`` and ``progress``: a readers-writer lock, progress lines for long steps.
 """
 
-from mvdb.engine.ivf import gpu_available
+from mvdb.engine.ivf import gpu_available, index_backend
 
-__all__ = ["gpu_available"]
+__all__ = ["gpu_available", "index_backend"]

@@ -1,11 +1,15 @@
-"""The flat token index (small corpora): an exact FAISS inner-product index over every stored
-token, in row order (deleted rows included, masked at query time), on the GPU when faiss-gpu and
-CUDA are present. Each query token retrieves its k' nearest stored tokens, and
-``approximate_candidates`` scores documents from them.
+"""The flat token index (small corpora): an exact inner-product index over every stored token, in
+row order (deleted rows included, masked at query time). Each query token retrieves its k' nearest
+stored tokens, and ``approximate_candidates`` scores documents from them.
 
-The FAISS index only grows (adds append); a :class:`FlatView` pins how many tokens a search may
-see, so a search that started before an add ignores what the add appended. FAISS CPU indexes
-allow concurrent searches; GPU ones do not, so there searches take the lock exclusively.
+Backends (mvdb.engine.ivf.index_backend): FAISS (``IndexFlatIP``, on the GPU with faiss-gpu), or,
+where FAISS is not installed or has no GPU for a CUDA database, :class:`TorchFlat`: the same exact
+search as chunked matmuls and top-k in torch on the database's device.
+
+The index only grows (adds append); a :class:`FlatView` pins how many tokens a search may see, so
+a search that started before an add ignores what the add appended. FAISS CPU indexes and the
+torch one allow concurrent searches; FAISS GPU ones do not, so there searches take the lock
+exclusively.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ import time
 
 import torch
 
-from mvdb.engine.ivf import faiss, gpu_available, require_faiss
+from mvdb.engine import ivf
 from mvdb.engine.rwlock import RWLock
 
-if faiss is not None:
+if ivf.faiss is not None:
     import faiss.contrib.torch_utils  # noqa: F401  (torch tensors in, torch tensors out)
+
+SEARCH_SCRATCH = 1 << 28  # bytes of one [query tokens, stored tokens] similarity block (TorchFlat)
 
 
 def _sync(device: torch.device) -> None:
@@ -26,23 +32,66 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class FlatIndex:
-    """The mutable FAISS index behind every :class:`FlatView` of one database."""
+class TorchFlat:
+    """Exact inner-product search in torch, with FAISS ``IndexFlatIP``'s calls (``ntotal``, ``add``,
+    ``search``): float32 tokens in one buffer that doubles as it fills (as FAISS's vector does)."""
 
     def __init__(self, dim: int, device: torch.device):
-        require_faiss()
         self.dim, self.device = dim, device
+        self._buf = torch.empty(0, dim, dtype=torch.float32, device=device)
+        self.ntotal = 0
+
+    def add(self, x: torch.Tensor) -> None:
+        n = x.shape[0]
+        if self.ntotal + n > self._buf.shape[0]:
+            buf = torch.empty(max(2 * self._buf.shape[0], self.ntotal + n, 1024), self.dim, dtype=torch.float32,
+                              device=self.device)
+            buf[: self.ntotal] = self._buf[: self.ntotal]
+            self._buf = buf
+        self._buf[self.ntotal : self.ntotal + n] = x
+        self.ntotal += n
+
+    def search(self, q: torch.Tensor, k: int, ntotal: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(similarities [n, k] descending, positions [n, k] int64) of the k best among the first
+        ``ntotal`` (default: all) stored tokens."""
+        n, buf = q.shape[0], self._buf
+        total = self.ntotal if ntotal is None else min(ntotal, self.ntotal)
+        step = max(k, SEARCH_SCRATCH // (4 * max(1, n)))
+        best_s = torch.full((n, 0), float("-inf"), device=self.device)
+        best_i = torch.zeros((n, 0), dtype=torch.int64, device=self.device)
+        for a in range(0, total, step):
+            b = min(total, a + step)
+            s = q @ buf[a:b].T  # [n, b - a]
+            top = s.topk(min(k, b - a), dim=1)
+            del s
+            if best_s.shape[1]:  # merge with the earlier blocks' best (ties keep the earlier position)
+                cs, ci = torch.cat([best_s, top.values], 1), torch.cat([best_i, top.indices + a], 1)
+                keep = cs.topk(min(k, cs.shape[1]), dim=1, sorted=True)
+                best_s, best_i = keep.values, ci.gather(1, keep.indices)
+            else:
+                best_s, best_i = top.values, top.indices + a
+        return best_s, best_i
+
+
+class FlatIndex:
+    """The mutable token index behind every :class:`FlatView` of one database."""
+
+    def __init__(self, dim: int, device: torch.device):
+        self.dim, self.device = dim, device
+        self.backend = ivf.index_backend(device)
         self._res = None
         self.lock = RWLock()
-        cpu = faiss.IndexFlatIP(dim)
-        if device.type == "cuda" and gpu_available():
-            self._res = faiss.StandardGpuResources()
-            self.index = faiss.index_cpu_to_gpu(self._res, device.index or 0, cpu)
+        if self.backend == "torch":
+            self.index = TorchFlat(dim, device)
+        elif self.backend == "faiss-gpu":
+            self._res = ivf.faiss.StandardGpuResources()
+            self.index = ivf.faiss.index_cpu_to_gpu(self._res, device.index or 0, ivf.faiss.IndexFlatIP(dim))
         else:
-            self.index = cpu
+            self.index = ivf.faiss.IndexFlatIP(dim)
 
     @property
     def on_gpu(self) -> bool:
+        """A FAISS GPU index (searches take the lock exclusively)."""
         return self._res is not None
 
     @property
@@ -50,6 +99,8 @@ class FlatIndex:
         return int(self.index.ntotal)
 
     def _arg(self, x: torch.Tensor) -> torch.Tensor:
+        if self.backend == "torch":
+            return x.to(self.device, torch.float32).contiguous()
         return x.float().contiguous() if self.on_gpu and x.is_cuda else x.float().cpu().contiguous()
 
     def add(self, chunks) -> None:
@@ -62,7 +113,7 @@ class FlatIndex:
                         x = x * sc[t0 : t0 + (1 << 20), None].to(x.device)
                     self.index.add(self._arg(x))
 
-    def view(self) -> "FlatView":
+    def view(self) -> FlatView:
         return FlatView(self, self.ntotal)
 
 
@@ -73,6 +124,7 @@ class FlatView:
 
     def __init__(self, index: FlatIndex, ntotal: int):
         self.index, self.ntotal = index, ntotal
+        self.backend = index.backend
         self.build_seconds: dict = {}
 
     def search(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,7 +133,10 @@ class FlatView:
         idx = self.index
         lock = idx.lock.write() if idx.on_gpu else idx.lock.read()
         with lock:
-            sims, pos = idx.index.search(idx._arg(q), k)
+            if idx.backend == "torch":  # searches only this snapshot's tokens
+                sims, pos = idx.index.search(idx._arg(q), k, self.ntotal)
+            else:
+                sims, pos = idx.index.search(idx._arg(q), k)
         sims, pos = sims.to(q.device), pos.to(q.device)
         if idx.ntotal > self.ntotal:  # tokens added after this snapshot: not ours
             late = pos >= self.ntotal

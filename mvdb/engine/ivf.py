@@ -23,7 +23,7 @@ from mvdb.kernels.lists import credit_lists
 
 try:
     import faiss
-except ImportError:  # pragma: no cover - faiss is a dependency; the message says what to install
+except ImportError:  # FAISS is an extra (mvdb[cpu] or mvdb[gpu]); without it the token index is pure torch
     faiss = None
 
 RETRAIN_GROWTH = 2.0  # retrain once the stored tokens exceed this many times the training corpus
@@ -44,11 +44,23 @@ COARSE_PROBE = 6
 
 def require_faiss():
     if faiss is None:
-        raise ImportError("mvdb needs FAISS: pip install faiss-cpu (or faiss-gpu on a CUDA machine)")
+        raise ImportError('mvdb needs FAISS here: pip install "mvdb[cpu]" (or "mvdb[gpu]" on a CUDA machine)')
 
 
 def gpu_available() -> bool:
+    """FAISS with GPU support and a GPU it can see."""
     return faiss is not None and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+
+
+def index_backend(device: torch.device | str | None = None) -> str:
+    """What runs the token index (flat search, k-means) of a database on ``device`` (default: CUDA
+    when available): "faiss-gpu" (a CUDA device and faiss-gpu), "faiss-cpu" (a CPU device and
+    FAISS), else "torch" (FAISS not installed, or a CUDA device where FAISS has no GPU: torch on
+    the GPU beats FAISS on the host)."""
+    dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda":
+        return "faiss-gpu" if gpu_available() else "torch"
+    return "faiss-cpu" if faiss is not None else "torch"
 
 
 def default_nlist(n_tokens: int) -> int:
@@ -74,14 +86,21 @@ def sample(n: int, m: int, seed: int = 0) -> np.ndarray:
 
 
 def train_centroids(sample: torch.Tensor, nlist: int, seed: int = 0, niter: int | None = None,
-                    two_level: bool = False) -> torch.Tensor:
-    """Spherical k-means with FAISS (on the GPU when faiss-gpu is present) -> float32 [nlist, dim].
+                    two_level: bool = False, device: torch.device | None = None) -> torch.Tensor:
+    """Spherical k-means -> float32 [nlist, dim] on the CPU: FAISS (on the GPU with faiss-gpu), or
+    :func:`kmeans` in torch on ``device`` where index_backend says "torch".
 
     ``two_level``: about sqrt(nlist) coarse clusters, each split into its share of the lists
     (faiss.contrib.clustering.two_level_clustering): each point meets sqrt(nlist) centroids per
     iteration instead of nlist, what a CPU can afford for thousands of lists."""
-    require_faiss()
     niter = KMEANS_NITER if niter is None else niter
+    dev = torch.device(device) if device is not None else sample.device
+    if index_backend(dev) == "torch":
+        x = sample.to(dev, torch.float32)
+        if two_level and nlist >= 4:
+            return two_level_kmeans(x, max(2, round(nlist**0.5)), nlist, niter, seed).cpu()
+        return kmeans(x, nlist, niter, seed).cpu()
+    require_faiss()
     x = np.ascontiguousarray(sample.float().cpu().numpy())
     dim = x.shape[1]
     if two_level and nlist >= 4:
@@ -100,6 +119,42 @@ def train_centroids(sample: torch.Tensor, nlist: int, seed: int = 0, niter: int 
         quantizer = faiss.IndexFlatIP(dim)
     cl.train(x, quantizer)
     return torch.from_numpy(faiss.vector_to_array(cl.centroids).reshape(nlist, dim).copy())
+
+
+def kmeans(x: torch.Tensor, k: int, niter: int = KMEANS_NITER, seed: int = 0) -> torch.Tensor:
+    """Spherical k-means in torch, FAISS ``Clustering``'s algorithm: k distinct points to start,
+    ``niter`` rounds of assign (one GEMM + argmax per chunk), mean and normalise; an empty cluster
+    takes a perturbed copy of a centroid drawn in proportion to cluster sizes. x float32 [n, dim]
+    -> unit-norm float32 [k, dim] on x's device."""
+    g = torch.Generator().manual_seed(seed)
+    n = x.shape[0]
+    start = torch.randperm(n, generator=g)[:k] if n >= k else torch.randint(0, n, (k,), generator=g)
+    c = torch.nn.functional.normalize(x[start.to(x.device)], dim=1)
+    for _ in range(niter):
+        a = assign(x, c).long()
+        c = torch.nn.functional.normalize(torch.zeros_like(c).index_add_(0, a, x), dim=1)
+        counts = torch.bincount(a, minlength=k)
+        empty = torch.nonzero(counts == 0).flatten()
+        if empty.numel():
+            donor = torch.multinomial(counts.float().cpu(), empty.numel(), replacement=True, generator=g).to(c.device)
+            noise = torch.randn(empty.numel(), c.shape[1], generator=g).to(c.device)
+            c[empty] = torch.nn.functional.normalize(c[donor] + 1e-3 * noise, dim=1)
+    return c
+
+
+def two_level_kmeans(x: torch.Tensor, n_coarse: int, k: int, niter: int = KMEANS_NITER, seed: int = 0) -> torch.Tensor:
+    """:func:`kmeans` in two levels (as faiss.contrib.clustering.two_level_clustering): ``n_coarse``
+    clusters, each split into lists in proportion to its points, ``k`` in all."""
+    coarse = kmeans(x, n_coarse, niter, seed)
+    a = assign(x, coarse).long()
+    counts = torch.bincount(a, minlength=n_coarse)
+    cum = counts.cumsum(0) * k // x.shape[0]
+    share = (cum - torch.cat([cum.new_zeros(1), cum[:-1]])).tolist()
+    order = torch.argsort(a, stable=True)
+    bounds = [0] + counts.cumsum(0).tolist()
+    out = [kmeans(x[order[bounds[i] : bounds[i + 1]]], share[i], niter, seed + 1 + i)
+           for i in range(n_coarse) if share[i] > 0]
+    return torch.cat(out)
 
 
 def assign(x: torch.Tensor, centroids: torch.Tensor, scratch: int = 1 << 30) -> torch.Tensor:
@@ -129,10 +184,11 @@ class Lists:
         self.n_rows, self.ntotal = n_rows, n_tokens
         self.entry = entry
         self.trained_tokens = entry["trained_tokens"]
+        self.backend = index_backend(self.device)  # what trains and assigns (the lists are searched in torch)
         self.build_seconds: dict = {}
 
     @classmethod
-    def empty(cls, centroids: torch.Tensor, entry: dict, device: torch.device) -> "Lists":
+    def empty(cls, centroids: torch.Tensor, entry: dict, device: torch.device) -> Lists:
         half = device.type == "cuda"
         c = centroids.to(device, torch.float16 if half else torch.float32)
         return cls(c, torch.zeros(c.shape[0] + 1, dtype=torch.int64, device=device),
@@ -144,18 +200,22 @@ class Lists:
         return self.device.type == "cpu" and self.nlist >= CPU_COARSE_NLIST
 
     def _coarse(self):
-        """A FAISS IVF index over the centroids themselves (about sqrt(nlist) groups), probed
+        """A coarse quantizer over the centroids themselves (about sqrt(nlist) groups), probed
         ``COARSE_PROBE`` groups deep: a token meets about (1 + COARSE_PROBE) sqrt(nlist)
-        centroids instead of nlist (its nearest centroid or a close second). Built on first use."""
+        centroids instead of nlist (its nearest centroid or a close second). Built on first use:
+        a FAISS IVF index, or (backend "torch") :class:`TorchCoarse`."""
         ix = getattr(self, "_coarse_index", None)
         if ix is None:
-            c = np.ascontiguousarray(self.centroids.float().cpu().numpy())
+            c = self.centroids.float().cpu()
             groups = max(2, round(self.nlist**0.5))
-            ix = faiss.IndexIVFFlat(faiss.IndexFlatIP(self.dim), self.dim, groups, faiss.METRIC_INNER_PRODUCT)
-            ix.cp.spherical, ix.cp.seed = True, 1
-            ix.train(c)
-            ix.add(c)
-            ix.nprobe = COARSE_PROBE
+            if self.backend == "torch":
+                ix = TorchCoarse(c, groups)
+            else:
+                ix = faiss.IndexIVFFlat(faiss.IndexFlatIP(self.dim), self.dim, groups, faiss.METRIC_INNER_PRODUCT)
+                ix.cp.spherical, ix.cp.seed = True, 1
+                ix.train(np.ascontiguousarray(c.numpy()))
+                ix.add(np.ascontiguousarray(c.numpy()))
+                ix.nprobe = COARSE_PROBE
             self._coarse_index = ix
         return ix
 
@@ -166,14 +226,16 @@ class Lists:
             x = tokens[i : i + ASSIGN_CHUNK].to(self.device)
             if scales is not None:
                 x = x.float() * scales[i : i + ASSIGN_CHUNK].to(self.device)[:, None]
-            if self.approximate:
+            if self.approximate and self.backend == "torch":
+                out.append(self._coarse().assign(x.float()))
+            elif self.approximate:
                 _, ids = self._coarse().search(np.ascontiguousarray(x.float().numpy()), 1)
                 out.append(torch.from_numpy(ids[:, 0].astype(np.int32)))
             else:
                 out.append(assign(x, self.centroids))
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.int32, device=self.device)
 
-    def with_rows(self, codes: torch.Tensor, row_offsets: torch.Tensor) -> "Lists":
+    def with_rows(self, codes: torch.Tensor, row_offsets: torch.Tensor) -> Lists:
         """A new index that also holds rows n_rows.. (their tokens' ``codes`` in row order;
         ``row_offsets`` [new rows + 1] relative token offsets). Old entries keep their order; the
         new rows (all later than every old one) go to the end of each list."""
@@ -245,6 +307,40 @@ class Lists:
             score.masked_fill_(dead[None], float("-inf"))
             top = score.topk(n, dim=1)
             out[a:b, :n] = top.indices.masked_fill(torch.isinf(top.values), -1)
+        return out
+
+
+class TorchCoarse:
+    """FAISS ``IndexIVFFlat`` over the centroids, in torch: the centroids in ``groups`` k-means
+    groups; a token is compared with the centroids of its ``probe`` nearest groups only."""
+
+    def __init__(self, centroids: torch.Tensor, groups: int, probe: int = COARSE_PROBE):
+        self.centroids = centroids  # float32 [nlist, dim]
+        self.heads = kmeans(centroids, groups, seed=1)
+        member = assign(centroids, self.heads).long()
+        self.order = torch.argsort(member, stable=True)  # centroid ids, group by group
+        self.bounds = [0] + torch.bincount(member, minlength=groups).cumsum(0).tolist()
+        self.probe = min(probe, groups)
+
+    def assign(self, x: torch.Tensor, chunk: int = 1 << 18) -> torch.Tensor:
+        """Nearest centroid among the probed groups' -> int32 [n]."""
+        out = torch.empty(x.shape[0], dtype=torch.int32)
+        for a in range(0, x.shape[0], chunk):
+            xs = x[a : a + chunk]
+            probes = (xs @ self.heads.T).topk(self.probe, dim=1).indices.flatten()  # [m * probe]
+            by_group = torch.argsort(probes, stable=True)
+            starts = [0] + torch.bincount(probes, minlength=len(self.bounds) - 1).cumsum(0).tolist()
+            best = torch.full((xs.shape[0],), float("-inf"))
+            arg = torch.zeros(xs.shape[0], dtype=torch.int64)
+            for g in range(len(self.bounds) - 1):
+                rows = by_group[starts[g] : starts[g + 1]] // self.probe
+                if not rows.numel():
+                    continue
+                ids = self.order[self.bounds[g] : self.bounds[g + 1]]
+                v, j = (xs[rows] @ self.centroids[ids].T).max(dim=1)
+                better = v > best[rows]
+                best[rows[better]], arg[rows[better]] = v[better], ids[j[better]]
+            out[a : a + chunk] = arg.int()
         return out
 
 

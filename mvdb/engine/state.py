@@ -211,7 +211,7 @@ class Engine:
         nlist = self._target_nlist(state)
         two_level = self.device.type == "cpu" and nlist >= ivf.CPU_COARSE_NLIST
         per = ivf.TRAIN_PER_LIST_TWO_LEVEL if two_level else ivf.TRAIN_PER_LIST
-        if ivf.gpu_available() and self.device.type == "cuda":
+        if self.device.type == "cuda":  # k-means on the GPU (faiss-gpu, else torch)
             per = max(per, ivf.TRAIN_PER_LIST_GPU)
         take = torch.from_numpy(ivf.sample(tokens.n_tokens, min(ivf.TRAIN_MAX, per * nlist)))
         how = "two-level k-means" if two_level else "k-means"
@@ -220,7 +220,7 @@ class Engine:
             sample = tok.float()
             if sc is not None:
                 sample = sample * sc[:, None]
-            centroids = ivf.train_centroids(sample, nlist, two_level=two_level)
+            centroids = ivf.train_centroids(sample, nlist, two_level=two_level, device=self.device)
         entry = {"kind": "centroids", "id": uuid.uuid4().hex[:12], "nlist": nlist, "trained_tokens": n}
         return centroids, entry
 
@@ -400,6 +400,8 @@ class Engine:
             "pages": len(t.pages) if t is not None else 0,
             "page_allocations": self.resident.allocations if self.resident is not None else 0,
             "index": idx.kind if idx is not None else None,
+            # what runs the token index: "faiss-gpu", "faiss-cpu" or "torch" (no FAISS installed)
+            "index_backend": getattr(idx, "backend", None) or ivf.index_backend(self.device),
             "index_config": dict(self.config),
             "nlist": getattr(idx, "nlist", None) or None,
             "trained_tokens": getattr(idx, "trained_tokens", None),
