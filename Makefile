@@ -1,4 +1,5 @@
 # The README's quick start: `make demo` and `make test`.
+# mvdb[cpu] brings faiss-cpu (CI uses it); without a FAISS extra the token index runs in torch.
 PYTHON ?= python3
 # torch==2.13.0 is a CPU build on the dev/CI machines; elsewhere any torch >= 2.4 works.
 TORCH ?= torch==2.13.0
@@ -7,11 +8,11 @@ TORCH ?= torch==2.13.0
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
-	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev,pylate,distributed,serve]"
+	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev,cpu,pylate,distributed,serve]"
 	@$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps pylate==1.6.0 colpali-engine==0.3.18
 
 install-demo: install
-	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev,pylate,distributed,serve,demo]"
+	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev,cpu,pylate,distributed,serve,demo]"
 
 demo: install-demo
 	$(PYTHON) -m mvdb demo

@@ -3,6 +3,8 @@
 #   bash benchmarks/gpu_session.sh tests bench:a,b,c sweep:b storage:1000000
 # Logs and JSON go to $OUT (the device tool brings them back). FAISS GPU: carry .gpu and run
 #   source .gpu/env.sh && bash benchmarks/gpu_session.sh dbtests e2e:100000
+# Which backend runs the token index (issue #18; "faiss-gpu" expected): carry .gpu and run
+#   source .gpu/env.sh && bash benchmarks/gpu_session.sh backend
 # The server benchmark (issue #16): carry .gpu and .srv (the server's wheels:
 #   pip download -d .srv --python-version 3.12 --only-binary=:all: --platform manylinux2014_x86_64 \
 #       --platform manylinux_2_28_x86_64 --platform any fastapi uvicorn httptools msgpack httpx click)
@@ -43,8 +45,15 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,nohe
 for step in "$@"; do
     echo "=== $step ($(date +%T))"
     case "$step" in
+        backend) (cd /tmp && python3 -c "import mvdb, mvdb.engine, numpy as np, tempfile
+db = mvdb.open(tempfile.mkdtemp() + '/b.mvdb', device='cuda')
+db.add([np.random.default_rng(0).standard_normal((20, 128)).astype(np.float32) for _ in range(100)])
+print('mvdb.engine.index_backend():', mvdb.engine.index_backend(), '| db.stats():', db.stats()['index'],
+      db.stats()['index_backend'])") 2>&1 | tee "$OUT/backend.log" ;;
         tests) (cd "$TESTROOT" && MVDB_AUTOTUNE=0 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -m gpu tests) \
                    2>&1 | tee "$OUT/tests.log" | tail -15 ;;
+        ktests) (cd "$TESTROOT" && MVDB_AUTOTUNE=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels.py) 2>&1 \
+                    | tee "$OUT/ktests.log" | tail -8 ;;
         bench:*) timeout 480 python3 benchmarks/kernels.py --cases "${step#bench:}" --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
         variants:*) timeout ${VARIANTS_TIMEOUT:-480} python3 benchmarks/kernel_variants.py --cases "${step#variants:}" \
                         --out "$OUT" 2>&1 | tee -a "$OUT/variants.log" | grep -v '^{' ;;
