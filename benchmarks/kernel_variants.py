@@ -51,7 +51,7 @@ def short_configs(smoke: bool):
     if smoke:
         return [{"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": r, "num_warps": 4} for r in (0, 1)]
     out = []
-    for bd, w, st, r in itertools.product((64, 128, 256), (4, 8), (2, 3), (0, 1)):
+    for bd, w, st, r in itertools.product((32, 64, 128), (2, 4), (2, 3), (0, 1)):
         out.append({"BLOCK_Q": 32, "BLOCK_D": bd, "RUNMAX": r, "num_warps": w, "num_stages": st})
     return out
 
@@ -60,10 +60,8 @@ def long_configs(smoke: bool):
     if smoke:
         return [{"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": r, "num_warps": 4} for r in (0, 1)]
     out = []
-    for bq, bd, st, r in itertools.product((64, 128, 256), (64, 128), (2, 3), (0, 1)):
-        out.append({"BLOCK_Q": bq, "BLOCK_D": bd, "RUNMAX": r, "num_warps": 8, "num_stages": st})
-    for bq, bd, r in itertools.product((64, 128), (64, 128), (0, 1)):
-        out.append({"BLOCK_Q": bq, "BLOCK_D": bd, "RUNMAX": r, "num_warps": 4, "num_stages": 3})
+    for bq, bd, w, st, r in itertools.product((64, 128, 256), (64, 128), (4, 8), (2, 3), (0, 1)):
+        out.append({"BLOCK_Q": bq, "BLOCK_D": bd, "RUNMAX": r, "num_warps": w, "num_stages": st})
     return out
 
 

@@ -138,11 +138,14 @@ def run_server(path, dev, server_args: str, qh, want, qfile, args, in_process_qp
             procs = args.procs or max(1, (os.cpu_count() or 2) // 2)
             run["load"] = []
             for n in [int(x) for x in args.clients.split(",")]:
-                s0 = c.stats()["server"]
+                s0, t0 = c.stats()["server"], time.perf_counter()
                 row = load(url, qfile, n, procs, args.warmup, args.seconds)
-                s1 = c.stats()["server"]
+                s1, t1 = c.stats()["server"], time.perf_counter()
                 db_b, db_q = s1["batches"] - s0["batches"], s1["batched_queries"] - s0["batched_queries"]
                 row["mean_batch"] = db_q / db_b if db_b else None
+                if db_b and "search_s" in s1:  # the engine's time inside db.search, per batch
+                    row["engine_search_ms_per_batch"] = (s1["search_s"] - s0["search_s"]) / db_b * 1e3
+                    row["engine_batches_per_s"] = db_b / (t1 - t0)
                 row["share_of_in_process_batched"] = row["qps"] / in_process_qps
                 run["load"].append(row)
                 print(json.dumps(row), flush=True)
@@ -212,6 +215,16 @@ def main():
         sync(dev)
         times64.append(time.perf_counter() - t0)
     res["in_process_batch64_qps"] = args.queries / statistics.median(times64)
+    res["in_process_ms_per_batch"] = {}
+    for b in (4, 16, 32):  # to set beside the engine's time per batch under load
+        ts = []
+        for a in range(0, min(args.queries, 50 * b), b):
+            sync(dev)
+            t0 = time.perf_counter()
+            db.search(q[a : a + b], k=10)
+            sync(dev)
+            ts.append((time.perf_counter() - t0) * 1e3)
+        res["in_process_ms_per_batch"][b] = statistics.median(ts)
     lat = []
     for i in range(min(200, args.queries)):
         t0 = time.perf_counter()

@@ -191,8 +191,9 @@ def test_long_query_is_chunked_exactly(device):
 @pytest.mark.parametrize("lq_bucket", [16, 128], ids=["short-path", "full-tiles-then-tail"])
 def test_every_launch_variant_is_exact(device, dtype, runmax, lq_bucket):
     """The kernel's tuning choices (per-tile reduction or an elementwise running max; the short
-    and the long-query tile loop) give the same scores as the reference, for both CSR layouts.
-    Documents span several BLOCK_D tiles plus a tail; one query spans two BLOCK_Q blocks."""
+    and the long-query tile loop; documents per program, with a last group past the end) give
+    the same scores as the reference, for both CSR layouts. Documents span several BLOCK_D
+    tiles plus a tail; one query spans two BLOCK_Q blocks; a -1 candidate scores -inf."""
     from mvdb.kernels.maxsim import fused
 
     g = _gen("variants", dtype)
@@ -201,7 +202,7 @@ def test_every_launch_variant_is_exact(device, dtype, runmax, lq_bucket):
     q, cu_q = _packed([20, 3], dim, g, device, torch.float16)
     d, cu_d = _packed(lengths, dim, g, device)
     tok, sc = quantize_int8(d) if dtype == "int8" else (d.half(), None)
-    cand = torch.tensor([[5, 0, 2, -1], [4, 1, 3, 2]], device=device)
+    cand = torch.tensor([[5, 0, 2, -1, 1], [4, 1, 3, 2, 2]], device=device)
     if dtype == "int8":
         ref_cross = naive.maxsim_csr(q.cpu(), cu_q.cpu(), tok.cpu(), cu_d.cpu().long(), None, sc.cpu(), dtype=torch.float64)
         ref_cand = naive.maxsim_csr(q.cpu(), cu_q.cpu(), tok.cpu(), cu_d.cpu().long(), cand.cpu(), sc.cpu(),
@@ -212,7 +213,7 @@ def test_every_launch_variant_is_exact(device, dtype, runmax, lq_bucket):
     config = {"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": runmax, "num_warps": 4}
     cross = fused.launch(_poison((2, len(lengths)), device), q, None, cu_q, 0, tok, sc, None, cu_d, None, 0, 2,
                          len(lengths), fused.CSR_CROSS, lq_bucket, config=config)
-    cands = fused.launch(_poison((2, 4), device), q, None, cu_q, 0, tok, sc, None, cu_d.long(), cand, 0, 2, 4,
+    cands = fused.launch(_poison((2, 5), device), q, None, cu_q, 0, tok, sc, None, cu_d.long(), cand, 0, 2, 5,
                          fused.CSR_CAND, lq_bucket, config=config)
     same = None if dtype == "int8" else _torch_same_dtype_csr(q, cu_q, tok, cu_d)
     _check_close(cross, ref_cross, same, rtol=1e-6 if dtype == "int8" else 0.0)
@@ -459,25 +460,29 @@ def test_warmup_compiles_ahead(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["fp16", "int8"])
 def test_gpu_top10_agreement_realistic_shapes(dtype):
-    """fp16: top-10 identical to the fp32 reference; int8: >= 99% overlap."""
+    """The kernel ranks as exactly as its reference at realistic shapes: fp16 against fp32
+    arithmetic on the fp16 values; int8 against fp64 arithmetic on the same quantized documents
+    and queries (top-10 identical). Against unquantized fp32 scores int8 keeps the source
+    document first; its rank-10 neighbours are near-ties that quantization may swap (about a
+    third of seeds swap one, with the exact int8 reference too), so that is not asserted."""
     g = _gen("top10", dtype)
     lengths = list(torch.randint(64, 301, (3000,), generator=g))
     d, cu_d = _packed(lengths, 128, g, "cuda")
     d = torch.nn.functional.normalize(d, dim=-1)
     src = d[cu_d[5] : cu_d[5] + 32]
-    q = torch.nn.functional.normalize(src + 0.5 * torch.randn_like(src), dim=-1)
+    noise = torch.randn(src.shape, generator=g).to(src.device)
+    q = torch.nn.functional.normalize(src + 0.5 * noise, dim=-1)
     cu_q = torch.tensor([0, 32], dtype=torch.int32, device="cuda")
-    ref = naive.maxsim_csr(q, cu_q, d, cu_d.long(), dtype=torch.float32)[0]
     if dtype == "fp16":
         got = maxsim_varlen(q.half(), cu_q, d.half(), cu_d)[0]
         ref = naive.maxsim_csr(q.half().float(), cu_q, d.half().float(), cu_d.long(), dtype=torch.float32)[0]
-        need = 1.0
     else:
         tok, sc = quantize_int8(d)
         got = maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc)[0]
-        need = 0.99
-    overlap = len(set(got.topk(10).indices.tolist()) & set(ref.topk(10).indices.tolist())) / 10
-    assert overlap >= need
+        ref = naive.maxsim_csr(q, cu_q, tok, cu_d.long(), None, sc, dtype=torch.float64)[0].float()
+        exact = naive.maxsim_csr(q, cu_q, d, cu_d.long(), dtype=torch.float32)[0]
+        assert int(got.argmax()) == int(exact.argmax()) == 5, "int8 keeps the source document first"
+    assert got.topk(10).indices.tolist() == ref.topk(10).indices.tolist()
 
 
 @pytest.mark.parametrize("gather_cost", [0, 8, 10**9], ids=["per-group", "default", "whole-batch"])

@@ -48,7 +48,7 @@ def _configs():
     out = []
     for bq in (32, 64, 128, 256):
         for bd in (32, 64, 128):
-            for warps in (4, 8):
+            for warps in (2, 4, 8):
                 for stages in (2, 3, 4):
                     for runmax in (0, 1):
                         out.append(triton.Config({"BLOCK_Q": bq, "BLOCK_D": bd, "RUNMAX": runmax}, num_warps=warps,
@@ -65,10 +65,13 @@ def _prune(configs, nargs, **kwargs):
         if bq > max(32, lq):
             continue
         if not full:
-            # The measured short list (benchmarks/kernels.py --sweep on an H100).
-            if lq <= 64 and not (bq == max(32, lq) and bd in (64, 128) and c.num_stages in (2, 3)):
+            # The measured short list (benchmarks/kernel_variants.py on an H100): short queries
+            # are latency-bound gathers, best with small tiles and 2-4 warps; long queries are
+            # compute-bound, best with large query tiles and 3 stages.
+            if lq <= 64 and not (bq == max(32, lq) and bd in (32, 64) and c.num_warps in (2, 4)
+                                 and c.num_stages in (2, 3)):
                 continue
-            if lq > 64 and not (bq >= 64 and bd in (64, 128) and c.num_stages in (2, 3) and c.num_warps == 8):
+            if lq > 64 and not (bq >= 128 and bd in (64, 128) and c.num_warps in (4, 8) and c.num_stages == 3):
                 continue
         keep.append(c)
     return keep or configs[:1]
@@ -274,11 +277,13 @@ _tuned = triton.autotune(configs=_configs(), key=_KEY, prune_configs_by={"early_
 
 
 def default_config(lq_bucket_: int) -> dict:
-    """Launch config used without autotuning (interpreter, MVDB_AUTOTUNE=0)."""
+    """Launch config used without autotuning (interpreter, MVDB_AUTOTUNE=0): the measured best
+    of the H100 sweeps (benchmarks/kernel_variants.py) for short and for long queries."""
     if interpreting():
         return {"BLOCK_Q": 16, "BLOCK_D": 16, "num_warps": 4, "RUNMAX": 1}
-    bq = 32 if lq_bucket_ <= 32 else 64
-    return {"BLOCK_Q": bq, "BLOCK_D": 64, "num_warps": 4, "num_stages": 3, "RUNMAX": 1}
+    if lq_bucket_ <= 64:
+        return {"BLOCK_Q": max(32, lq_bucket_), "BLOCK_D": 32, "num_warps": 2, "num_stages": 3, "RUNMAX": 1}
+    return {"BLOCK_Q": 128, "BLOCK_D": 128, "num_warps": 4, "num_stages": 3, "RUNMAX": 0}
 
 
 @triton.jit
@@ -290,8 +295,10 @@ def _quantize_rows_kernel(X, Q8, QS, n_rows, DIM: tl.constexpr, BLOCK_DIM: tl.co
     ok = (rows < n_rows)[:, None] & (cols < DIM)[None, :]
     x = tl.load(X + rows[:, None] * DIM + cols[None, :], mask=ok, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.where(amax > 0, amax / 127.0, 1.0)
-    y = x / scale[:, None]
+    # IEEE divisions (div_rn), as torch and numpy divide: the plain '/' is an approximate
+    # division on the GPU, which would round some ties differently from quantize_int8
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), 1.0)
+    y = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
     tl.store(Q8 + rows[:, None] * DIM + cols[None, :], tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int8), mask=ok)
     tl.store(QS + rows, scale, mask=rows < n_rows)
 

@@ -67,6 +67,7 @@ class Batcher:
         self._held: Job | None = None
         self.batches = 0
         self.queries = 0
+        self.search_s = 0.0  # wall seconds inside db.search (busy share = its growth / elapsed)
         self._workers = [threading.Thread(target=self._run, name=f"mvdb-search-{i}", daemon=True)
                          for i in range(threads)]
         self._lock = threading.Lock()  # one worker at a time takes jobs off the queue
@@ -88,7 +89,7 @@ class Batcher:
 
     @property
     def counters(self) -> dict:
-        return {"batches": self.batches, "batched_queries": self.queries}
+        return {"batches": self.batches, "batched_queries": self.queries, "search_s": self.search_s}
 
     def close(self) -> None:
         for _ in self._workers:
@@ -142,12 +143,14 @@ class Batcher:
         shape, dtype = queries[0].shape, queries[0].dtype
         if all(q.shape == shape and q.dtype == dtype for q in queries):
             queries = np.stack(queries)  # one [Nq, Lq, dim] array: one conversion and copy, not one per query
+        t0 = time.perf_counter()
         try:
             out = self.db.search(queries, sparse=sparse, **group[0].options)
         except Exception:  # noqa: BLE001 - some request's input: each one on its own
             for j in group:
                 self._alone(j)
             return
+        self.search_s += time.perf_counter() - t0
         self.batches += 1
         self.queries += len(queries)
         at = 0
@@ -157,12 +160,14 @@ class Batcher:
             j.future.set_result(part[0] if j.single else part)
 
     def _alone(self, job: Job) -> None:
+        t0 = time.perf_counter()
         try:
             queries, sparse = job.raw
             out = self.db.search(queries, sparse=sparse, **job.options)
         except BaseException as e:  # noqa: BLE001 - handed to the request
             job.future.set_exception(e)
             return
+        self.search_s += time.perf_counter() - t0
         self.batches += 1
         self.queries += len(job.queries)
         job.future.set_result(out)
