@@ -462,9 +462,9 @@ def test_warmup_compiles_ahead(monkeypatch):
 def test_gpu_top10_agreement_realistic_shapes(dtype):
     """The kernel ranks as exactly as its reference at realistic shapes: fp16 against fp32
     arithmetic on the fp16 values; int8 against fp64 arithmetic on the same quantized documents
-    and queries (top-10 identical). Against unquantized fp32 scores int8 keeps the source
-    document first; its rank-10 neighbours are near-ties that quantization may swap (about a
-    third of seeds swap one, with the exact int8 reference too), so that is not asserted."""
+    and queries (top-10 identical). Against unquantized fp32 scores int8 keeps the same first
+    document; its rank-10 neighbours are near-ties that quantization may swap (about a third of
+    noise draws swap one, with the exact int8 reference too), so that is not asserted."""
     g = _gen("top10", dtype)
     lengths = list(torch.randint(64, 301, (3000,), generator=g))
     d, cu_d = _packed(lengths, 128, g, "cuda")
@@ -481,7 +481,7 @@ def test_gpu_top10_agreement_realistic_shapes(dtype):
         got = maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc)[0]
         ref = naive.maxsim_csr(q, cu_q, tok, cu_d.long(), None, sc, dtype=torch.float64)[0].float()
         exact = naive.maxsim_csr(q, cu_q, d, cu_d.long(), dtype=torch.float32)[0]
-        assert int(got.argmax()) == int(exact.argmax()) == 5, "int8 keeps the source document first"
+        assert int(got.argmax()) == int(exact.argmax()), "int8 keeps the first document of the fp32 scores"
     assert got.topk(10).indices.tolist() == ref.topk(10).indices.tolist()
 
 
