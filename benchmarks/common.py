@@ -1,4 +1,5 @@
-"""Shared measurement helpers of the database benchmarks (e2e.py, grow.py, multigpu.py)."""
+"""Shared measurement helpers of the benchmarks (e2e.py, grow.py, multigpu.py, kernels.py,
+kernel_variants.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,24 @@ import torch
 def sync(dev) -> None:
     if torch.device(dev).type == "cuda":
         torch.cuda.synchronize()
+
+
+def median_ms(fn, warmup: int = 25, rep: int = 200, cpu_runs: int = 3) -> float:
+    """Median milliseconds of fn(): triton.testing.do_bench on a GPU (L2 flushed between runs;
+    ``warmup`` / ``rep`` in ms), else the median of ``cpu_runs`` timed calls (after one untimed
+    call when there are several)."""
+    if torch.cuda.is_available():
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+    if cpu_runs > 1:
+        fn()
+    times = []
+    for _ in range(cpu_runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
 
 
 def exhaustive_reference(db, q: torch.Tensor, k: int = 10, batch: int = 64) -> tuple[list[set], float]:

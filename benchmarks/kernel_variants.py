@@ -31,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
+from common import median_ms  # noqa: E402
 from synthetic import candidate_lists, make_corpus, make_queries  # noqa: E402
 
 from mvdb.kernels import maxsim, maxsim_candidates, maxsim_varlen, quantize_int8  # noqa: E402
@@ -38,13 +39,7 @@ from mvdb.kernels.maxsim import fused, naive  # noqa: E402
 
 
 def bench(fn) -> float:
-    if torch.cuda.is_available():
-        import triton.testing
-
-        return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
+    return median_ms(fn, warmup=10, rep=60, cpu_runs=1)
 
 
 def short_configs(smoke: bool):

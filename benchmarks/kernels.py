@@ -47,6 +47,7 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 
 import peers  # noqa: E402
+from common import median_ms  # noqa: E402
 from synthetic import candidate_lists, make_corpus, make_queries  # noqa: E402
 
 from mvdb.kernels import maxsim, maxsim_candidates, maxsim_varlen, quantize_int8  # noqa: E402
@@ -62,17 +63,7 @@ def _sync():
 
 def bench(fn) -> float:
     """Median milliseconds of fn()."""
-    if torch.cuda.is_available():
-        import triton.testing
-
-        return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
-    fn()
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return sorted(times)[1]
+    return median_ms(fn)
 
 
 def peak_extra_mb(fn) -> float | None:

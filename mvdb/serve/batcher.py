@@ -143,16 +143,12 @@ class Batcher:
         shape, dtype = queries[0].shape, queries[0].dtype
         if all(q.shape == shape and q.dtype == dtype for q in queries):
             queries = np.stack(queries)  # one [Nq, Lq, dim] array: one conversion and copy, not one per query
-        t0 = time.perf_counter()
         try:
-            out = self.db.search(queries, sparse=sparse, **group[0].options)
+            out = self._counted_search(queries, sparse, group[0].options, len(queries))
         except Exception:  # noqa: BLE001 - some request's input: each one on its own
             for j in group:
                 self._alone(j)
             return
-        self.search_s += time.perf_counter() - t0
-        self.batches += 1
-        self.queries += len(queries)
         at = 0
         for j in group:
             part = out[at : at + len(j.queries)]
@@ -160,14 +156,20 @@ class Batcher:
             j.future.set_result(part[0] if j.single else part)
 
     def _alone(self, job: Job) -> None:
-        t0 = time.perf_counter()
         try:
             queries, sparse = job.raw
-            out = self.db.search(queries, sparse=sparse, **job.options)
+            out = self._counted_search(queries, sparse, job.options, len(job.queries))
         except BaseException as e:  # noqa: BLE001 - handed to the request
             job.future.set_exception(e)
             return
+        job.future.set_result(out)
+
+    def _counted_search(self, queries, sparse, options: dict, n: int):
+        """``db.search``; a search that answers counts as one batch of ``n`` queries and adds its
+        seconds to ``search_s``."""
+        t0 = time.perf_counter()
+        out = self.db.search(queries, sparse=sparse, **options)
         self.search_s += time.perf_counter() - t0
         self.batches += 1
-        self.queries += len(job.queries)
-        job.future.set_result(out)
+        self.queries += n
+        return out
