@@ -70,3 +70,20 @@ def measure(db, q: torch.Tensor, ref: list, kw: dict, latency_queries: int = 100
     k = kw.get("k", 10)
     row[f"recall{k}"] = float(np.mean([len({h.id for h in g} & r) / k for g, r in zip(hits, ref)]))
     return row
+
+
+def bulk_ingest(path, tokens: np.ndarray, lengths: np.ndarray, dtype: str = "float16", chunk_docs: int = 50_000) -> float:
+    """A fresh directory at ``path`` filled with ``Store.add_packed`` in chunks of documents (the
+    bulk path the growth and defaults studies compare against) -> seconds."""
+    import shutil
+
+    import mvdb
+
+    shutil.rmtree(path, ignore_errors=True)
+    off = np.concatenate(([0], np.cumsum(lengths)))
+    t0 = time.perf_counter()
+    with mvdb.storage.Store(path, dim=tokens.shape[1], dtype=dtype) as st:
+        for d0 in range(0, len(lengths), chunk_docs):
+            d1 = min(len(lengths), d0 + chunk_docs)
+            st.add_packed(tokens[off[d0] : off[d1]], lengths[d0:d1])
+    return time.perf_counter() - t0

@@ -23,13 +23,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import measure  # noqa: E402
-from grow import reference, settings  # noqa: E402
-from synthetic import GENERATORS, make_queries, make_structured  # noqa: E402
+from common import bulk_ingest, measure  # noqa: E402
+from grow import settings, structured_case  # noqa: E402
+from synthetic import GENERATORS  # noqa: E402
 
 import mvdb  # noqa: E402
 from mvdb.engine import ivf  # noqa: E402
@@ -65,22 +64,9 @@ def main():
                "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "faiss_gpu": mvdb.engine.gpu_available(), "variants": []}
-        corpus = make_structured(gen, args.docs, device=dev, seed=args.seed)
-        q, _ = make_queries(corpus, args.queries, 32, seed=args.seed + 1)
-        res["tokens"] = int(corpus.offsets[-1])
-        ref, res["exhaustive_qps"] = reference(corpus.tokens, corpus.offsets, q)
-        tokens, lengths = corpus.tokens.cpu().numpy(), corpus.lengths.cpu().numpy()
-        del corpus
-        if dev == "cuda":
-            torch.cuda.empty_cache()
-        shutil.rmtree(args.path, ignore_errors=True)
-        t0 = time.perf_counter()
-        off = np.concatenate(([0], np.cumsum(lengths)))
-        with mvdb.storage.Store(args.path, dim=tokens.shape[1]) as st:
-            for d0 in range(0, len(lengths), 50_000):
-                d1 = min(len(lengths), d0 + 50_000)
-                st.add_packed(tokens[off[d0] : off[d1]], lengths[d0:d1])
-        res["ingest_s"] = time.perf_counter() - t0
+        q, ref, tokens, lengths, res["exhaustive_qps"] = structured_case(gen, args.docs, args.queries, args.seed, dev)
+        res["tokens"] = int(lengths.sum())
+        res["ingest_s"] = bulk_ingest(args.path, tokens, lengths)
         del tokens
         bare = (Path(args.path) / "MANIFEST.json").read_bytes()
         print(f"{gen}: {args.docs} docs, {res['tokens']:,} tokens; exhaustive {res['exhaustive_qps']:.0f} QPS; "

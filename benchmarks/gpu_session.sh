@@ -76,6 +76,14 @@ print('mvdb.engine.index_backend():', mvdb.engine.index_backend(), '| db.stats()
                        2>&1 | tee -a "$OUT/sparton.log" ;;
         spartonsweep) timeout 400 python3 benchmarks/sparton.py --sweep --out "$OUT" 2>&1 | tee -a "$OUT/sparton.log" ;;
         spartontests) timeout 200 python3 -m pytest -q tests/test_sparton.py 2>&1 | tee "$OUT/spartontests.log" | tail -5 ;;
+        profile:*) timeout ${PROFILE_TIMEOUT:-560} python3 benchmarks/search_profile.py --docs "${step#profile:}" --out "$OUT" \
+                       ${PROFILE_ARGS:-} 2>&1 | tee -a "$OUT/profile.log" ;;
+        defaults:*) timeout ${DEFAULTS_TIMEOUT:-500} python3 benchmarks/defaults.py --docs "${step#defaults:}" --out "$OUT" \
+                        ${DEFAULTS_ARGS:-} 2>&1 | tee -a "$OUT/defaults.log" ;;
+        grow:*) timeout ${GROW_TIMEOUT:-400} python3 benchmarks/grow.py --docs "${step#grow:}" --out "$OUT" ${GROW_ARGS:-} \
+                    2>&1 | tee -a "$OUT/grow.log" ;;
+        pytest:*) (cd "$TESTROOT" && MVDB_AUTOTUNE=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests \
+                      -k "${step#pytest:}") 2>&1 | tee -a "$OUT/pytest.log" | tail -8 ;;
         serve:*) timeout ${SERVE_TIMEOUT:-560} python3 benchmarks/serve.py --docs "${step#serve:}" --out "$OUT" \
                      ${SERVE_ARGS:-} 2>&1 | tee -a "$OUT/serve.log" ;;
         storage:*) df -h /tmp | tail -1; timeout 540 python3 benchmarks/storage.py --docs "${step#storage:}" \

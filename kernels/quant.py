@@ -55,18 +55,24 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., dim] float -> (int8 [..., dim], float32 scales [...]); all-zero tokens get scale 1.
 
     Rounds half away from zero, exactly as the fused kernel quantizes queries on the fly. Runs
-    where ``x`` lives: on the GPU for CUDA tensors, in parallel cache-sized blocks on a CPU.
+    where ``x`` lives: one Triton launch for CUDA tensors, in parallel cache-sized blocks on a CPU.
     """
     _checks.tensor("x", x, tuple(range(1, 8)), _checks.FLOAT_DTYPES + (torch.float64,))
     rows = x.reshape(-1, x.shape[-1]) if x.numel() else x.reshape(0, x.shape[-1])
     if x.device.type == "cpu" and not x.requires_grad:
         q, scale = _quantize_cpu(rows.contiguous())
         return q.view(x.shape), scale.view(x.shape[:-1])
+    if x.device.type == "cuda":
+        from mvdb.kernels.maxsim.fused import quantize_queries
+
+        rows = rows.detach()
+        q, scale = quantize_queries((rows.float() if rows.dtype == torch.float64 else rows).contiguous())
+        return q.view(x.shape), scale.view(x.shape[:-1])
     q = torch.empty(rows.shape, dtype=torch.int8, device=x.device)
     scale = torch.empty(rows.shape[0], dtype=torch.float32, device=x.device)
     step = max(1, _CHUNK // max(1, x.shape[-1]))  # bounded fp32 temporaries, whatever the size of x
     for r0 in range(0, rows.shape[0], step):
-        xf = rows[r0 : r0 + step].float()
+        xf = rows[r0 : r0 + step].detach().float()
         amax = xf.abs().amax(dim=-1)
         s = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
         y = xf / s[:, None]
@@ -75,25 +81,57 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.view(x.shape), scale.view(x.shape[:-1])
 
 
+def _quantize_gpu(x: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """quantize_array on the GPU: chunks of ``step`` rows through two pinned staging buffers, the
+    copies and the Triton quantizer on a side stream, so the host copies chunk i in (and i-1 out,
+    with torch's threaded copies) while the device works on the chunk before."""
+    n, dim = x.shape
+    q = np.empty((n, dim), dtype=np.int8)
+    sc = np.empty(n, dtype=np.float32)
+    src, q_t, sc_t = torch.from_numpy(x), torch.from_numpy(q), torch.from_numpy(sc)
+    step = min(step, n)
+    stream = torch.cuda.Stream()
+    bufs = [(torch.empty((step, dim), dtype=src.dtype, pin_memory=True),
+             torch.empty((step, dim), dtype=torch.int8, pin_memory=True),
+             torch.empty(step, dtype=torch.float32, pin_memory=True)) for _ in range(2)]
+    pending: list = [None, None]
+
+    def drain(i: int) -> None:
+        if pending[i] is not None:
+            done, r0, m = pending[i]
+            done.synchronize()
+            q_t[r0 : r0 + m].copy_(bufs[i][1][:m])
+            sc_t[r0 : r0 + m].copy_(bufs[i][2][:m])
+            pending[i] = None
+
+    for c, r0 in enumerate(range(0, n, step)):
+        i, m = c % 2, min(step, n - r0)
+        drain(i)
+        bufs[i][0][:m].copy_(src[r0 : r0 + m])
+        with torch.cuda.stream(stream):
+            qg, sg = quantize_int8(bufs[i][0][:m].to("cuda", non_blocking=True))
+            bufs[i][1][:m].copy_(qg, non_blocking=True)
+            bufs[i][2][:m].copy_(sg, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        pending[i] = (done, r0, m)
+    drain(0)
+    drain(1)
+    return q, sc
+
+
 def quantize_array(x: np.ndarray, gpu: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
     """A host array [n, dim] -> (int8 [n, dim], float32 scales [n]) as numpy, computed on the GPU
-    when there is one (chunks copied over and back), else in parallel CPU blocks. Bit-identical
-    either way."""
+    when there is one (pinned chunks copied over and back while the next is quantized), else in
+    parallel CPU blocks. Bit-identical either way."""
     gpu = torch.cuda.is_available() if gpu is None else gpu
     if x.dtype.kind != "f" or x.dtype == np.float64:
         x = x.astype(np.float32)
-    t = torch.from_numpy(np.ascontiguousarray(x))
-    if not gpu or t.numel() < (1 << 20):
-        q, sc = quantize_int8(t)
+    x = np.ascontiguousarray(x)
+    if not gpu or x.size < (1 << 20):
+        q, sc = quantize_int8(torch.from_numpy(x))
         return q.numpy(), sc.numpy()
-    q = np.empty(x.shape, dtype=np.int8)
-    sc = np.empty(x.shape[0], dtype=np.float32)
-    step = max(1, (1 << 26) // max(1, x.shape[1]))
-    for r0 in range(0, x.shape[0], step):
-        qg, sg = quantize_int8(t[r0 : r0 + step].to("cuda", non_blocking=False))
-        q[r0 : r0 + step] = qg.cpu().numpy()
-        sc[r0 : r0 + step] = sg.cpu().numpy()
-    return q, sc
+    return _quantize_gpu(x, max(1, _CHUNK // max(1, x.shape[1])))
 
 
 def dequantize_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

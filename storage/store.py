@@ -304,6 +304,9 @@ class Store:
     ):
         self.path = os.fspath(path)
         self.checksums = checksums  # check each whole segment's tokens CRC-32 as it is loaded
+        # segments this handle wrote: their bytes were checksummed as they were written, so loading
+        # them back (the engine following its own add) skips the re-check
+        self.written_here: set[str] = set()
         self.read_only = read_only
         self.segment_tokens = segment_tokens
         if dtype is not None and dtype not in DTYPES:
@@ -517,7 +520,8 @@ class Store:
         sp = validate.sparse(sparse, n)
         if n == 0:
             return []
-        _, found = self._snap.find(id_arr)
+        # auto ids start above every int id ever added: only given ids can already be stored
+        _, found = self._snap.find(id_arr) if ids is not None else (None, np.zeros(0, bool))
         if found.any():
             dup = [validate.decode_id(x) for x in id_arr[found][:5]]
             raise DuplicateIdError(f"ids: already in the database: {dup}")
@@ -541,6 +545,7 @@ class Store:
         except BaseException:
             self._discard([w["name"] for w in written])
             raise
+        self.written_here.update(w["name"] for w in written)
         return [validate.decode_id(x) for x in id_arr]
 
     def _split(self, offsets: np.ndarray) -> list[tuple[int, int]]:

@@ -108,7 +108,7 @@ def _nonfinite_rows(chunk: np.ndarray) -> np.ndarray:
     return ~np.isfinite(chunk).all(axis=1)
 
 
-def finite(tokens: np.ndarray, lengths: np.ndarray, chunk: int = 1 << 18) -> None:
+def finite(tokens: np.ndarray, lengths: np.ndarray, chunk: int = 1 << 15) -> None:
     """InvalidInputError naming the first document holding NaN or Inf (in parallel chunks)."""
     if tokens.dtype.kind == "f":
         starts = range(0, tokens.shape[0], chunk)
@@ -121,7 +121,7 @@ def finite(tokens: np.ndarray, lengths: np.ndarray, chunk: int = 1 << 18) -> Non
 
 def convert(tokens: np.ndarray, lengths: np.ndarray, dtype: str, chunk: int = 1 << 18) -> tuple[np.ndarray, np.ndarray | None]:
     """Check finiteness and convert to the stored dtype (float16, or int8 + per-token scales), in chunks."""
-    finite(tokens, lengths, chunk)
+    finite(tokens, lengths)
     if dtype == "float16":
         if tokens.dtype == np.float16:
             return np.ascontiguousarray(tokens), None

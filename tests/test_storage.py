@@ -496,3 +496,37 @@ def test_packed_zero_dim_rejected(tmp_path):
     with Store(tmp_path / "db") as st:
         with pytest.raises(InvalidInputError, match="tokens: expected a positive embedding dim, got 0"):
             st.add_packed(np.zeros((2, 0), np.float32), [1, 1])
+
+
+def test_own_segments_load_without_a_second_checksum(tmp_path, monkeypatch):
+    """The engine following its own add does not re-hash the segment it just wrote (the store
+    checksummed those bytes while writing); another handle still checks every segment, and
+    finds a damaged one."""
+    import mvdb
+    from mvdb.storage import _load
+
+    fed = []
+    real = _load._Checksum.feed
+    monkeypatch.setattr(_load._Checksum, "feed", lambda self, chunk: fed.append(self.reader.path) or real(self, chunk))
+    rng = np.random.default_rng(0)
+    db = mvdb.open(tmp_path / "db", dim=8, device="cpu", progress=False)
+    db.add([rng.standard_normal((5, 8)).astype(np.float32) for _ in range(3)])
+    db.add([rng.standard_normal((4, 8)).astype(np.float32) for _ in range(2)])
+    assert len(db) == 5 and fed == []
+    reader = mvdb.open(tmp_path / "db", read_only=True, device="cpu", progress=False)
+    assert len(reader) == 5 and len(set(fed)) == 2  # both segments checked on the other handle
+    reader.close()
+    seg = sorted(fed)[0]
+    db.close()
+    import h5py
+
+    with h5py.File(seg, "r") as f:
+        at = f["tokens"].id.get_offset()
+    with open(seg, "r+b") as f:  # flip a byte inside the tokens of one segment
+        f.seek(at + 3)
+        b = f.read(1)
+        f.seek(at + 3)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with pytest.raises(CorruptionError):
+        mvdb.open(tmp_path / "db", read_only=True, device="cpu", progress=False).search(
+            rng.standard_normal((2, 8)).astype(np.float32))

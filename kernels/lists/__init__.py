@@ -5,11 +5,14 @@ A document row's approximate score for a query is the sum over the query's token
 of the first (best) probed list of that token holding the row. ``credit_lists`` computes it for
 a chunk of queries into a dense [queries, rows] float32 table:
 
-- Triton (CUDA): one program per query walks its tokens and their lists in order. A per-query
-  int16 marker holds the last token that credited each row, so a row found again in a worse list
-  of the same token is skipped; a barrier after each block of list entries makes the block's
+- Triton (CUDA): one program per query walks its tokens and their lists in order. Each (query,
+  row) has one int64 word: a marker (the last token that credited the row) in the high half and
+  the float32 score in the low half, so a row found again in a worse list of the same token is
+  skipped, and an entry costs one random read and one write (separate int16 marker and float32
+  score tables cost two of each: 1.5-1.9x slower at 1M documents on the H100,
+  benchmarks/search_profile.py). A barrier after each block of list entries makes the block's
   writes visible to the next one. Rows within one list are distinct, so a block has no conflicts.
-  Memory: 6 bytes per (query, row), no [tokens, rows] scratch.
+  Memory: 8 bytes per (query, row), no [tokens, rows] scratch.
 - torch (CPU, and the reference): a [tokens, rows] scatter-amax scratch, summed per query.
 
 Layout: ``fused.py`` the Triton kernel, ``naive.py`` the torch version, ``ops.py`` :func:`credit_lists`.

@@ -8,18 +8,20 @@ import triton.language as tl
 
 @triton.jit
 def _credit_lists_kernel(
-    score_ptr, mark_ptr, n_rows,
+    word_ptr, n_rows,
     list_off_ptr, list_rows_ptr,
     probe_ptr, gain_ptr, cu_ptr,
     P: tl.constexpr, BLOCK: tl.constexpr,
 ):
+    """Per (query, row) one int64 word: the high 32 bits a marker (1 + the last token of the query
+    that credited the row, 0 for none), the low 32 bits the float32 score, so an entry costs one
+    random read and one write."""
     qi = tl.program_id(0)
     t0 = tl.load(cu_ptr + qi)
     t1 = tl.load(cu_ptr + qi + 1)
-    srow = score_ptr + qi.to(tl.int64) * n_rows
-    mrow = mark_ptr + qi.to(tl.int64) * n_rows
+    wrow = word_ptr + qi.to(tl.int64) * n_rows
     for t in range(t0, t1):
-        tag = (t - t0).to(tl.int16)
+        tag = (t - t0 + 1).to(tl.int64)
         for j in tl.static_range(P):
             c = tl.load(probe_ptr + t * P + j).to(tl.int64)
             g = tl.load(gain_ptr + t * P + j)
@@ -29,9 +31,8 @@ def _credit_lists_kernel(
                 offs = e + tl.arange(0, BLOCK)
                 m = offs < b
                 r = tl.load(list_rows_ptr + offs, mask=m, other=0).to(tl.int64)
-                mk = tl.load(mrow + r, mask=m, other=0)
-                upd = m & (mk != tag)
-                s = tl.load(srow + r, mask=upd, other=0.0)
-                tl.store(srow + r, s + g, mask=upd)
-                tl.store(mrow + r, tl.zeros_like(mk) + tag, mask=upd)
+                w = tl.load(wrow + r, mask=m, other=0)
+                upd = m & ((w >> 32) != tag)
+                s = (w & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True) + g
+                tl.store(wrow + r, (tag << 32) | (s.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF), mask=upd)
                 tl.debug_barrier()

@@ -290,7 +290,7 @@ class Lists:
         # A program walks one query's lists in order; few queries would leave the GPU idle, so
         # their tokens are split into groups (one program each) whose tables are summed.
         groups = max(1, min(longest, 64 // nq)) if triton_path else 1
-        per_query = self.n_rows * (6 * groups if triton_path else 4 * (longest + 1))
+        per_query = self.n_rows * (8 * groups if triton_path else 4 * (longest + 1))
         chunk = max(1, scratch_bytes // max(1, per_query))
         n = min(n_candidates, self.n_rows)
         dead = ~live
