@@ -41,7 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bulk_ingest, measure, sync
 from grow import settings, structured_case
-from mvdb.kernels.lists.fused import _credit_lists_kernel
+from mvdb.kernels.lists.fused import _credit_lists_kernel, list_block, probed_list
 from mvdb.kernels.quant import quantize_array
 from synthetic import GENERATORS
 
@@ -66,15 +66,10 @@ if triton is not None:
         approximation; its recall is measured beside its time)."""
         pair = tl.program_id(0)
         t = t_base + pair // P
-        c = tl.load(probe_ptr + t * P + pair % P).to(tl.int64)
-        g = tl.load(gain_ptr + t * P + pair % P)
+        g, a, b = probed_list(probe_ptr, gain_ptr, list_off_ptr, t, pair % P, P)
         srow = score_ptr + tl.load(qid_ptr + t).to(tl.int64) * n_rows
-        a = tl.load(list_off_ptr + c)
-        b = tl.load(list_off_ptr + c + 1)
         for e in range(a, b, BLOCK):
-            offs = e + tl.arange(0, BLOCK)
-            m = offs < b
-            r = tl.load(list_rows_ptr + offs, mask=m, other=0).to(tl.int64)
+            r, m = list_block(list_rows_ptr, e, b, BLOCK)
             tl.atomic_add(srow + r, tl.zeros([BLOCK], tl.float32) + g, mask=m, sem="relaxed")
 
 
@@ -225,14 +220,11 @@ def main():
     res["tokens"] = int(lengths.sum())
     off = np.concatenate(([0], np.cumsum(lengths)))
 
-    def ingest(path, dtype, tokens):
-        return bulk_ingest(path, tokens, lengths, dtype)
-
-    res["ingest_fp16_s"] = ingest(args.path, "float16", tokens)
+    res["ingest_fp16_s"] = bulk_ingest(args.path, tokens, lengths, "float16")
     print(f"{args.generator}: {args.docs} docs, {res['tokens']:,} tokens; ingest fp16 {res['ingest_fp16_s']:.1f} s", flush=True)
     if not args.skip_int8:
         p8 = args.path + "-int8"
-        res["ingest_int8_s"] = ingest(p8, "int8", tokens)
+        res["ingest_int8_s"] = bulk_ingest(p8, tokens, lengths, "int8")
         shutil.rmtree(p8, ignore_errors=True)
         print(f"  ingest int8 {res['ingest_int8_s']:.1f} s", flush=True)
         part = tokens[: min(len(tokens), 8 << 20)]

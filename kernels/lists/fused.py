@@ -7,6 +7,22 @@ import triton.language as tl
 
 
 @triton.jit
+def probed_list(probe_ptr, gain_ptr, list_off_ptr, t, j, P: tl.constexpr):
+    """Token t's j-th probed list: (its gain, the list's first and end entry)."""
+    c = tl.load(probe_ptr + t * P + j).to(tl.int64)
+    g = tl.load(gain_ptr + t * P + j)
+    return g, tl.load(list_off_ptr + c), tl.load(list_off_ptr + c + 1)
+
+
+@triton.jit
+def list_block(list_rows_ptr, e, b, BLOCK: tl.constexpr):
+    """The rows (int64) of list entries e .. e + BLOCK - 1 and the mask of those before ``b``."""
+    offs = e + tl.arange(0, BLOCK)
+    m = offs < b
+    return tl.load(list_rows_ptr + offs, mask=m, other=0).to(tl.int64), m
+
+
+@triton.jit
 def _credit_lists_kernel(
     word_ptr, n_rows,
     list_off_ptr, list_rows_ptr,
@@ -23,14 +39,9 @@ def _credit_lists_kernel(
     for t in range(t0, t1):
         tag = (t - t0 + 1).to(tl.int64)
         for j in tl.static_range(P):
-            c = tl.load(probe_ptr + t * P + j).to(tl.int64)
-            g = tl.load(gain_ptr + t * P + j)
-            a = tl.load(list_off_ptr + c)
-            b = tl.load(list_off_ptr + c + 1)
+            g, a, b = probed_list(probe_ptr, gain_ptr, list_off_ptr, t, j, P)
             for e in range(a, b, BLOCK):
-                offs = e + tl.arange(0, BLOCK)
-                m = offs < b
-                r = tl.load(list_rows_ptr + offs, mask=m, other=0).to(tl.int64)
+                r, m = list_block(list_rows_ptr, e, b, BLOCK)
                 w = tl.load(wrow + r, mask=m, other=0)
                 upd = m & ((w >> 32) != tag)
                 s = (w & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True) + g
