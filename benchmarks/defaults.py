@@ -5,6 +5,7 @@ reranked per query).
 
     python benchmarks/defaults.py --docs 1000000 --generators dups,topics,mixed96 \
         --train 40x10,160x10,160x25 --settings 4:2048,8:2048,8:4096,16:4096,16:8192
+    python benchmarks/defaults.py --docs 1000000 --generators dups --train 160x10,160x10~torch-fp16
 
 Per generator the corpus is ingested once (``Store.add_packed``); each training variant then
 opens the database as a user would (``mvdb.open``) after the manifest is reset to the bare ingest,
@@ -35,12 +36,15 @@ from mvdb.engine import ivf  # noqa: E402
 
 
 def variants(spec: str) -> list[dict]:
-    """"40x10,160x25@2" -> per-list tokens x k-means iterations [@ list-count multiplier]."""
+    """"40x10,160x25@2,160x10~torch-fp16" -> per-list tokens x k-means iterations [@ list-count
+    multiplier] [~ what trains on the GPU: ivf.KMEANS_GPU]."""
     out = []
     for s in spec.split(","):
+        s, _, how = s.partition("~")
         s, _, mult = s.partition("@")
         per, niter = s.split("x")
-        out.append({"per_list": int(per), "niter": int(niter), "nlist_mult": float(mult or 1)})
+        out.append({"per_list": int(per), "niter": int(niter), "nlist_mult": float(mult or 1),
+                    "kmeans": how or "faiss"})
     return out
 
 
@@ -74,13 +78,15 @@ def main():
         for v in variants(args.train):
             shutil.rmtree(Path(args.path) / "index", ignore_errors=True)
             (Path(args.path) / "MANIFEST.json").write_bytes(bare)
-            ivf.TRAIN_PER_LIST, ivf.KMEANS_NITER = v["per_list"], v["niter"]
+            ivf.TRAIN_PER_LIST, ivf.KMEANS_NITER, ivf.KMEANS_GPU = v["per_list"], v["niter"], v["kmeans"]
+            ivf.TRAIN_PER_LIST_GPU = v["per_list"]
             nlist = None
             if v["nlist_mult"] != 1:
                 nlist = int(ivf.default_nlist(res["tokens"]) * v["nlist_mult"])
             t0 = time.perf_counter()
             db = mvdb.open(args.path, device=dev, index="ivf", nlist=nlist, progress=False)
-            row = {**v, "open_s": time.perf_counter() - t0, "nlist": db.stats()["nlist"], "search": []}
+            row = {**v, "open_s": time.perf_counter() - t0, "nlist": db.stats()["nlist"],
+                   "build_seconds": db.stats().get("build_seconds"), "search": []}
             for kw in settings(args.settings):
                 row["search"].append(measure(db, q, ref, kw, args.latency_queries))
                 s = row["search"][-1]

@@ -84,6 +84,10 @@ print('mvdb.engine.index_backend():', mvdb.engine.index_backend(), '| db.stats()
                     2>&1 | tee -a "$OUT/grow.log" ;;
         pytest:*) (cd "$TESTROOT" && MVDB_AUTOTUNE=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests \
                       -k "${step#pytest:}") 2>&1 | tee -a "$OUT/pytest.log" | tail -8 ;;
+        credit:*) timeout ${CREDIT_TIMEOUT:-300} python3 benchmarks/credit_kernels.py --rows "${step#credit:}" --out "$OUT" \
+                      ${CREDIT_ARGS:-} 2>&1 | tee -a "$OUT/credit.log" ;;
+        file:*) (cd "$TESTROOT" && MVDB_AUTOTUNE=0 timeout 300 python3 -m pytest -q -p no:cacheprovider "${step#file:}") \
+                    2>&1 | tee -a "$OUT/pytest.log" | tail -8 ;;
         serve:*) timeout ${SERVE_TIMEOUT:-560} python3 benchmarks/serve.py --docs "${step#serve:}" --out "$OUT" \
                      ${SERVE_ARGS:-} 2>&1 | tee -a "$OUT/serve.log" ;;
         storage:*) df -h /tmp | tail -1; timeout 540 python3 benchmarks/storage.py --docs "${step#storage:}" \

@@ -12,10 +12,11 @@ second directory), opened with the defaults. Then, over the same 1,000 queries:
   and probe top-k, the score tables' allocation, the list-crediting kernel, masking and top-k of
   the candidates, the exact rerank;
 - variants of the list-crediting stage, each with its candidates' recall and overlap with the
-  library's (one program per query, marker and score in one int64 word per row): launch shape
-  (warps, block), scratch (queries per chunk), and an experiment of one program per (token,
-  list) with fire-and-forget atomics, which credits every probed list holding a row instead of
-  each token's best (the int16-marker kernel before the packed word is in the run-1 file);
+  library's (a program per token with its own bitmap, fixed-point atomic adds): launch shape
+  (warps, block), scratch (queries per chunk), the kernel it replaced (one
+  program per query, marker and score in one int64 word per row), and an experiment of one
+  program per (token, list) with plain atomics, which credits every probed list holding a row
+  instead of each token's best (the int16-marker kernel is in the run-1 file);
 - the int8 quantizer of the ingest path (mvdb.kernels.quant.quantize_array): on the GPU (pinned
   double buffers, the Triton quantizer), on the CPU threads, and the chunked torch path it replaced;
 - optionally (``--nlist-mult 2,4``) the database reopened with 2x / 4x the default list count.
@@ -40,38 +41,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bulk_ingest, measure, sync
+from credit_kernels import _credit_packed_kernel, _credit_red_kernel
 from grow import settings, structured_case
-from mvdb.kernels.lists.fused import _credit_lists_kernel, list_block, probed_list
+from mvdb.kernels.lists import credit_lists_fixed, fixed_gains
 from mvdb.kernels.quant import quantize_array
 from synthetic import GENERATORS
 
 import mvdb
 from mvdb.engine import ivf
 from mvdb.engine.search import prepare
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
-
-
-if triton is not None:
-    @triton.jit
-    def _credit_red_kernel(score_ptr, n_rows, list_off_ptr, list_rows_ptr, probe_ptr, gain_ptr, qid_ptr, t_base,
-                           P: tl.constexpr, BLOCK: tl.constexpr):
-        """An experiment: no per-token marker; every (query token, probed list) pair is its own
-        program and adds its gain to every row of the list with fire-and-forget atomics, so a row
-        held by several probed lists of one token is credited several times (another
-        approximation; its recall is measured beside its time)."""
-        pair = tl.program_id(0)
-        t = t_base + pair // P
-        g, a, b = probed_list(probe_ptr, gain_ptr, list_off_ptr, t, pair % P, P)
-        srow = score_ptr + tl.load(qid_ptr + t).to(tl.int64) * n_rows
-        for e in range(a, b, BLOCK):
-            r, m = list_block(list_rows_ptr, e, b, BLOCK)
-            tl.atomic_add(srow + r, tl.zeros([BLOCK], tl.float32) + g, mask=m, sem="relaxed")
-
 
 def timed(fn, reps: int = 3):
     """(median seconds over reps, last result) with the device synchronised around each call."""
@@ -91,9 +69,17 @@ def credit(index, probes, gains, cu_chunk, nq, variant):
     n_rows = index.n_rows
     cu32 = cu_chunk.to(dev, torch.int32)
     p = probes.shape[1]
-    if variant["kernel"] == "packed":  # the library's kernel (mvdb.kernels.lists)
+    if variant["kernel"] == "tokens":  # the library's kernel (mvdb.kernels.lists)
+        gq, _ = fixed_gains(gains, cu32)
+        lens = (cu32[1:] - cu32[:-1]).long()
+        qid = torch.zeros(int(probes.shape[0]), dtype=torch.int32, device=dev)
+        t_a, t_b = int(cu_chunk[0]), int(cu_chunk[-1])
+        qid[t_a:t_b] = torch.repeat_interleave(torch.arange(nq, device=dev, dtype=torch.int32), lens)
+        return credit_lists_fixed(index.list_offsets, index.list_rows, n_rows, probes, gq, cu_chunk.tolist(), qid,
+                                  block=variant["block"], warps=variant["warps"])
+    if variant["kernel"] == "packed":  # the library's kernel until the token-parallel one
         word = torch.zeros(nq, n_rows, dtype=torch.int64, device=dev)
-        _credit_lists_kernel[(nq,)](word, n_rows, index.list_offsets, index.list_rows, probes, gains, cu32,
+        _credit_packed_kernel[(nq,)](word, n_rows, index.list_offsets, index.list_rows, probes, gains, cu32,
                                      P=p, BLOCK=variant["block"], num_warps=variant["warps"])
         return word.view(torch.int32)[..., 0::2].view(torch.float32)
     if variant["kernel"] == "red":
@@ -147,7 +133,7 @@ def candidates_variant(index, q, cu_host, live, n_cand, nprobe, variant, stages=
     gains = (sv.float() - sv[:, -1:].float()).contiguous()
     probes = probes.to(torch.int32).contiguous()
     t = lap("probe_gemm_topk", t)
-    per_query = index.n_rows * {"packed": 8, "red": 4}[variant["kernel"]]
+    per_query = index.n_rows * {"packed": 8, "red": 4, "tokens": 4}[variant["kernel"]]
     chunk = max(1, int(variant["scratch_gb"] * 2**30) // per_query)
     n_cand = min(n_cand, index.n_rows)
     out = torch.full((nq, n_cand), -1, dtype=torch.int64, device=dev)
@@ -158,10 +144,11 @@ def candidates_variant(index, q, cu_host, live, n_cand, nprobe, variant, stages=
         t = time.perf_counter()
         score = credit(index, probes, gains, cu, b - a, variant)
         t = lap("credit_alloc_kernel", t)
-        score.masked_fill_(dead[None], float("-inf"))
+        low = torch.iinfo(torch.int32).min if score.dtype == torch.int32 else float("-inf")
+        score.masked_fill_(dead[None], low)
         t = lap("mask", t)
         values, indices = select(score, n_cand, variant.get("topk", "fp32"))
-        out[a:b] = indices.masked_fill(torch.isinf(values), -1)
+        out[a:b] = indices.masked_fill(values == low, -1)
         t = lap("topk", t)
         del score
     return out
@@ -258,7 +245,7 @@ def main():
         index, live = state.index, state.live
         keys = state.snap.row_keys()
         qs = prepare(q, state.dim, torch.device(dev))
-        base = {"kernel": "packed", "warps": 8, "block": 1024, "scratch_gb": 1.0, "topk": "fp32"}
+        base = {"kernel": "tokens", "warps": 16, "block": 2048, "scratch_gb": 1.0, "topk": "fp32"}
         res["list_entries"] = int(index.list_rows.numel())
         res["mean_list_entries"] = index.list_rows.numel() / index.nlist
         for nprobe in (8, 16):
@@ -273,8 +260,9 @@ def main():
             print(f"  stages nprobe {nprobe}: {stages}", flush=True)
         save()
         variants = [dict(base, **v) for v in (
-            {}, {"warps": 4}, {"warps": 4, "block": 512}, {"warps": 4, "block": 256}, {"warps": 16, "block": 2048},
-            {"scratch_gb": 0.25}, {"scratch_gb": 4.0}, {"kernel": "red"}, {"kernel": "red", "warps": 4, "block": 512})]
+            {}, {"warps": 8, "block": 1024}, {"warps": 16, "block": 4096}, {"warps": 32, "block": 4096},
+            {"scratch_gb": 0.25}, {"scratch_gb": 4.0}, {"kernel": "packed", "warps": 8, "block": 1024},
+            {"kernel": "red", "warps": 8, "block": 1024})]
         res["variants"] = []
         for nprobe in (8, 16, 32):
             base_cand = None
@@ -313,11 +301,12 @@ def main():
         sync(dev)
         prof.disable()
         times.append(time.perf_counter() - t0)
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(40)
-    res["late_adds"] = {"batch_docs": args.probe_batch, "seconds": times, "profile": buf.getvalue()[-12000:]}
-    print(f"  late adds of {args.probe_batch} docs: {[round(t, 3) for t in times]}", flush=True)
-    save()
+    if times:
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(40)
+        res["late_adds"] = {"batch_docs": args.probe_batch, "seconds": times, "profile": buf.getvalue()[-12000:]}
+        print(f"  late adds of {args.probe_batch} docs: {[round(t, 3) for t in times]}", flush=True)
+        save()
     db.close()
     del db
     if dev == "cuda":

@@ -46,8 +46,8 @@ def test_credit_lists_triton_matches_torch(n_rows, max_len, p):
 
 @pytest.mark.gpu  # 33,000 tokens take 75 s under the interpreter
 def test_credit_lists_long_query():
-    """A query longer than an int16 marker could count (the kernel's markers are 32-bit): a row
-    is credited once per token, however many tokens come between."""
+    """A long query (more tokens than an int16 could count): a row is credited once per token,
+    however many tokens each program's bitmap has served before."""
     dev = "cuda"
     t = 33_000
     lo, lr = torch.tensor([0, 2, 3]), torch.tensor([0, 1, 1], dtype=torch.int32)
@@ -56,7 +56,39 @@ def test_credit_lists_long_query():
     gains[-1] = torch.tensor([0.5, 0.25])
     got = credit_lists(lo.to(dev), lr.to(dev), 2, probes.to(dev), gains.to(dev), torch.tensor([0, t]).to(dev),
                        backend="triton")
-    assert got.cpu().tolist() == [[t - 0.5, t - 0.5]]
+    # fixed point: a gain of 1 is about 2**31 / t units; up to half a unit per token off: t / 2**32 (8e-6) relative
+    torch.testing.assert_close(got.cpu(), torch.full((1, 2), t - 0.5), rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("tokens_per_launch,block", [(1, 16), (7, 32), (100, 64)])
+def test_credit_lists_fixed_launches_and_blocks(tokens_per_launch, block):
+    """However many tokens a launch holds (its bitmaps re-zeroed between launches) and however
+    the lists' dense rows fall into blocks (runs of rows sharing a bitmap word cut by a block's
+    end), the fixed-point table is the reference's scores in the fixed point, and chunks starting
+    mid-batch land in the right table rows."""
+    from mvdb.kernels.lists import credit_lists_fixed, fixed_gains
+
+    g = torch.Generator().manual_seed(block)
+    n_rows, nlist, p = 200, 8, 3
+    lo, lr = _lists(nlist, n_rows, 150, g)
+    cu = [0, 4, 9, 10, 16]
+    t = cu[-1]
+    probes = torch.stack([torch.randperm(nlist, generator=g)[:p] for _ in range(t)])
+    gains = torch.rand(t, p, generator=g).sort(dim=1, descending=True).values
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    lo, lr, probes, gains = lo.to(dev), lr.to(dev), probes.to(dev), gains.to(dev)
+    gq, scale = fixed_gains(gains, torch.tensor(cu))
+    assert gq.dtype == torch.int32
+    qid = torch.repeat_interleave(torch.arange(4, dtype=torch.int32), torch.tensor([4, 5, 1, 6])).to(dev)
+    ref = credit_lists(lo, lr, n_rows, probes, gains, torch.tensor(cu).to(dev), backend="torch")
+    words = (n_rows + 31) // 32
+    got = credit_lists_fixed(lo, lr, n_rows, probes, gq, cu, qid, bitmap_bytes=4 * words * tokens_per_launch,
+                             block=block)
+    torch.testing.assert_close((got.double() / scale).float(), ref, rtol=0, atol=1e-6)
+    # the largest score stays below 2**31 and uses most of the range
+    assert 2**29 < int(got.max()) < 2**31
+    tail = credit_lists_fixed(lo, lr, n_rows, probes, gq, cu[2:], qid, q_base=2, block=block)
+    assert torch.equal(tail, got[2:])
 
 
 def test_candidates_triton_and_torch_agree():

@@ -5,19 +5,25 @@ A document row's approximate score for a query is the sum over the query's token
 of the first (best) probed list of that token holding the row. ``credit_lists`` computes it for
 a chunk of queries into a dense [queries, rows] float32 table:
 
-- Triton (CUDA): one program per query walks its tokens and their lists in order. Each (query,
-  row) has one int64 word: a marker (the last token that credited the row) in the high half and
-  the float32 score in the low half, so a row found again in a worse list of the same token is
-  skipped, and an entry costs one random read and one write (separate int16 marker and float32
-  score tables cost two of each: 1.5-1.9x slower at 1M documents on the H100,
-  benchmarks/search_profile.py). A barrier after each block of list entries makes the block's
-  writes visible to the next one. Rows within one list are distinct, so a block has no conflicts.
-  Memory: 8 bytes per (query, row), no [tokens, rows] scratch.
+- Triton (CUDA): one program per query token walks the token's probed lists best first. Its own
+  n_rows-bit bitmap (zeroed per launch) marks the rows this token already credited, so a row found
+  again in a worse list is skipped; a fresh row gets the gain through an integer atomic add.
+  Gains are fixed point (one scale per batch, no query's score can pass 2**31), so the sum is
+  exact and the same whatever order the tokens land in. Rows are ascending within a list, so
+  rows sharing a bitmap word are neighbours in a block: a segmented OR scan gathers their bits and
+  one plain store per word sets them (atomics on the bitmap cost 1.6x at 1M rows). Memory: 4
+  bytes per (query, row) plus up to 256 MB of bitmaps per launch.
+  Measured against the kernels it replaced in benchmarks/credit_kernels.py (H100, 1M rows):
+  one program per query walking its tokens in order with int64 marker+score words, and one
+  program per (token, list) with plain atomics (faster, but it credits a row once per probed list
+  holding it, which loses recall at small candidate budgets).
 - torch (CPU, and the reference): a [tokens, rows] scatter-amax scratch, summed per query.
 
-Layout: ``fused.py`` the Triton kernel, ``naive.py`` the torch version, ``ops.py`` :func:`credit_lists`.
+Layout: ``fused.py`` the Triton kernel, ``naive.py`` the torch version, ``ops.py`` :func:`credit_lists`
+(float scores), :func:`credit_lists_fixed` and :func:`fixed_gains` (the fixed-point table the IVF
+candidate stage ranks directly).
 """
 
-from mvdb.kernels.lists.ops import credit_lists
+from mvdb.kernels.lists.ops import credit_lists, credit_lists_fixed, fixed_gains
 
-__all__ = ["credit_lists"]
+__all__ = ["credit_lists", "credit_lists_fixed", "fixed_gains"]

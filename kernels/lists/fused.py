@@ -1,4 +1,4 @@
-"""The Triton list-crediting kernel: one program per query (see the package docstring)."""
+"""The Triton list-crediting kernel: programs take query tokens (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -23,27 +23,56 @@ def list_block(list_rows_ptr, e, b, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _credit_lists_kernel(
-    word_ptr, n_rows,
+def token_start(score_ptr, n_rows, qid_ptr, t_base, q_base, seen_ptr, seen_words):
+    """Program i's token, its query's row of the score table and the program's bitmap."""
+    i = tl.program_id(0)
+    t = t_base + i
+    return t, score_ptr + (tl.load(qid_ptr + t) - q_base).to(tl.int64) * n_rows, seen_ptr + i.to(tl.int64) * seen_words
+
+
+@triton.jit
+def _seg_or(k1, v1, k2, v2):
+    """Segmented OR for a scan over (key, bits) pairs sorted by key: ORs within a run of equal keys."""
+    return k2, v2 | tl.where(k1 == k2, v1, 0)
+
+
+@triton.jit(do_not_specialize=["t_base", "q_base"])  # they change every launch: one compile, not one per divisibility
+def _credit_tokens_kernel(
+    score_ptr, n_rows,
     list_off_ptr, list_rows_ptr,
-    probe_ptr, gain_ptr, cu_ptr,
+    probe_ptr, gain_ptr, qid_ptr,
+    t_base, q_base,
+    seen_ptr, seen_words,
     P: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """Per (query, row) one int64 word: the high 32 bits a marker (1 + the last token of the query
-    that credited the row, 0 for none), the low 32 bits the float32 score, so an entry costs one
-    random read and one write."""
-    qi = tl.program_id(0)
-    t0 = tl.load(cu_ptr + qi)
-    t1 = tl.load(cu_ptr + qi + 1)
-    wrow = word_ptr + qi.to(tl.int64) * n_rows
-    for t in range(t0, t1):
-        tag = (t - t0 + 1).to(tl.int64)
-        for j in tl.static_range(P):
-            g, a, b = probed_list(probe_ptr, gain_ptr, list_off_ptr, t, j, P)
-            for e in range(a, b, BLOCK):
-                r, m = list_block(list_rows_ptr, e, b, BLOCK)
-                w = tl.load(wrow + r, mask=m, other=0)
-                upd = m & ((w >> 32) != tag)
-                s = (w & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True) + g
-                tl.store(wrow + r, (tag << 32) | (s.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF), mask=upd)
-                tl.debug_barrier()
+    """Program i credits token t_base + i into its query's row of the int32 score table.
+
+    It walks the token's probed lists best first. Its own bitmap (``seen_words`` int32 words, zero
+    on entry) marks the rows a better list of this token already credited; a fresh row gets the
+    list's fixed-point gain through an integer atomic add (exact, so the sum does not depend on
+    the order tokens land in). Rows within a list are distinct and ascending, so the rows of a
+    block that share a bitmap word are neighbours: a segmented OR scan gathers their bits and the
+    last of them stores the word once (plain loads and stores; no atomics on the bitmap). The
+    first list checks nothing (every row is new to the token), the last sets no bits (nothing
+    reads them after), and a barrier after each block orders the bitmap between blocks.
+    """
+    t, srow, seen = token_start(score_ptr, n_rows, qid_ptr, t_base, q_base, seen_ptr, seen_words)
+    for j in tl.static_range(P):
+        g, a, b = probed_list(probe_ptr, gain_ptr, list_off_ptr, t, j, P)
+        for e in range(a, b, BLOCK):
+            r, m = list_block(list_rows_ptr, e, b, BLOCK)
+            word = r >> 5
+            bit = tl.full([BLOCK], 1, tl.int32) << (r & 31).to(tl.int32)
+            fresh = m
+            if P > 1:  # a block of the first list may share a word with the list's previous block
+                old = tl.load(seen + word, mask=m, other=0, cache_modifier=".cg")
+            if j > 0:
+                fresh = m & ((old & bit) == 0)
+            tl.atomic_add(srow + r, tl.zeros([BLOCK], tl.int32) + g, mask=fresh, sem="relaxed")
+            if j < P - 1:
+                _, bits = tl.associative_scan((tl.where(m, word, 1 << 40), bit), 0, _seg_or)
+                offs = e + tl.arange(0, BLOCK)
+                inside = offs + 1 < tl.minimum(b, e + BLOCK)  # the next entry is in this block
+                nxt = tl.load(list_rows_ptr + offs + 1, mask=inside, other=-1).to(tl.int64) >> 5
+                tl.store(seen + word, bits | old, mask=m & (~inside | (nxt != word)))
+            tl.debug_barrier()

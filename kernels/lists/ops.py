@@ -1,12 +1,76 @@
-"""Public list scoring: :func:`credit_lists` picks the Triton kernel or the torch version."""
+"""Public list scoring: :func:`credit_lists` (float scores) and :func:`credit_lists_fixed` (the
+Triton kernel's fixed-point table, for callers that only rank)."""
 
 from __future__ import annotations
 
 import torch
 
-from mvdb.kernels.lists.fused import _credit_lists_kernel
+from mvdb.kernels.lists.fused import _credit_tokens_kernel
 from mvdb.kernels.lists.naive import _credit_lists_torch
 from mvdb.kernels.maxsim.fused import launch_guard
+
+BITMAP_BYTES = 256 << 20  # the tokens' bitmaps of one launch (n_rows bits each); more tokens go in more launches
+BLOCK = 2048
+WARPS = 16
+
+
+def fixed_gains(gains: torch.Tensor, cu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int32 gains, float64 scale): round(max(gain, 0) * scale) with one scale for the batch
+    chosen so that no query's largest possible score (the sum of its tokens' first gains) passes
+    0.99 * 2**31 (rounding adds at most half a unit per token). Stays on the device (no
+    synchronisation)."""
+    g = gains.double().clamp_min(0)
+    cs = torch.zeros(g.shape[0] + 1, dtype=torch.float64, device=g.device)
+    cs[1:] = g[:, 0].cumsum(0)
+    cu = cu.to(g.device).long()
+    top = (cs[cu[1:]] - cs[cu[:-1]]).max() if cu.numel() > 1 else cs.new_zeros(())
+    scale = torch.clamp(0.99 * 2.0**31 / top.clamp_min(1e-30), max=2.0**30)
+    return (g * scale).round_().to(torch.int32), scale
+
+
+def credit_lists_fixed(
+    list_offsets: torch.Tensor,
+    list_rows: torch.Tensor,
+    n_rows: int,
+    probes: torch.Tensor,
+    gains_fixed: torch.Tensor,
+    cu,
+    qid: torch.Tensor,
+    q_base: int = 0,
+    bitmap_bytes: int = BITMAP_BYTES,
+    block: int = BLOCK,
+    warps: int = WARPS,
+) -> torch.Tensor:
+    """The Triton kernel (CUDA or the interpreter): int32 [queries of cu, n_rows] scores in the
+    fixed point of ``gains_fixed`` (see :func:`fixed_gains`).
+
+    probes and gains_fixed [T, P] for every token of the batch; cu (host ints) the token offsets
+    of this chunk's queries, qid [T] int32 each token's query in the batch (query ``q_base`` is
+    the table's row 0). One program per token, each with an n_rows-bit bitmap: as many tokens per
+    launch as ``bitmap_bytes`` holds. The lists' rows must be ascending within each list (as
+    :class:`mvdb.engine.ivf.Lists` keeps them).
+    """
+    cu_l = cu.tolist() if isinstance(cu, torch.Tensor) else list(cu)
+    nq, dev = len(cu_l) - 1, probes.device
+    score = torch.zeros(nq, n_rows, dtype=torch.int32, device=dev)
+    n_tok = cu_l[-1] - cu_l[0]
+    if nq == 0 or n_rows == 0 or n_tok == 0:
+        return score
+    words = (n_rows + 31) // 32
+    per_launch = max(1, min(n_tok, bitmap_bytes // (4 * words)))
+    seen = torch.empty(per_launch, words, dtype=torch.int32, device=dev)
+    probes = probes.to(torch.int32).contiguous()
+    gains_fixed, qid = gains_fixed.contiguous(), qid.contiguous()
+    list_offsets, list_rows = list_offsets.contiguous(), list_rows.contiguous()
+    with launch_guard():
+        for a in range(cu_l[0], cu_l[-1], per_launch):
+            n = min(cu_l[-1], a + per_launch) - a
+            seen[:n].zero_()
+            _credit_tokens_kernel[(n,)](
+                score, n_rows, list_offsets, list_rows, probes, gains_fixed, qid,
+                a, q_base, seen, words, P=probes.shape[1], BLOCK=block, num_warps=warps,
+            )
+    return score
 
 
 def credit_lists(
@@ -18,24 +82,21 @@ def credit_lists(
     cu: torch.Tensor,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """Approximate scores [Nq, n_rows] float32 (0 where no probed list holds the row); from the
-    Triton kernel a strided view of its [Nq, n_rows] int64 table (8 bytes per query and row).
+    """Approximate scores [Nq, n_rows] float32 (0 where no probed list holds the row).
 
     list_offsets [nlist+1] int64 and list_rows [E] int32: the CSR of rows per list (distinct within
-    a list). probes [Tq, P] int list ids, best first; gains [Tq, P] float, non-increasing along P;
-    cu [Nq+1] token offsets of the queries.
+    a list). probes [Tq, P] int list ids, best first; gains [Tq, P] float, >= 0 and non-increasing
+    along P; cu [Nq+1] token offsets of the queries. The Triton kernel sums in fixed point
+    (resolution the largest query's score / 2**31), so its scores are the same on every run.
     """
-    nq = cu.numel() - 1
     dev = probes.device
     use_triton = backend == "triton" or (backend == "auto" and dev.type == "cuda")
     if not use_triton:
         return _credit_lists_torch(list_offsets, list_rows, n_rows, probes, gains, cu)
-    word = torch.zeros(nq, n_rows, dtype=torch.int64, device=dev)
-    if nq and n_rows:
-        with launch_guard():
-            _credit_lists_kernel[(nq,)](
-                word, n_rows, list_offsets.contiguous(), list_rows.contiguous(),
-                probes.to(torch.int32).contiguous(), gains.float().contiguous(), cu.to(dev, torch.int32).contiguous(),
-                P=probes.shape[1], BLOCK=1024, num_warps=8,
-            )
-    return word.view(torch.int32)[..., 0::2].view(torch.float32)  # the low halves (little-endian)
+    cu_l = cu.tolist()
+    gq, scale = fixed_gains(gains, cu)
+    lens = torch.tensor([cu_l[i + 1] - cu_l[i] for i in range(len(cu_l) - 1)], device=dev)
+    qid = torch.zeros(probes.shape[0], dtype=torch.int32, device=dev)
+    qid[cu_l[0] : cu_l[-1]] = torch.repeat_interleave(torch.arange(len(lens), device=dev, dtype=torch.int32), lens)
+    fixed = credit_lists_fixed(list_offsets, list_rows, n_rows, probes, gq, cu_l, qid)
+    return (fixed.double() / scale).float()

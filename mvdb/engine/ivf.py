@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from mvdb.kernels.lists import credit_lists
+from mvdb.kernels.lists import credit_lists, credit_lists_fixed, fixed_gains
 
 try:
     import faiss
@@ -30,6 +30,11 @@ RETRAIN_GROWTH = 2.0  # retrain once the stored tokens exceed this many times th
 TRAIN_PER_LIST = 40  # k-means sample: tokens per list
 TRAIN_PER_LIST_GPU = 160  # where k-means runs on the GPU (+0.004 to 0.007 recall@10 at 1M documents)
 KMEANS_NITER = 10
+# What trains the centroids where FAISS has the GPU: "faiss" (Clustering over a GpuIndexFlatIP) or
+# "torch-fp16" (:func:`kmeans` with float16 GEMMs): 3.6 s instead of 11.4 for 32,768 lists at 1M
+# documents on the H100, recall@10 0.978 / 0.987 against 0.980 / 0.987 on two generators
+# (benchmarks/defaults.py; FAISS with useFloat16 took 12.7 s). FAISS stays the default.
+KMEANS_GPU = "faiss"
 # Two-level k-means (CPU, many lists) is cheap per point; a larger sample makes up for part of
 # what it loses against flat k-means (40k documents, 8192 lists: recall@10 0.836 at 40 tokens per
 # list, 0.860 at 100, against 0.905 for flat k-means; benchmarks/first_open.py)
@@ -95,6 +100,8 @@ def train_centroids(sample: torch.Tensor, nlist: int, seed: int = 0, niter: int 
     iteration instead of nlist, what a CPU can afford for thousands of lists."""
     niter = KMEANS_NITER if niter is None else niter
     dev = torch.device(device) if device is not None else sample.device
+    if index_backend(dev) == "faiss-gpu" and KMEANS_GPU == "torch-fp16" and not two_level:
+        return kmeans(sample.to(dev, torch.float32), nlist, niter, seed, half=True).cpu()
     if index_backend(dev) == "torch":
         x = sample.to(dev, torch.float32)
         if two_level and nlist >= 4:
@@ -121,17 +128,18 @@ def train_centroids(sample: torch.Tensor, nlist: int, seed: int = 0, niter: int 
     return torch.from_numpy(faiss.vector_to_array(cl.centroids).reshape(nlist, dim).copy())
 
 
-def kmeans(x: torch.Tensor, k: int, niter: int = KMEANS_NITER, seed: int = 0) -> torch.Tensor:
+def kmeans(x: torch.Tensor, k: int, niter: int = KMEANS_NITER, seed: int = 0, half: bool = False) -> torch.Tensor:
     """Spherical k-means in torch, FAISS ``Clustering``'s algorithm: k distinct points to start,
     ``niter`` rounds of assign (one GEMM + argmax per chunk), mean and normalise; an empty cluster
     takes a perturbed copy of a centroid drawn in proportion to cluster sizes. x float32 [n, dim]
-    -> unit-norm float32 [k, dim] on x's device."""
+    -> unit-norm float32 [k, dim] on x's device. ``half``: the assignment GEMM in float16 (tensor
+    cores on a GPU); the means stay float32."""
     g = torch.Generator().manual_seed(seed)
     n = x.shape[0]
     start = torch.randperm(n, generator=g)[:k] if n >= k else torch.randint(0, n, (k,), generator=g)
     c = torch.nn.functional.normalize(x[start.to(x.device)], dim=1)
     for _ in range(niter):
-        a = assign(x, c).long()
+        a = assign(x, c.half() if half else c).long()
         c = torch.nn.functional.normalize(torch.zeros_like(c).index_add_(0, a, x), dim=1)
         counts = torch.bincount(a, minlength=k)
         empty = torch.nonzero(counts == 0).flatten()
@@ -285,28 +293,33 @@ class Lists:
         sv, probes = sim.topk(p, dim=1)
         del sim
         gains = sv.float() - sv[:, -1:].float()  # >= 0, non-increasing along the probes
-        longest = max(cu[i + 1] - cu[i] for i in range(nq))
         triton_path = backend == "triton" or (backend == "auto" and dev.type == "cuda")
-        # A program walks one query's lists in order; few queries would leave the GPU idle, so
-        # their tokens are split into groups (one program each) whose tables are summed.
-        groups = max(1, min(longest, 64 // nq)) if triton_path else 1
-        per_query = self.n_rows * (8 * groups if triton_path else 4 * (longest + 1))
+        if triton_path:  # fixed-point scores (int32), every token its own program
+            gains, _ = fixed_gains(gains, torch.tensor(cu, device=dev))
+            lens = torch.tensor([cu[i + 1] - cu[i] for i in range(nq)], device=dev)
+            qid = torch.repeat_interleave(torch.arange(nq, device=dev, dtype=torch.int32), lens)
+            per_query = self.n_rows * 4
+        else:
+            per_query = self.n_rows * 4 * (max(cu[i + 1] - cu[i] for i in range(nq)) + 1)
         chunk = max(1, scratch_bytes // max(1, per_query))
         n = min(n_candidates, self.n_rows)
         dead = ~live
         for a in range(0, nq, chunk):
             b = min(nq, a + chunk)
-            if groups > 1:
-                cu_g = [cu[i] + (cu[i + 1] - cu[i]) * g // groups for i in range(a, b) for g in range(groups)] + [cu[b]]
-                score = credit_lists(self.list_offsets, self.list_rows, self.n_rows, probes, gains,
-                                     torch.tensor(cu_g, device=dev), backend="triton")
-                score = score.view(b - a, groups, self.n_rows).sum(1)
+            if triton_path:
+                score = credit_lists_fixed(self.list_offsets, self.list_rows, self.n_rows, probes, gains,
+                                           cu[a : b + 1], qid, q_base=a)
+                score.masked_fill_(dead[None], torch.iinfo(torch.int32).min)
+                top = score.topk(n, dim=1)
+                gone = top.values == torch.iinfo(torch.int32).min
             else:
                 score = credit_lists(self.list_offsets, self.list_rows, self.n_rows, probes, gains,
-                                     torch.tensor(cu[a : b + 1], device=dev), backend="triton" if triton_path else "torch")
-            score.masked_fill_(dead[None], float("-inf"))
-            top = score.topk(n, dim=1)
-            out[a:b, :n] = top.indices.masked_fill(torch.isinf(top.values), -1)
+                                     torch.tensor(cu[a : b + 1], device=dev), backend="torch")
+                score.masked_fill_(dead[None], float("-inf"))
+                top = score.topk(n, dim=1)
+                gone = torch.isinf(top.values)
+            out[a:b, :n] = top.indices.masked_fill(gone, -1)
+            del score
         return out
 
 
