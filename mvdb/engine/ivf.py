@@ -210,21 +210,13 @@ class Lists:
     def _coarse(self):
         """A coarse quantizer over the centroids themselves (about sqrt(nlist) groups), probed
         ``COARSE_PROBE`` groups deep: a token meets about (1 + COARSE_PROBE) sqrt(nlist)
-        centroids instead of nlist (its nearest centroid or a close second). Built on first use:
-        a FAISS IVF index, or (backend "torch") :class:`TorchCoarse`."""
+        centroids instead of nlist (its nearest centroid or a close second). Built on first use.
+        :class:`TorchCoarse` (batched GEMMs per group) also where FAISS is installed: a FAISS
+        IndexIVFFlat over the centroids scans per token and took 1.7x as long on the 2-core CPU
+        for the same codes (92.5% equal to exhaustive assignment either way)."""
         ix = getattr(self, "_coarse_index", None)
         if ix is None:
-            c = self.centroids.float().cpu()
-            groups = max(2, round(self.nlist**0.5))
-            if self.backend == "torch":
-                ix = TorchCoarse(c, groups)
-            else:
-                ix = faiss.IndexIVFFlat(faiss.IndexFlatIP(self.dim), self.dim, groups, faiss.METRIC_INNER_PRODUCT)
-                ix.cp.spherical, ix.cp.seed = True, 1
-                ix.train(np.ascontiguousarray(c.numpy()))
-                ix.add(np.ascontiguousarray(c.numpy()))
-                ix.nprobe = COARSE_PROBE
-            self._coarse_index = ix
+            ix = self._coarse_index = TorchCoarse(self.centroids.float().cpu(), max(2, round(self.nlist**0.5)))
         return ix
 
     def assign(self, tokens: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
@@ -234,11 +226,8 @@ class Lists:
             x = tokens[i : i + ASSIGN_CHUNK].to(self.device)
             if scales is not None:
                 x = x.float() * scales[i : i + ASSIGN_CHUNK].to(self.device)[:, None]
-            if self.approximate and self.backend == "torch":
+            if self.approximate:
                 out.append(self._coarse().assign(x.float()))
-            elif self.approximate:
-                _, ids = self._coarse().search(np.ascontiguousarray(x.float().numpy()), 1)
-                out.append(torch.from_numpy(ids[:, 0].astype(np.int32)))
             else:
                 out.append(assign(x, self.centroids))
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.int32, device=self.device)
