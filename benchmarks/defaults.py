@@ -43,6 +43,8 @@ def variants(spec: str) -> list[dict]:
         s, _, how = s.partition("~")
         s, _, mult = s.partition("@")
         per, niter = s.split("x")
+        if how and how not in ("faiss", "torch-fp16"):
+            raise SystemExit(f"--train {s}~{how}: expected ~faiss or ~torch-fp16 (ivf.KMEANS_GPU), got {how!r}")
         out.append({"per_list": int(per), "niter": int(niter), "nlist_mult": float(mult or 1),
                     "kmeans": how or "faiss"})
     return out

@@ -63,14 +63,16 @@ def timed(fn, reps: int = 3):
     return statistics.median(times), out
 
 
-def credit(index, probes, gains, cu_chunk, nq, variant):
-    """One chunk's [nq, n_rows] float32 scores under ``variant`` (dict: kernel, warps, block)."""
+def credit(index, probes, gains, cu_chunk, nq, variant, gains_fixed=None):
+    """One chunk's [nq, n_rows] scores under ``variant`` (dict: kernel, warps, block); the library's
+    kernel takes the batch's fixed-point gains (``gains_fixed``, one scale for the batch as
+    Lists.candidates uses)."""
     dev = probes.device
     n_rows = index.n_rows
     cu32 = cu_chunk.to(dev, torch.int32)
     p = probes.shape[1]
     if variant["kernel"] == "tokens":  # the library's kernel (mvdb.kernels.lists)
-        gq, _ = fixed_gains(gains, cu32)
+        gq = gains_fixed
         lens = (cu32[1:] - cu32[:-1]).long()
         qid = torch.zeros(int(probes.shape[0]), dtype=torch.int32, device=dev)
         t_a, t_b = int(cu_chunk[0]), int(cu_chunk[-1])
@@ -133,6 +135,7 @@ def candidates_variant(index, q, cu_host, live, n_cand, nprobe, variant, stages=
     gains = (sv.float() - sv[:, -1:].float()).contiguous()
     probes = probes.to(torch.int32).contiguous()
     t = lap("probe_gemm_topk", t)
+    gains_fixed = fixed_gains(gains, torch.tensor(cu_host, device=dev))[0] if variant["kernel"] == "tokens" else None
     per_query = index.n_rows * {"packed": 8, "red": 4, "tokens": 4}[variant["kernel"]]
     chunk = max(1, int(variant["scratch_gb"] * 2**30) // per_query)
     n_cand = min(n_cand, index.n_rows)
@@ -142,7 +145,7 @@ def candidates_variant(index, q, cu_host, live, n_cand, nprobe, variant, stages=
         b = min(nq, a + chunk)
         cu = torch.tensor(cu_host[a : b + 1], device=dev)
         t = time.perf_counter()
-        score = credit(index, probes, gains, cu, b - a, variant)
+        score = credit(index, probes, gains, cu, b - a, variant, gains_fixed)
         t = lap("credit_alloc_kernel", t)
         low = torch.iinfo(torch.int32).min if score.dtype == torch.int32 else float("-inf")
         score.masked_fill_(dead[None], low)

@@ -54,7 +54,10 @@ def _credit_tokens_kernel(
     block that share a bitmap word are neighbours: a segmented OR scan gathers their bits and the
     last of them stores the word once (plain loads and stores; no atomics on the bitmap). The
     first list checks nothing (every row is new to the token), the last sets no bits (nothing
-    reads them after), and a barrier after each block orders the bitmap between blocks.
+    reads them after), and a barrier after each block orders the bitmap between blocks. Within
+    a block every lane loads its word before the run's last lane stores it: the scan exchanges
+    values between the block's warps through shared memory behind a barrier (in one warp the load
+    precedes the store in the same instruction stream).
     """
     t, srow, seen = token_start(score_ptr, n_rows, qid_ptr, t_base, q_base, seen_ptr, seen_words)
     for j in tl.static_range(P):

@@ -18,5 +18,5 @@ def _credit_lists_torch(list_offsets, list_rows, n_rows, probes, gains, cu):
     rows = list_rows[starts.flatten()[ent] + pos].long()
     best = torch.zeros((t1 - t0) * n_rows, dtype=torch.float32, device=dev)
     best.scatter_reduce_(0, (ent // p) * n_rows + rows, gains[t0:t1].float().flatten()[ent], "amax")
-    qid = torch.repeat_interleave(torch.arange(nq, device=dev), torch.tensor([cu_l[i + 1] - cu_l[i] for i in range(nq)], device=dev))
+    qid = torch.repeat_interleave(torch.arange(nq, device=dev), torch.tensor([cu_l[i + 1] - cu_l[i] for i in range(nq)], device=dev, dtype=torch.long))
     return torch.zeros(nq, n_rows, dtype=torch.float32, device=dev).index_add_(0, qid, best.view(t1 - t0, n_rows))

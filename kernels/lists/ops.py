@@ -16,12 +16,13 @@ WARPS = 16
 
 def fixed_gains(gains: torch.Tensor, cu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(int32 gains, float64 scale): round(max(gain, 0) * scale) with one scale for the batch
-    chosen so that no query's largest possible score (the sum of its tokens' first gains) passes
-    0.99 * 2**31 (rounding adds at most half a unit per token). Stays on the device (no
+    chosen so that no query's largest possible score (the sum of its tokens' largest gains)
+    passes 0.99 * 2**31 (rounding adds at most half a unit per token). Stays on the device (no
     synchronisation)."""
     g = gains.double().clamp_min(0)
     cs = torch.zeros(g.shape[0] + 1, dtype=torch.float64, device=g.device)
-    cs[1:] = g[:, 0].cumsum(0)
+    if g.shape[0] and g.shape[1]:
+        cs[1:] = g.amax(dim=1).cumsum(0)  # (the first gain where they are non-increasing, as promised)
     cu = cu.to(g.device).long()
     top = (cs[cu[1:]] - cs[cu[:-1]]).max() if cu.numel() > 1 else cs.new_zeros(())
     scale = torch.clamp(0.99 * 2.0**31 / top.clamp_min(1e-30), max=2.0**30)
@@ -51,8 +52,10 @@ def credit_lists_fixed(
     :class:`mvdb.engine.ivf.Lists` keeps them).
     """
     cu_l = cu.tolist() if isinstance(cu, torch.Tensor) else list(cu)
-    nq, dev = len(cu_l) - 1, probes.device
+    nq, dev = max(0, len(cu_l) - 1), probes.device
     score = torch.zeros(nq, n_rows, dtype=torch.int32, device=dev)
+    if nq == 0:
+        return score
     n_tok = cu_l[-1] - cu_l[0]
     if nq == 0 or n_rows == 0 or n_tok == 0:
         return score
@@ -94,8 +97,10 @@ def credit_lists(
     if not use_triton:
         return _credit_lists_torch(list_offsets, list_rows, n_rows, probes, gains, cu)
     cu_l = cu.tolist()
+    if len(cu_l) < 2:
+        return torch.zeros(0, n_rows, dtype=torch.float32, device=dev)
     gq, scale = fixed_gains(gains, cu)
-    lens = torch.tensor([cu_l[i + 1] - cu_l[i] for i in range(len(cu_l) - 1)], device=dev)
+    lens = torch.tensor([cu_l[i + 1] - cu_l[i] for i in range(len(cu_l) - 1)], device=dev, dtype=torch.long)
     qid = torch.zeros(probes.shape[0], dtype=torch.int32, device=dev)
     qid[cu_l[0] : cu_l[-1]] = torch.repeat_interleave(torch.arange(len(lens), device=dev, dtype=torch.int32), lens)
     fixed = credit_lists_fixed(list_offsets, list_rows, n_rows, probes, gq, cu_l, qid)

@@ -32,8 +32,8 @@ TRAIN_PER_LIST_GPU = 160  # where k-means runs on the GPU (+0.004 to 0.007 recal
 KMEANS_NITER = 10
 # What trains the centroids where FAISS has the GPU: "faiss" (Clustering over a GpuIndexFlatIP) or
 # "torch-fp16" (:func:`kmeans` with float16 GEMMs): 3.6 s instead of 11.4 for 32,768 lists at 1M
-# documents on the H100, recall@10 0.978 / 0.987 against 0.980 / 0.987 on two generators
-# (benchmarks/defaults.py; FAISS with useFloat16 took 12.7 s). FAISS stays the default.
+# documents on the H100, recall@10 0.978 against 0.980 (README "Growing a database"). FAISS stays
+# the default.
 KMEANS_GPU = "faiss"
 # Two-level k-means (CPU, many lists) is cheap per point; a larger sample makes up for part of
 # what it loses against flat k-means (40k documents, 8192 lists: recall@10 0.836 at 40 tokens per
@@ -212,8 +212,9 @@ class Lists:
         ``COARSE_PROBE`` groups deep: a token meets about (1 + COARSE_PROBE) sqrt(nlist)
         centroids instead of nlist (its nearest centroid or a close second). Built on first use.
         :class:`TorchCoarse` (batched GEMMs per group) also where FAISS is installed: a FAISS
-        IndexIVFFlat over the centroids scans per token and took 1.7x as long on the 2-core CPU
-        for the same codes (92.5% equal to exhaustive assignment either way)."""
+        IndexIVFFlat over the centroids scans per token; on the 2-core CPU it took 1.7x as long for
+        200k tokens (same codes, 92.5% equal to exhaustive assignment either way) and 1.12x for the
+        4.4M of benchmarks/first_open.py (18.7 s against 16.7)."""
         ix = getattr(self, "_coarse_index", None)
         if ix is None:
             ix = self._coarse_index = TorchCoarse(self.centroids.float().cpu(), max(2, round(self.nlist**0.5)))
