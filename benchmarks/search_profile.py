@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bulk_ingest, measure, sync
 from credit_kernels import _credit_packed_kernel, _credit_red_kernel
 from grow import settings, structured_case
-from mvdb.kernels.lists import credit_lists_fixed, fixed_gains
+from mvdb.kernels.lists import credit_lists_fixed, fixed_gains, token_queries
 from mvdb.kernels.quant import quantize_array
 from synthetic import GENERATORS
 
@@ -72,13 +72,10 @@ def credit(index, probes, gains, cu_chunk, nq, variant, gains_fixed=None):
     cu32 = cu_chunk.to(dev, torch.int32)
     p = probes.shape[1]
     if variant["kernel"] == "tokens":  # the library's kernel (mvdb.kernels.lists)
-        gq = gains_fixed
-        lens = (cu32[1:] - cu32[:-1]).long()
-        qid = torch.zeros(int(probes.shape[0]), dtype=torch.int32, device=dev)
-        t_a, t_b = int(cu_chunk[0]), int(cu_chunk[-1])
-        qid[t_a:t_b] = torch.repeat_interleave(torch.arange(nq, device=dev, dtype=torch.int32), lens)
-        return credit_lists_fixed(index.list_offsets, index.list_rows, n_rows, probes, gq, cu_chunk.tolist(), qid,
-                                  block=variant["block"], warps=variant["warps"])
+        cu_l = cu_chunk.tolist()
+        return credit_lists_fixed(index.list_offsets, index.list_rows, n_rows, probes, gains_fixed, cu_l,
+                                  token_queries(cu_l, probes.shape[0], dev), block=variant["block"],
+                                  warps=variant["warps"])
     if variant["kernel"] == "packed":  # the library's kernel until the token-parallel one
         word = torch.zeros(nq, n_rows, dtype=torch.int64, device=dev)
         _credit_packed_kernel[(nq,)](word, n_rows, index.list_offsets, index.list_rows, probes, gains, cu32,
@@ -86,10 +83,8 @@ def credit(index, probes, gains, cu_chunk, nq, variant, gains_fixed=None):
         return word.view(torch.int32)[..., 0::2].view(torch.float32)
     if variant["kernel"] == "red":
         score = torch.zeros(nq, n_rows, dtype=torch.float32, device=dev)
-        lens = (cu32[1:] - cu32[:-1]).long()
-        qid = torch.zeros(int(probes.shape[0]), dtype=torch.int32, device=dev)
         t_a, t_b = int(cu_chunk[0]), int(cu_chunk[-1])
-        qid[t_a:t_b] = torch.repeat_interleave(torch.arange(nq, device=dev, dtype=torch.int32), lens)
+        qid = token_queries(cu_chunk.tolist(), probes.shape[0], dev)
         _credit_red_kernel[((t_b - t_a) * p,)](score, n_rows, index.list_offsets, index.list_rows, probes, gains,
                                                  qid, t_a, P=p, BLOCK=variant["block"], num_warps=variant["warps"])
         return score

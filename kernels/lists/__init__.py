@@ -20,10 +20,10 @@ a chunk of queries into a dense [queries, rows] float32 table:
 - torch (CPU, and the reference): a [tokens, rows] scatter-amax scratch, summed per query.
 
 Layout: ``fused.py`` the Triton kernel, ``naive.py`` the torch version, ``ops.py`` :func:`credit_lists`
-(float scores), :func:`credit_lists_fixed` and :func:`fixed_gains` (the fixed-point table the IVF
-candidate stage ranks directly).
+(float scores), :func:`credit_lists_fixed`, :func:`fixed_gains` and :func:`token_queries` (the fixed-point table the
+IVF candidate stage ranks directly).
 """
 
-from mvdb.kernels.lists.ops import credit_lists, credit_lists_fixed, fixed_gains
+from mvdb.kernels.lists.ops import credit_lists, credit_lists_fixed, fixed_gains, token_queries
 
-__all__ = ["credit_lists", "credit_lists_fixed", "fixed_gains"]
+__all__ = ["credit_lists", "credit_lists_fixed", "fixed_gains", "token_queries"]

@@ -29,6 +29,16 @@ def fixed_gains(gains: torch.Tensor, cu: torch.Tensor) -> tuple[torch.Tensor, to
     return (g * scale).round_().to(torch.int32), scale
 
 
+def token_queries(cu, n_tokens: int, device) -> torch.Tensor:
+    """int32 [n_tokens]: each token of the queries with offsets ``cu`` (host ints) numbered by its
+    query, counted from the first of them (tokens outside them 0): the ``qid`` of the kernels."""
+    cu = list(cu)
+    qid = torch.zeros(n_tokens, dtype=torch.int32, device=device)
+    lens = torch.tensor([cu[i + 1] - cu[i] for i in range(len(cu) - 1)], device=device, dtype=torch.long)
+    qid[cu[0] : cu[-1]] = torch.repeat_interleave(torch.arange(len(lens), device=device, dtype=torch.int32), lens)
+    return qid
+
+
 def credit_lists_fixed(
     list_offsets: torch.Tensor,
     list_rows: torch.Tensor,
@@ -54,11 +64,9 @@ def credit_lists_fixed(
     cu_l = cu.tolist() if isinstance(cu, torch.Tensor) else list(cu)
     nq, dev = max(0, len(cu_l) - 1), probes.device
     score = torch.zeros(nq, n_rows, dtype=torch.int32, device=dev)
-    if nq == 0:
+    if nq == 0 or n_rows == 0 or cu_l[-1] == cu_l[0]:
         return score
     n_tok = cu_l[-1] - cu_l[0]
-    if nq == 0 or n_rows == 0 or n_tok == 0:
-        return score
     words = (n_rows + 31) // 32
     per_launch = max(1, min(n_tok, bitmap_bytes // (4 * words)))
     seen = torch.empty(per_launch, words, dtype=torch.int32, device=dev)
@@ -100,8 +108,5 @@ def credit_lists(
     if len(cu_l) < 2:
         return torch.zeros(0, n_rows, dtype=torch.float32, device=dev)
     gq, scale = fixed_gains(gains, cu)
-    lens = torch.tensor([cu_l[i + 1] - cu_l[i] for i in range(len(cu_l) - 1)], device=dev, dtype=torch.long)
-    qid = torch.zeros(probes.shape[0], dtype=torch.int32, device=dev)
-    qid[cu_l[0] : cu_l[-1]] = torch.repeat_interleave(torch.arange(len(lens), device=dev, dtype=torch.int32), lens)
-    fixed = credit_lists_fixed(list_offsets, list_rows, n_rows, probes, gq, cu_l, qid)
+    fixed = credit_lists_fixed(list_offsets, list_rows, n_rows, probes, gq, cu_l, token_queries(cu_l, probes.shape[0], dev))
     return (fixed.double() / scale).float()

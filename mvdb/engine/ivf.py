@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from mvdb.kernels.lists import credit_lists, credit_lists_fixed, fixed_gains
+from mvdb.kernels.lists import credit_lists, credit_lists_fixed, fixed_gains, token_queries
 
 try:
     import faiss
@@ -286,8 +286,7 @@ class Lists:
         triton_path = backend == "triton" or (backend == "auto" and dev.type == "cuda")
         if triton_path:  # fixed-point scores (int32), every token its own program
             gains, _ = fixed_gains(gains, torch.tensor(cu, device=dev))
-            lens = torch.tensor([cu[i + 1] - cu[i] for i in range(nq)], device=dev)
-            qid = torch.repeat_interleave(torch.arange(nq, device=dev, dtype=torch.int32), lens)
+            qid = token_queries(cu, q.shape[0], dev)
             per_query = self.n_rows * 4
         else:
             per_query = self.n_rows * 4 * (max(cu[i + 1] - cu[i] for i in range(nq)) + 1)
