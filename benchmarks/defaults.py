@@ -35,18 +35,23 @@ import mvdb  # noqa: E402
 from mvdb.engine import ivf  # noqa: E402
 
 
+TRAIN_MAX = ivf.TRAIN_MAX  # the library's, before any variant sets its own
+
+
 def variants(spec: str) -> list[dict]:
-    """"40x10,160x25@2,160x10~torch-fp16" -> per-list tokens x k-means iterations [@ list-count
-    multiplier] [~ what trains on the GPU: ivf.KMEANS_GPU]."""
+    """"40x10,160x25@2,160x10~torch-fp16,160x10^6~torch-fp16" -> per-list tokens x k-means
+    iterations [@ list-count multiplier] [^ millions of tokens in the sample at most:
+    ivf.TRAIN_MAX] [~ what trains on the GPU: ivf.KMEANS_GPU]."""
     out = []
     for s in spec.split(","):
         s, _, how = s.partition("~")
+        s, _, cap = s.partition("^")
         s, _, mult = s.partition("@")
         per, niter = s.split("x")
         if how and how not in ("faiss", "torch-fp16"):
             raise SystemExit(f"--train {s}~{how}: expected ~faiss or ~torch-fp16 (ivf.KMEANS_GPU), got {how!r}")
         out.append({"per_list": int(per), "niter": int(niter), "nlist_mult": float(mult or 1),
-                    "kmeans": how or "faiss"})
+                    "train_max": int(float(cap) * 1e6) if cap else TRAIN_MAX, "kmeans": how or "faiss"})
     return out
 
 
@@ -81,7 +86,7 @@ def main():
             shutil.rmtree(Path(args.path) / "index", ignore_errors=True)
             (Path(args.path) / "MANIFEST.json").write_bytes(bare)
             ivf.TRAIN_PER_LIST, ivf.KMEANS_NITER, ivf.KMEANS_GPU = v["per_list"], v["niter"], v["kmeans"]
-            ivf.TRAIN_PER_LIST_GPU = v["per_list"]
+            ivf.TRAIN_PER_LIST_GPU, ivf.TRAIN_MAX = v["per_list"], v["train_max"]
             nlist = None
             if v["nlist_mult"] != 1:
                 nlist = int(ivf.default_nlist(res["tokens"]) * v["nlist_mult"])

@@ -248,7 +248,8 @@ def _defaults() -> dict:
     out = {}
     for module, name in [("mvdb.engine.search", "DEFAULT_CANDIDATES"), ("mvdb.engine.search", "DEFAULT_K_TOKENS"),
                          ("mvdb.engine.search", "DEFAULT_LISTS_PROBE"),
-                         ("mvdb.engine.search", "DEFAULT_LISTS_CANDIDATES"), ("mvdb.engine.state", "FLAT_MAX_TOKENS")]:
+                         ("mvdb.engine.search", "DEFAULT_LISTS_CANDIDATES"), ("mvdb.engine.state", "FLAT_MAX_TOKENS"),
+                         ("mvdb.engine.state", "CPU_FLAT_MAX_TOKENS")]:
         try:
             out[name.lower()] = getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError):

@@ -96,8 +96,8 @@ class Database(TextMethods):
         pairs, e.g. BM25 or SPLADE weights) for the lexical channel of :meth:`search`.
 
         Incremental: the new tokens go into the resident pages and the index (IVF: assigned to
-        the current centroids and persisted; retrained once the corpus has doubled since the
-        centroids were trained).
+        the current centroids and persisted; retrained when the corpus calls for more lists, or
+        has grown 4x since the centroids were trained).
         """
         with self._pub.write():
             out = self.store.add(docs, ids=ids, metadata=metadata, sparse=sparse)

@@ -136,6 +136,7 @@ def test_ingest_builds_and_persists_the_ivf_index(tmp_path, monkeypatch):
     import mvdb.engine.state
 
     monkeypatch.setattr(mvdb.engine.state, "FLAT_MAX_TOKENS", 50)  # this small corpus counts as large
+    monkeypatch.setattr(mvdb.engine.state, "CPU_FLAT_MAX_TOKENS", 50)
     tokens, lengths = _packed(40, seed=3)
     np.savez(tmp_path / "a.npz", tokens=tokens, lengths=lengths)
     db = tmp_path / "x.mvdb"

@@ -314,6 +314,7 @@ def test_ivf_database_created_empty(tmp_path):
 
 def test_flat_index_grows_into_ivf(tmp_path, monkeypatch):
     monkeypatch.setattr(mvdb.engine.state, "FLAT_MAX_TOKENS", 2000)
+    monkeypatch.setattr(mvdb.engine.state, "CPU_FLAT_MAX_TOKENS", 2000)
     docs = _corpus(160, seed=19)
     with mvdb.open(tmp_path / "db") as db:
         db.add(docs[:40])

@@ -105,7 +105,7 @@ def test_page_starts_are_whole_rows_from_the_first_page(tmp_path, small_pages):
 
 def test_ivf_grown_in_many_adds_keeps_its_recall(tmp_path):
     """40 adds of a topic corpus into an IVF database reach the one-add build's recall@10 (within
-    0.02), before and after reopening: the index is retrained as the corpus doubles."""
+    0.02), before and after reopening: the index is retrained as the corpus grows (list-count steps, 4x growth)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from synthetic import make_corpus, make_queries
 
@@ -168,3 +168,32 @@ def test_new_database_records_its_choice_without_warning(tmp_path):
         with mvdb.open(tmp_path / "db") as db:
             db.add(_corpus(30, seed=37))
             assert db.stats()["index"] == "ivf" and db.stats()["nlist"] == 4
+
+
+def test_cpu_flat_index_is_filled_on_first_use(tmp_path):
+    """On a CPU, opening a flat ("auto", small) database copies no tokens into the token index:
+    default searches score every document exactly; the first search given the token index's
+    options fills it (adds included), with the answers an eagerly built index gives."""
+    from mvdb.engine.flat import build_flat
+
+    docs = _corpus(120, seed=43)
+    rng = np.random.default_rng(44)
+    qs = [_query(docs[i], rng) for i in (3, 50, 90)]
+    with mvdb.open(tmp_path / "db", device="cpu") as db:
+        db.add(docs[:80])
+    with mvdb.open(tmp_path / "db", device="cpu") as db:
+        flat = db._engine.flat
+        assert db.stats()["index"] == "flat" and flat.ntotal == 0
+        exact = db.search(qs, k=5)
+        assert flat.ntotal == 0  # the default CPU search is exhaustive
+        assert exact == db.search(qs, k=5, exact=True)
+        db.add(docs[80:])
+        assert flat.ntotal == 0
+        st = db._engine.state
+        got = db.search(qs, k=5, k_tokens=64, n_candidates=40)
+        assert flat.ntotal == st.tokens.n_tokens  # filled for this snapshot, the add included
+        eager = build_flat(st.tokens, torch.device("cpu"))
+        sims, pos = st.index.search(torch.from_numpy(qs[0]), 8)
+        want_sims, want_pos = eager.search(torch.from_numpy(qs[0]), 8)
+        assert torch.equal(pos, want_pos) and torch.allclose(sims, want_sims)
+        assert [h[0].id for h in got] == [3, 50, 90]

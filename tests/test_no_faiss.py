@@ -175,7 +175,7 @@ def test_ivf_index_trained_in_torch_is_persisted(tmp_path, monkeypatch, no_faiss
 
 BLOCKED = ("import sys; sys.modules['faiss'] = None\n"  # `import faiss` raises ImportError, as when not installed
            "import json, tempfile, numpy as np, mvdb, mvdb.engine, mvdb.engine.state as st\n"
-           "st.FLAT_MAX_TOKENS = 2000\n"  # this corpus grows from flat into IVF
+           "st.FLAT_MAX_TOKENS = st.CPU_FLAT_MAX_TOKENS = 2000\n"  # this corpus grows from flat into IVF
            "rng = np.random.default_rng(0)\n"
            "docs = [rng.standard_normal((int(n), 32)).astype(np.float32) for n in rng.integers(5, 30, 300)]\n"
            "out = {'backend': mvdb.engine.index_backend('cpu')}\n"

@@ -7,7 +7,9 @@ where FAISS is not installed or has no GPU for a CUDA database, :class:`TorchFla
 search as chunked matmuls and top-k in torch on the database's device.
 
 The index only grows (adds append); a :class:`FlatView` pins how many tokens a search may see, so
-a search that started before an add ignores what the add appended. FAISS CPU indexes and the
+a search that started before an add ignores what the add appended. On a CPU the index is filled
+on first use (``lazy``): a CPU search scores every document exactly unless asked for the token
+index's options (mvdb.engine.search), so opening such a database copies nothing. FAISS CPU indexes and the
 torch one allow concurrent searches; FAISS GPU ones do not, so there searches take the lock
 exclusively.
 """
@@ -106,24 +108,38 @@ class FlatIndex:
     def add(self, chunks) -> None:
         """Append stored tokens (an iterable of (tokens, scales or None) in row order)."""
         with self.lock.write():
-            for tok, sc in chunks:
-                for t0 in range(0, tok.shape[0], 1 << 20):
-                    x = tok[t0 : t0 + (1 << 20)].float()
-                    if sc is not None:
-                        x = x * sc[t0 : t0 + (1 << 20), None].to(x.device)
-                    self.index.add(self._arg(x))
+            self._add(chunks)
 
-    def view(self) -> FlatView:
-        return FlatView(self, self.ntotal)
+    def fill(self, tokens, upto: int) -> None:
+        """Append tokens ntotal..upto of ``tokens`` (a resident view holding at least ``upto``
+        tokens, whose first ntotal are those already added)."""
+        if self.ntotal >= upto:
+            return
+        with self.lock.write():
+            if self.ntotal < upto:
+                self._add(tokens.chunks(self.ntotal, upto))
+
+    def _add(self, chunks) -> None:
+        for tok, sc in chunks:
+            for t0 in range(0, tok.shape[0], 1 << 20):
+                x = tok[t0 : t0 + (1 << 20)].float()
+                if sc is not None:
+                    x = x * sc[t0 : t0 + (1 << 20), None].to(x.device)
+                self.index.add(self._arg(x))
+
+    def view(self, tokens=None) -> FlatView:
+        """A view of the tokens added so far; or, given ``tokens`` (lazy), of all of theirs."""
+        return FlatView(self, self.ntotal if tokens is None else tokens.n_tokens, tokens)
 
 
 class FlatView:
-    """The flat index as one snapshot sees it: its first ``ntotal`` tokens."""
+    """The flat index as one snapshot sees it: its first ``ntotal`` tokens. ``tokens`` (lazy): the
+    snapshot's resident tokens, added to the index by the first search that needs them."""
 
     kind = "flat"
 
-    def __init__(self, index: FlatIndex, ntotal: int):
-        self.index, self.ntotal = index, ntotal
+    def __init__(self, index: FlatIndex, ntotal: int, tokens=None):
+        self.index, self.ntotal, self.tokens = index, ntotal, tokens
         self.backend = index.backend
         self.build_seconds: dict = {}
 
@@ -131,6 +147,8 @@ class FlatView:
         """(similarities [n, k], token positions [n, k], -1 where fewer were found) for q [n, dim]."""
         k = min(k, self.ntotal, 2048)
         idx = self.index
+        if self.tokens is not None:
+            idx.fill(self.tokens, self.ntotal)
         lock = idx.lock.write() if idx.on_gpu else idx.lock.read()
         with lock:
             if idx.backend == "torch":  # searches only this snapshot's tokens
@@ -145,9 +163,12 @@ class FlatView:
         return sims, pos
 
 
-def build_flat(tokens, device: torch.device) -> FlatView:
-    """A flat index over every token of a resident view (mvdb.engine.resident.Tokens)."""
+def build_flat(tokens, device: torch.device, lazy: bool = False) -> FlatView:
+    """A flat index over every token of a resident view (mvdb.engine.resident.Tokens); ``lazy``:
+    filled by the first search that uses it."""
     idx = FlatIndex(tokens.dim, device)
+    if lazy:
+        return idx.view(tokens)
     t0 = time.perf_counter()
     idx.add(tokens.chunks())
     _sync(device)

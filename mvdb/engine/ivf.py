@@ -26,10 +26,20 @@ try:
 except ImportError:  # FAISS is an extra (mvdb[cpu] or mvdb[gpu]); without it the token index is pure torch
     faiss = None
 
-RETRAIN_GROWTH = 2.0  # retrain once the stored tokens exceed this many times the training corpus
+# Retrain once the live tokens exceed this many times those the centroids were trained on (or the
+# corpus calls for more lists). The k-means sample is bounded (TRAIN_MAX), so a retrain at the same
+# list count only helps where the data drifted; with the default list count (2 sqrt(N)) the list
+# count doubles every 4x anyway. At 2.0, 200 adds of 1M documents retrained 7 times and took 2.1x
+# the bulk build (README "Growing a database").
+RETRAIN_GROWTH = 4.0
 TRAIN_PER_LIST = 40  # k-means sample: tokens per list
 TRAIN_PER_LIST_GPU = 160  # where k-means runs on the GPU (+0.004 to 0.007 recall@10 at 1M documents)
 KMEANS_NITER = 10
+# Retrains start cold, like a bulk build: starting from the centroids being replaced (the extra
+# lists drawn from sample points) with 5 iterations saved 3.5 s of the final retrain at 1M
+# documents and kept recall@10 (0.983 against 0.984 in bulk), but batched search lost 35% of its
+# QPS, also after a reopen (benchmarks/results/grow-dups-1000000-H100-warm.json; cause not
+# isolated: lists of uneven length, walked by every probe, are the likely one).
 # What trains the centroids where FAISS has the GPU: "faiss" (Clustering over a GpuIndexFlatIP) or
 # "torch-fp16" (:func:`kmeans` with float16 GEMMs): 3.6 s instead of 11.4 for 32,768 lists at 1M
 # documents on the H100, recall@10 0.978 against 0.980 (README "Growing a database"). FAISS stays

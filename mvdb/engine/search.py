@@ -23,7 +23,7 @@ from mvdb.errors import InvalidInputError, InvalidTypeError
 # Defaults chosen so that nobody needs to tune them (measured: README "Database benchmarks").
 DEFAULT_K_TOKENS = 512  # flat index: nearest stored tokens per query token
 DEFAULT_CANDIDATES = 256  # flat index: documents reranked exactly per query
-DEFAULT_LISTS_PROBE = 16  # IVF: lists probed per query token (benchmarks/results/defaults-*-packed.json)
+DEFAULT_LISTS_PROBE = 20  # IVF: lists probed per query token (benchmarks/results/defaults-*-1000000-probe20.json)
 DEFAULT_LISTS_CANDIDATES = 4096  # IVF: documents reranked exactly per query
 DEFAULT_SPARSE_CANDIDATES = 100  # documents the sparse (lexical) channel adds per query
 

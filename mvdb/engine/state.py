@@ -32,6 +32,11 @@ from mvdb.engine.resident import Resident, Tokens
 from mvdb.errors import CorruptionError, InvalidInputError
 
 FLAT_MAX_TOKENS = 1 << 20  # "auto": exact token search below this many tokens, centroid lists above
+# "auto" on a CPU: below this many tokens no token index is trained and searches score every
+# document exactly (the flat index is filled only if a search asks for its options). On the 2-core
+# CPU exhaustive MaxSim costs about what the IVF path does at 4.4M tokens, and nothing at open
+# (benchmarks/results/cpu-crossover.json).
+CPU_FLAT_MAX_TOKENS = 1 << 23
 INDEX_KINDS = ("auto", "flat", "ivf")
 
 
@@ -119,7 +124,8 @@ class Engine:
         k = self.config["kind"]
         if k != "auto":
             return k
-        return "flat" if n_tokens < FLAT_MAX_TOKENS else "ivf"
+        limit = CPU_FLAT_MAX_TOKENS if self.device.type == "cpu" else FLAT_MAX_TOKENS
+        return "flat" if n_tokens < limit else "ivf"
 
     def home(self, snap) -> torch.device:
         """Where the tokens live: on the device, or (when they would not fit, or asked) in pinned
@@ -169,7 +175,7 @@ class Engine:
         tokens = state.tokens
         if self.kind(tokens.n_tokens) == "flat" or tokens.n_tokens == 0:  # IVF trains once there are tokens
             self.flat = None
-            view = build_flat(tokens, self.device)
+            view = build_flat(tokens, self.device, lazy=self.device.type == "cpu")
             self.flat = view.index
             return view, state.snap
         self.flat = None
@@ -363,6 +369,8 @@ class Engine:
         index = st.index
         if isinstance(index, FlatView):
             if self.kind(tokens.n_tokens) == "flat":
+                if index.tokens is not None:  # lazy (CPU): the first search that needs them adds them
+                    return replace(new, index=index.index.view(tokens))
                 index.index.add(tokens.chunks(old_tokens))
                 return replace(new, index=index.index.view())
             index, snap = self._ivf(new)  # grown past the flat index's range: train the IVF index now
