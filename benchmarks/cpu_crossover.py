@@ -1,8 +1,8 @@
 """Where the token index starts to pay on a CPU (issue #13): per-query time of a batched search
 through the IVF index (defaults) against exhaustive MaxSim over every document
-(``search(exact=True)``), and what opening the database costs each way, at growing corpus sizes.
-Sets mvdb.engine.state.CPU_FLAT_MAX_TOKENS (below it, "auto" on a CPU scores exhaustively and
-trains nothing).
+(``search(exact=True)``), and what opening the database costs each way, at growing corpus sizes:
+the measurements behind mvdb.engine.state.CPU_FLAT_MAX_TOKENS (below it, "auto" on a CPU scores
+exhaustively and trains nothing).
 
     python benchmarks/cpu_crossover.py --docs 40000,120000
 """

@@ -16,7 +16,7 @@ def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=No
 
     ``dtype``: "float16" (the default) or "int8" for a new database; for an existing one, None or
     the stored dtype. ``index``: "flat" (exact token search), "ivf" (centroid lists, persisted),
-    or "auto" (flat below 1M tokens); recorded in the database, so it need not be given again
+    or "auto" (flat below 1M tokens, 8M on a CPU); recorded in the database, so it need not be given again
     (None: the recorded choice, "auto" for a new database; a different one is used and recorded,
     with a warning). ``nlist``: IVF lists when training (default about 2 * sqrt(tokens)), recorded
     likewise. ``residency``: where the stored tokens live for the exact rerank: "device", "host"

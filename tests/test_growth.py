@@ -172,28 +172,44 @@ def test_new_database_records_its_choice_without_warning(tmp_path):
 
 def test_cpu_flat_index_is_filled_on_first_use(tmp_path):
     """On a CPU, opening a flat ("auto", small) database copies no tokens into the token index:
-    default searches score every document exactly; the first search given the token index's
-    options fills it (adds included), with the answers an eagerly built index gives."""
+    default searches (and nprobe or a sparse channel, which an exhaustive search covers) score
+    every document exactly; the first search given the flat index's own options fills it, a later
+    one adds only what an add brought, and every view answers as an eagerly built index does."""
     from mvdb.engine.flat import build_flat
 
     docs = _corpus(120, seed=43)
     rng = np.random.default_rng(44)
     qs = [_query(docs[i], rng) for i in (3, 50, 90)]
     with mvdb.open(tmp_path / "db", device="cpu") as db:
-        db.add(docs[:80])
+        db.add(docs[:60])
     with mvdb.open(tmp_path / "db", device="cpu") as db:
         flat = db._engine.flat
-        assert db.stats()["index"] == "flat" and flat.ntotal == 0
+        assert db.stats()["index"] == "flat" and flat.ntotal == 0 and db.stats()["index_tokens"] == 0
         exact = db.search(qs, k=5)
-        assert flat.ntotal == 0  # the default CPU search is exhaustive
-        assert exact == db.search(qs, k=5, exact=True)
-        db.add(docs[80:])
-        assert flat.ntotal == 0
-        st = db._engine.state
+        assert exact == db.search(qs, k=5, exact=True) == db.search(qs, k=5, nprobe=4)
+        assert db.search(qs[0], k=5, sparse={1: 1.0}) == exact[0]
+        assert flat.ntotal == 0  # none of these used the token index
+
+        def same_as_eager(st):
+            eager = build_flat(st.tokens, torch.device("cpu"))
+            for q in qs:
+                sims, pos = st.index.search(torch.from_numpy(q), 8)
+                want_sims, want_pos = eager.search(torch.from_numpy(q), 8)
+                assert torch.equal(pos, want_pos) and torch.allclose(sims, want_sims)
+
+        old = db._engine.state
+        db.search(qs, k=5, k_tokens=64)
+        assert flat.ntotal == old.tokens.n_tokens == db.stats()["index_tokens"]
+        db.add(docs[60:])
+        assert flat.ntotal == old.tokens.n_tokens  # the add copied nothing into it
+        new = db._engine.state
         got = db.search(qs, k=5, k_tokens=64, n_candidates=40)
-        assert flat.ntotal == st.tokens.n_tokens  # filled for this snapshot, the add included
-        eager = build_flat(st.tokens, torch.device("cpu"))
-        sims, pos = st.index.search(torch.from_numpy(qs[0]), 8)
-        want_sims, want_pos = eager.search(torch.from_numpy(qs[0]), 8)
-        assert torch.equal(pos, want_pos) and torch.allclose(sims, want_sims)
+        assert flat.ntotal == new.tokens.n_tokens > old.tokens.n_tokens  # only the added tokens
         assert [h[0].id for h in got] == [3, 50, 90]
+        same_as_eager(new)
+        # a view from before the add sees only its own tokens: the shared index's answer with the
+        # later tokens masked (as during a concurrent add)
+        eager = build_flat(new.tokens, torch.device("cpu"))
+        for q in qs:
+            pos, want = old.index.search(torch.from_numpy(q), 8)[1], eager.search(torch.from_numpy(q), 8)[1]
+            assert torch.equal(pos, want.masked_fill(want >= old.tokens.n_tokens, -1))

@@ -143,8 +143,15 @@ class FlatView:
         self.backend = index.backend
         self.build_seconds: dict = {}
 
+    @property
+    def filled(self) -> int:
+        """Tokens of this view the index holds now (a lazy one fills on first search)."""
+        return min(self.ntotal, self.index.ntotal)
+
     def search(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(similarities [n, k], token positions [n, k], -1 where fewer were found) for q [n, dim]."""
+        """(similarities [n, k], token positions [n, k], -1 where fewer were found) for q [n, dim].
+        A lazy view first fills the index up to its tokens (under the index's write lock, inside
+        the caller's database read lock: a writer waiting to publish waits for that fill)."""
         k = min(k, self.ntotal, 2048)
         idx = self.index
         if self.tokens is not None:

@@ -17,7 +17,7 @@ import torch
 from mvdb.engine import ivf
 from mvdb.engine.filters import allowed_rows
 from mvdb.engine.flat import approximate_candidates
-from mvdb.engine.sparse import sparse_candidates
+from mvdb.engine.sparse import query_sparse, sparse_candidates
 from mvdb.errors import InvalidInputError, InvalidTypeError
 
 # Defaults chosen so that nobody needs to tune them (measured: README "Database benchmarks").
@@ -197,9 +197,14 @@ def search(state, qs: Queries, k: int, where=None, *, exact: bool = False, **opt
     live = state.live if where is None else allowed_rows(state, where)
     k = min(k, max(1, int(live.sum())))  # fewer hits, not a huge allocation, when k exceeds the documents
     if exact or (state.index is not None and state.index.kind == "flat" and qs.q.device.type == "cpu"
-                 and not any(v is not None for v in options.values())):
+                 and options.get("k_tokens") is None and options.get("n_candidates") is None):
         # On a CPU a flat index's candidate stage is itself one GEMM over every stored token, as
-        # much as exhaustive MaxSim: scoring every document exactly is then never slower (and exact).
+        # much as exhaustive MaxSim: scoring every document exactly is then never slower (and exact;
+        # it covers whatever a sparse channel would add, and nprobe has no meaning here). Only the
+        # flat index's own options route through it (which fills it on first use).
+        sparse = options.get("sparse")
+        if sparse is not None:  # checked as the sparse channel would check it
+            query_sparse([sparse] if qs.single else sparse, qs.n)
         return exhaustive(state, qs, k, live)
     cand = candidates(state, qs, k, live, **options)
     scores = state.tokens.score(qs.q, qs.cu, cand, qs.longest)

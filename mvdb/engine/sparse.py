@@ -30,13 +30,18 @@ def _postings(state) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return post
 
 
-def sparse_candidates(state, sparse, n_queries: int, live: torch.Tensor, n: int) -> torch.Tensor:
-    """Rows with the highest sparse dot product per query [n_queries, n] (-1 where fewer live
-    rows share a term with the query)."""
+def query_sparse(sparse, n_queries: int):
+    """Check the queries' sparse vectors (a list, one per query) -> (offsets, terms, weights)."""
     if not isinstance(sparse, (list, tuple)) or len(sparse) != n_queries:
         got = type(sparse).__name__ + (f" of {len(sparse)}" if isinstance(sparse, (list, tuple)) else "")
         raise InvalidInputError(f"sparse: expected a list of {n_queries} query sparse vectors (one per query), got {got}")
-    q_off, q_terms, q_weights = validate_sparse(list(sparse), n_queries)
+    return validate_sparse(list(sparse), n_queries)
+
+
+def sparse_candidates(state, sparse, n_queries: int, live: torch.Tensor, n: int) -> torch.Tensor:
+    """Rows with the highest sparse dot product per query [n_queries, n] (-1 where fewer live
+    rows share a term with the query)."""
+    q_off, q_terms, q_weights = query_sparse(sparse, n_queries)
     ptr, post_rows, post_w = _postings(state)
     dev = live.device
     n_rows = state.n_rows

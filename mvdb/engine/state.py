@@ -7,9 +7,10 @@ it, so a write never changes what a running search reads. :class:`Engine` (one p
 driven by one writer at a time) builds a state from a snapshot and follows the store's commits:
 
 - appended segments: their tokens are appended to the resident pages and their codes to the
-  index (IVF: assigned to the current centroids, persisted per segment); once the live tokens
-  exceed ``RETRAIN_GROWTH`` times the tokens the centroids were trained on, the index is
-  retrained and every segment re-assigned (amortised: the retrain costs grow geometrically);
+  index (IVF: assigned to the current centroids, persisted per segment); once the corpus calls
+  for more lists than the centroids have, or the live tokens exceed ``RETRAIN_GROWTH`` times
+  those they were trained on, the index is retrained and every segment re-assigned (amortised:
+  the retrain costs grow geometrically);
 - deletes: a new live mask;
 - anything else (a compaction rewrote segments): a rebuild, after letting go of the old
   resident memory.
@@ -31,7 +32,7 @@ from mvdb.engine.progress import Progress
 from mvdb.engine.resident import Resident, Tokens
 from mvdb.errors import CorruptionError, InvalidInputError
 
-FLAT_MAX_TOKENS = 1 << 20  # "auto": exact token search below this many tokens, centroid lists above
+FLAT_MAX_TOKENS = 1 << 20  # "auto" on a GPU: exact token search below this many tokens, centroid lists above
 # "auto" on a CPU: below this many tokens no token index is trained and searches score every
 # document exactly (the flat index is filled only if a search asks for its options). On the 2-core
 # CPU exhaustive MaxSim costs about what the IVF path does at 4.4M tokens, and nothing at open
@@ -373,6 +374,7 @@ class Engine:
                     return replace(new, index=index.index.view(tokens))
                 index.index.add(tokens.chunks(old_tokens))
                 return replace(new, index=index.index.view())
+            self.flat = None  # let go of the flat index (a filled one holds float32 copies of the tokens)
             index, snap = self._ivf(new)  # grown past the flat index's range: train the IVF index now
             return replace(new, snap=snap, index=index)
         if index is None:
@@ -413,7 +415,7 @@ class Engine:
             "index_config": dict(self.config),
             "nlist": getattr(idx, "nlist", None) or None,
             "trained_tokens": getattr(idx, "trained_tokens", None),
-            "index_tokens": idx.ntotal if idx is not None else 0,
+            "index_tokens": getattr(idx, "filled", idx.ntotal) if idx is not None else 0,
             "build_seconds": {"load": self.load_seconds, **(idx.build_seconds if idx is not None else {})},
             "generation": m["generation"],
         }
