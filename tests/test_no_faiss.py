@@ -88,8 +88,12 @@ def test_torch_flat_index_follows_adds(tmp_path, no_faiss):
     docs = _corpus(300, seed=3)
     with mvdb.open(tmp_path / "db", index="flat", device="cpu") as db:
         db.add(docs[:100])
+        assert db.stats()["index_tokens"] == 0  # on a CPU filled by the first search that needs it
+        assert db.search(docs[30][:6], k=1, n_candidates=20)[0].id == 30
+        assert db.stats()["index_tokens"] == sum(len(d) for d in docs[:100])
         for a in range(100, 300, 50):  # appends go to the same torch index
             db.add(docs[a : a + 50])
+            db.search(docs[a][:6], k=1, n_candidates=20)
         assert db.stats()["index_tokens"] == sum(len(d) for d in docs)
         top = db.search([d[:6] for d in docs[::30]], k=1, n_candidates=20)
         assert [h[0].id for h in top] == list(range(0, 300, 30))
