@@ -308,16 +308,13 @@ class Lists:
             if triton_path:
                 score = credit_lists_fixed(self.list_offsets, self.list_rows, self.n_rows, probes, gains,
                                            cu[a : b + 1], qid, q_base=a)
-                score.masked_fill_(dead[None], torch.iinfo(torch.int32).min)
-                top = score.topk(n, dim=1)
-                gone = top.values == torch.iinfo(torch.int32).min
             else:
                 score = credit_lists(self.list_offsets, self.list_rows, self.n_rows, probes, gains,
                                      torch.tensor(cu[a : b + 1], device=dev), backend="torch")
-                score.masked_fill_(dead[None], float("-inf"))
-                top = score.topk(n, dim=1)
-                gone = torch.isinf(top.values)
-            out[a:b, :n] = top.indices.masked_fill(gone, -1)
+            lowest = torch.iinfo(score.dtype).min if triton_path else float("-inf")  # dead rows rank last
+            score.masked_fill_(dead[None], lowest)
+            top = score.topk(n, dim=1)
+            out[a:b, :n] = top.indices.masked_fill(top.values == lowest, -1)
             del score
         return out
 
