@@ -76,10 +76,11 @@ class TorchFlat:
 
 
 class FlatIndex:
-    """The mutable token index behind every :class:`FlatView` of one database."""
+    """The mutable token index behind every :class:`FlatView` of one database. ``lazy``: a view
+    adds its tokens when first searched, not when made."""
 
-    def __init__(self, dim: int, device: torch.device):
-        self.dim, self.device = dim, device
+    def __init__(self, dim: int, device: torch.device, lazy: bool = False):
+        self.dim, self.device, self.lazy = dim, device, lazy
         self.backend = ivf.index_backend(device)
         self._res = None
         self.lock = RWLock()
@@ -105,41 +106,35 @@ class FlatIndex:
             return x.to(self.device, torch.float32).contiguous()
         return x.float().contiguous() if self.on_gpu and x.is_cuda else x.float().cpu().contiguous()
 
-    def add(self, chunks) -> None:
-        """Append stored tokens (an iterable of (tokens, scales or None) in row order)."""
-        with self.lock.write():
-            self._add(chunks)
-
     def fill(self, tokens, upto: int) -> None:
         """Append tokens ntotal..upto of ``tokens`` (a resident view holding at least ``upto``
         tokens, whose first ntotal are those already added)."""
         if self.ntotal >= upto:
             return
-        with self.lock.write():
-            if self.ntotal < upto:
-                self._add(tokens.chunks(self.ntotal, upto))
+        with self.lock.write():  # from ntotal as it is now: a fill that got here first leaves nothing
+            for tok, sc in tokens.chunks(self.ntotal, upto):
+                for t0 in range(0, tok.shape[0], 1 << 20):
+                    x = tok[t0 : t0 + (1 << 20)].float()
+                    if sc is not None:
+                        x = x * sc[t0 : t0 + (1 << 20), None].to(x.device)
+                    self.index.add(self._arg(x))
 
-    def _add(self, chunks) -> None:
-        for tok, sc in chunks:
-            for t0 in range(0, tok.shape[0], 1 << 20):
-                x = tok[t0 : t0 + (1 << 20)].float()
-                if sc is not None:
-                    x = x * sc[t0 : t0 + (1 << 20), None].to(x.device)
-                self.index.add(self._arg(x))
-
-    def view(self, tokens=None) -> FlatView:
-        """A view of the tokens added so far; or, given ``tokens`` (lazy), of all of theirs."""
-        return FlatView(self, self.ntotal if tokens is None else tokens.n_tokens, tokens)
+    def view(self, tokens) -> FlatView:
+        """The view of a snapshot's resident ``tokens`` (the index's first ones plus any an add
+        appended): they are added now, or (lazy) by the view's first search."""
+        if not self.lazy:
+            self.fill(tokens, tokens.n_tokens)
+        return FlatView(self, tokens)
 
 
 class FlatView:
-    """The flat index as one snapshot sees it: its first ``ntotal`` tokens. ``tokens`` (lazy): the
-    snapshot's resident tokens, added to the index by the first search that needs them."""
+    """The flat index as one snapshot sees it: the first ``ntotal`` tokens, those of the
+    snapshot's resident ``tokens`` (a lazy index adds them on the view's first search)."""
 
     kind = "flat"
 
-    def __init__(self, index: FlatIndex, ntotal: int, tokens=None):
-        self.index, self.ntotal, self.tokens = index, ntotal, tokens
+    def __init__(self, index: FlatIndex, tokens):
+        self.index, self.tokens, self.ntotal = index, tokens, tokens.n_tokens
         self.backend = index.backend
         self.build_seconds: dict = {}
 
@@ -154,8 +149,7 @@ class FlatView:
         the caller's database read lock: a writer waiting to publish waits for that fill)."""
         k = min(k, self.ntotal, 2048)
         idx = self.index
-        if self.tokens is not None:
-            idx.fill(self.tokens, self.ntotal)
+        idx.fill(self.tokens, self.ntotal)
         lock = idx.lock.write() if idx.on_gpu else idx.lock.read()
         with lock:
             if idx.backend == "torch":  # searches only this snapshot's tokens
@@ -173,14 +167,11 @@ class FlatView:
 def build_flat(tokens, device: torch.device, lazy: bool = False) -> FlatView:
     """A flat index over every token of a resident view (mvdb.engine.resident.Tokens); ``lazy``:
     filled by the first search that uses it."""
-    idx = FlatIndex(tokens.dim, device)
-    if lazy:
-        return idx.view(tokens)
     t0 = time.perf_counter()
-    idx.add(tokens.chunks())
-    _sync(device)
-    view = idx.view()
-    view.build_seconds = {"add": time.perf_counter() - t0}
+    view = FlatIndex(tokens.dim, device, lazy).view(tokens)
+    if not lazy:
+        _sync(device)
+        view.build_seconds = {"add": time.perf_counter() - t0}
     return view
 
 

@@ -358,7 +358,6 @@ class Engine:
 
     def _append(self, st: State, snap, first: int) -> State:
         lengths = _lengths(snap, first)
-        old_tokens = st.tokens.n_tokens
         old_rows = st.tokens.n_rows
 
         def loader(pieces):
@@ -369,11 +368,8 @@ class Engine:
         new = State(snap, tokens, live, None)
         index = st.index
         if isinstance(index, FlatView):
-            if self.kind(tokens.n_tokens) == "flat":
-                if index.tokens is not None:  # lazy (CPU): the first search that needs them adds them
-                    return replace(new, index=index.index.view(tokens))
-                index.index.add(tokens.chunks(old_tokens))
-                return replace(new, index=index.index.view())
+            if self.kind(tokens.n_tokens) == "flat":  # the add's tokens go in (lazy, CPU: on first search)
+                return replace(new, index=index.index.view(tokens))
             self.flat = None  # let go of the flat index (a filled one holds float32 copies of the tokens)
             index, snap = self._ivf(new)  # grown past the flat index's range: train the IVF index now
             return replace(new, snap=snap, index=index)
