@@ -88,6 +88,8 @@ print('mvdb.engine.index_backend():', mvdb.engine.index_backend(), '| db.stats()
                       ${CREDIT_ARGS:-} 2>&1 | tee -a "$OUT/credit.log" ;;
         file:*) (cd "$TESTROOT" && MVDB_AUTOTUNE=0 timeout 300 python3 -m pytest -q -p no:cacheprovider "${step#file:}") \
                     2>&1 | tee -a "$OUT/pytest.log" | tail -8 ;;
+        small:*) timeout ${SMALL_TIMEOUT:-400} python3 benchmarks/small_batch.py --docs "${step#small:}" --out "$OUT" \
+                     ${SMALL_ARGS:-} 2>&1 | tee -a "$OUT/small.log" | grep -v '^{"batch": [0-9]*, "prepare' ;;
         serve:*) timeout ${SERVE_TIMEOUT:-560} python3 benchmarks/serve.py --docs "${step#serve:}" --out "$OUT" \
                      ${SERVE_ARGS:-} 2>&1 | tee -a "$OUT/serve.log" ;;
         storage:*) df -h /tmp | tail -1; timeout 540 python3 benchmarks/storage.py --docs "${step#storage:}" \

@@ -80,7 +80,10 @@ def _client_proc(url: str, qfile: str, threads: int, start_at: float, seconds: f
     out.put(([x for xs in lats for x in xs], errors))
 
 
-def load(url: str, qfile: str, clients: int, procs: int, warmup: float, seconds: float) -> dict:
+def load(url: str, qfile: str, clients: int, procs: int, warmup: float, seconds: float, stats=None) -> dict:
+    """C client threads over P processes for ``seconds`` after a warm-up; ``stats`` (the server's
+    stats()) is read at the start and the end of the measured window, for the engine's batches and
+    its seconds inside db.search in exactly that window."""
     ctx = mp.get_context("spawn")
     procs = max(1, min(procs, clients))
     per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
@@ -89,6 +92,19 @@ def load(url: str, qfile: str, clients: int, procs: int, warmup: float, seconds:
     ps = [ctx.Process(target=_client_proc, args=(url, qfile, n, start_at, seconds, i, q)) for i, n in enumerate(per)]
     for p in ps:
         p.start()
+    window = []
+
+    def snapshots():
+        for at in (start_at, start_at + seconds):
+            time.sleep(max(0.0, at - time.time()))
+            t0 = time.perf_counter()
+            counters = stats()["server"]
+            t1 = time.perf_counter()
+            window.append(((t0 + t1) / 2, counters, t1 - t0))  # read somewhere in between
+
+    watcher = threading.Thread(target=snapshots, daemon=True) if stats is not None else None
+    if watcher is not None:
+        watcher.start()
     lats, errors = [], []
     for _ in ps:
         lat, err = q.get(timeout=warmup + seconds + 320)
@@ -96,8 +112,19 @@ def load(url: str, qfile: str, clients: int, procs: int, warmup: float, seconds:
         errors += err
     for p in ps:
         p.join(timeout=60)
+    if watcher is not None:
+        watcher.join(timeout=30)
     lats.sort()
     row = {"clients": clients, "processes": procs, "searches": len(lats), "qps": len(lats) / seconds}
+    if len(window) == 2:
+        (t0, s0, d0), (t1, s1, d1) = window
+        row["stats_call_ms"] = [d0 * 1e3, d1 * 1e3]
+        db_b, db_q = s1["batches"] - s0["batches"], s1["batched_queries"] - s0["batched_queries"]
+        row["mean_batch"] = db_q / db_b if db_b else None
+        if db_b and "search_s" in s1:  # the engine's time inside db.search in the window
+            row["engine_search_ms_per_batch"] = (s1["search_s"] - s0["search_s"]) / db_b * 1e3
+            row["engine_batches_per_s"] = db_b / (t1 - t0)
+            row["engine_busy"] = (s1["search_s"] - s0["search_s"]) / (t1 - t0)
     if lats:
         row.update(p50_ms=statistics.median(lats), p99_ms=lats[int(0.99 * (len(lats) - 1))], mean_ms=float(np.mean(lats)))
     if errors:
@@ -138,14 +165,7 @@ def run_server(path, dev, server_args: str, qh, want, qfile, args, in_process_qp
             procs = args.procs or max(1, (os.cpu_count() or 2) // 2)
             run["load"] = []
             for n in [int(x) for x in args.clients.split(",")]:
-                s0, t0 = c.stats()["server"], time.perf_counter()
-                row = load(url, qfile, n, procs, args.warmup, args.seconds)
-                s1, t1 = c.stats()["server"], time.perf_counter()
-                db_b, db_q = s1["batches"] - s0["batches"], s1["batched_queries"] - s0["batched_queries"]
-                row["mean_batch"] = db_q / db_b if db_b else None
-                if db_b and "search_s" in s1:  # the engine's time inside db.search, per batch
-                    row["engine_search_ms_per_batch"] = (s1["search_s"] - s0["search_s"]) / db_b * 1e3
-                    row["engine_batches_per_s"] = db_b / (t1 - t0)
+                row = load(url, qfile, n, procs, args.warmup, args.seconds, stats=c.stats)
                 row["share_of_in_process_batched"] = row["qps"] / in_process_qps
                 run["load"].append(row)
                 print(json.dumps(row), flush=True)
@@ -225,6 +245,17 @@ def main():
             sync(dev)
             ts.append((time.perf_counter() - t0) * 1e3)
         res["in_process_ms_per_batch"][b] = statistics.median(ts)
+    res["in_process_host_ms_per_batch"] = {}
+    qh16 = Q.half().cpu().numpy()
+    for b in (1, 5, 20):  # as the server's engine gets them: host fp16 arrays
+        ts = []
+        for a in range(0, min(args.queries, 50 * b), b):
+            sync(dev)
+            t0 = time.perf_counter()
+            db.search(qh16[a : a + b], k=10)
+            sync(dev)
+            ts.append((time.perf_counter() - t0) * 1e3)
+        res["in_process_host_ms_per_batch"][b] = statistics.median(ts)
     lat = []
     for i in range(min(200, args.queries)):
         t0 = time.perf_counter()

@@ -589,7 +589,8 @@ def recover(db: str, force: bool, as_json: bool) -> None:
               help="HTTP worker processes in front of the database process (default: a quarter of the cores, "
                    "1 to 8; 1: one process does both).")
 @click.option("--search-threads", default=1, show_default=True,
-              help="Threads taking batches of searches off the queue (each one db.search at a time).")
+              help="Threads taking batches of searches off the queue (each one db.search at a time); with "
+                   "--workers 1 only: the database process of --workers 2 or more runs one search loop.")
 @click.option("--gil-switch-us", default=100.0, show_default=True,
               help="Python's thread switch interval in the server's processes (0: Python's 5,000 us).")
 @DEVICE

@@ -206,7 +206,7 @@ class Database(TextMethods):
             qs = prepare(queries, st.dim, self.device)
             live = st.live if where is None else allowed_rows(st, where)
             cand = run_candidates(st, qs, k, live, n_candidates=n_candidates, k_tokens=k_tokens, nprobe=nprobe,
-                                  sparse=sparse, n_sparse=n_sparse).cpu().numpy()
+                                  sparse=sparse, n_sparse=n_sparse, ordered=True).cpu().numpy()
             keys = st.snap.row_keys()
         out = [decode_keys(keys[r[r >= 0]]) for r in cand]
         return out[0] if qs.single else out

@@ -530,3 +530,22 @@ def test_naive_candidates_batched_equal_per_query(monkeypatch, gather_cost, int8
     full = naive.maxsim_csr(q, cu, tok, off, None, scales)
     want = full.gather(1, cand.clamp(min=0)).masked_fill(cand < 0, float("-inf"))
     torch.testing.assert_close(got, want)
+
+
+def test_upload_all_gives_the_host_tensors_on_the_device():
+    """One staged copy of several host tensors (dtypes and sizes that leave the packed block
+    unaligned without padding) gives each back unchanged on the device; back-to-back calls reuse
+    the pinned buffer only after the device has read it (the first call's values stay intact).
+    On a CPU the tensors come back as they are."""
+    from mvdb.kernels._host import upload_all
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(0)
+    first = [torch.randn(1 << 20, 3, generator=g).half(), torch.arange(7, dtype=torch.int32),
+             torch.randint(0, 100, (5,), generator=g), torch.zeros(0, dtype=torch.int32)]
+    got1 = upload_all(first, dev)
+    second = [torch.randn(1 << 21, 2, generator=g), torch.arange(3, dtype=torch.int32)]
+    got2 = upload_all(second, dev)
+    for want, got in [*zip(first, got1), *zip(second, got2)]:
+        assert got.device.type == torch.device(dev).type and got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got.cpu(), want)

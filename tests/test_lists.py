@@ -93,6 +93,39 @@ def test_credit_lists_fixed_launches_and_blocks(tokens_per_launch, block, p):
     assert torch.equal(tail, got[2:])
 
 
+@pytest.mark.parametrize("n_rows,spans", [(200, 8), (1000, 4), (70, 16)])
+def test_credit_lists_fixed_parts_give_the_same_table(n_rows, spans):
+    """Rows split into spans, a program per (token, span): the same table for every number of
+    parts, whether a span holds rows of a list or none (70 rows in 16 spans of 32: most empty), and
+    list_bounds marks each list's entries per span."""
+    from mvdb.kernels.lists import credit_lists_fixed, fixed_gains, list_bounds
+
+    g = torch.Generator().manual_seed(n_rows)
+    nlist, p = 8, 3
+    lo, lr = _lists(nlist, n_rows, n_rows // 2, g)
+    cu = [0, 4, 9, 10, 16]
+    t = cu[-1]
+    probes = torch.stack([torch.randperm(nlist, generator=g)[:p] for _ in range(t)])
+    gains = torch.rand(t, p, generator=g).sort(dim=1, descending=True).values
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    lo, lr, probes, gains = lo.to(dev), lr.to(dev), probes.to(dev), gains.to(dev)
+    gq, _ = fixed_gains(gains, torch.tensor(cu))
+    qid = torch.repeat_interleave(torch.arange(4, dtype=torch.int32), torch.tensor([4, 5, 1, 6])).to(dev)
+    bounds = list_bounds(lo, lr, n_rows, spans, chunk=97)  # chunks that cut lists
+    span = max(32, -(-(-(-n_rows // spans)) // 32) * 32)  # rows per span: a multiple of 32, covering every row
+    assert spans * span >= n_rows
+    for c in range(nlist):
+        rows = lr[lo[c] : lo[c + 1]].long().cpu()
+        for s in range(spans + 1):
+            assert int(bounds[c, s]) == int(lo[c]) + int((rows < s * span).sum()), (c, s)
+    want = credit_lists_fixed(lo, lr, n_rows, probes, gq, cu, qid, block=32)
+    for parts in sorted({2, spans // 2, spans} - {1}):
+        got = credit_lists_fixed(lo, lr, n_rows, probes, gq, cu, qid, block=32, parts=parts, bounds=bounds)
+        assert torch.equal(got, want), parts
+    with pytest.raises(ValueError, match="multiple of 3 spans"):
+        credit_lists_fixed(lo, lr, n_rows, probes, gq, cu, qid, parts=3, bounds=bounds)
+
+
 def test_fixed_gains_bound_holds_for_any_gain_order():
     """The fixed-point scale bounds each query's sum of its tokens' largest gains, also where the
     gains are not in the promised order (40 tokens of gains [0, 1])."""

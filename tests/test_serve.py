@@ -20,9 +20,31 @@ import mvdb
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
-httpx = pytest.importorskip("httpx")
+urllib3 = pytest.importorskip("urllib3")
 
 from mvdb.serve import Server, connect
+
+_HTTP = urllib3.PoolManager(retries=False)
+
+
+class _Answer:
+    def __init__(self, r):
+        self.status_code, self.data = r.status, r.data
+        self.text = r.data.decode(errors="replace")
+
+    def json(self):
+        import json
+
+        return json.loads(self.data)
+
+
+def _post(url, *, json=None, content=None, headers=None):
+    """A raw POST (not through mvdb.connect): a JSON body, or bytes as they are."""
+    return _Answer(_HTTP.request("POST", url, json=json, body=content, headers=headers))
+
+
+def _get(url, headers=None):
+    return _Answer(_HTTP.request("GET", url, headers=headers))
 
 DIM = 8
 
@@ -86,16 +108,16 @@ def test_every_method_equals_the_library(served):
 def test_json_bodies_give_the_same_answers(served):
     db, _, srv, docs = served
     q = docs[11][:4]
-    r = httpx.post(srv.url + "/search", json={"queries": q.tolist(), "k": 3, "where": {"lang": "en"}},
+    r = _post(srv.url + "/search", json={"queries": q.tolist(), "k": 3, "where": {"lang": "en"}},
                    headers={"accept": "application/json"})
     assert r.status_code == 200, r.text
     want = db.search(q, k=3, where={"lang": "en"})
     assert r.json() == {"batch": False, "hits": [[h.id, h.score] for h in want]}
-    r = httpx.post(srv.url + "/search", json={"queries": [q.tolist(), q[:2].tolist()], "k": 2,
+    r = _post(srv.url + "/search", json={"queries": [q.tolist(), q[:2].tolist()], "k": 2,
                                               "sparse": [[[5], [1.0]], None]}, headers={"accept": "application/json"})
     assert r.json()["hits"] == [[[h.id, h.score] for h in row] for row in db.search([q, q[:2]], k=2,
                                                                                       sparse=[([5], [1.0]), None])]
-    r = httpx.post(srv.url + "/get", json={"ids": ["d11"]}, headers={"accept": "application/json"})
+    r = _post(srv.url + "/get", json={"ids": ["d11"]}, headers={"accept": "application/json"})
     np.testing.assert_array_equal(np.asarray(r.json()[0], np.float32), db.get(["d11"])[0])
 
 
@@ -143,14 +165,14 @@ def test_errors_are_the_library_errors_with_4xx(served):
         (b"[1, 2", 400, "expected JSON"),
     ]:
         ctype = "application/json" if body.startswith(b"[") else "application/msgpack"
-        r = httpx.post(srv.url + "/search", content=body, headers={"content-type": ctype, "accept": "application/json"})
+        r = _post(srv.url + "/search", content=body, headers={"content-type": ctype, "accept": "application/json"})
         assert r.status_code == status and text in r.json()["message"], r.text
-    r = httpx.post(srv.url + "/search", json={"queries": docs[0].tolist(), "path": "/etc/passwd"},
+    r = _post(srv.url + "/search", json={"queries": docs[0].tolist(), "path": "/etc/passwd"},
                    headers={"accept": "application/json"})
     assert r.status_code == 400 and "unknown argument(s) ['path']" in r.json()["message"]
-    r = httpx.post(srv.url + "/get", json={"ids": ["nope"]}, headers={"accept": "application/json"})
+    r = _post(srv.url + "/get", json={"ids": ["nope"]}, headers={"accept": "application/json"})
     assert r.status_code == 404 and r.json()["error"] == "UnknownIdError"
-    r = httpx.post(srv.url + "/add", json={"docs": [docs[0].tolist()], "ids": ["d1"]}, headers={"accept": "application/json"})
+    r = _post(srv.url + "/add", json={"docs": [docs[0].tolist()], "ids": ["d1"]}, headers={"accept": "application/json"})
     assert r.status_code == 409 and r.json()["error"] == "DuplicateIdError"
     assert len(db) == before
 
@@ -163,7 +185,7 @@ def test_api_key_size_limit_and_read_only(tmp_path):
         with Server(db, api_key="s3cret", read_only=True, max_body_mb=0.01) as srv:
             assert srv.url.startswith("http://127.0.0.1:")  # loopback unless told otherwise
             for headers in ({}, {"authorization": "Bearer wrong"}, {"x-api-key": "s3cre"}):
-                r = httpx.get(srv.url + "/len", headers={**headers, "accept": "application/json"})
+                r = _get(srv.url + "/len", headers={**headers, "accept": "application/json"})
                 assert r.status_code == 401 and r.json()["error"] == "AuthenticationError", r.text
             with pytest.raises(mvdb.MvdbError, match="API key"):
                 connect(srv.url, api_key="wrong")
@@ -176,16 +198,18 @@ def test_api_key_size_limit_and_read_only(tmp_path):
                 with pytest.raises(mvdb.InvalidInputError, match="limit"):  # 413: over 10 KB
                     c.add([np.ones((200, DIM), np.float32)] * 4)
                 assert len(c) == 10
-            r = httpx.get(srv.url + "/len", headers={"x-api-key": "s3cret", "accept": "application/json"})
+            r = _get(srv.url + "/len", headers={"x-api-key": "s3cret", "accept": "application/json"})
             assert r.status_code == 200 and r.json() == 10
-            assert httpx.get(srv.url + "/openapi.json").status_code == 200  # the schema, no data
+            assert _get(srv.url + "/openapi.json").status_code == 200  # the schema, no data
         assert len(db) == 10
 
 
-def test_concurrent_clients_while_one_writes_get_consistent_answers(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_concurrent_clients_while_one_writes_get_consistent_answers(tmp_path, workers):
     """16 client threads search (fixed number of rounds) while one thread adds: every hit is a
     document whose add had begun, scored by its exact MaxSim, best first; and the batcher joined
-    concurrent requests into shared batches."""
+    concurrent requests into shared batches. In this process (one HTTP process), and as
+    ``mvdb serve --workers 2`` (the engine's search loop batching both workers' calls)."""
     rng = np.random.default_rng(5)
     docs = _docs(rng, 160)
     ids = [f"d{i}" for i in range(160)]
@@ -195,8 +219,14 @@ def test_concurrent_clients_while_one_writes_get_consistent_answers(tmp_path):
     db.add(docs[:40], ids=ids[:40])
     begun = set(ids[:40])
     errors = []
-    with Server(db, batch_window_ms=5) as srv:
-        c = connect(srv.url)
+    if workers == 1:
+        srv, proc = Server(db, batch_window_ms=5), None
+        url = srv.url
+    else:
+        db.close()
+        proc, url = _start(tmp_path / "db", "--workers", "2", "--batch-window-ms", "5")
+    try:
+        c = connect(url)
 
         def writer():
             for a in range(40, 160, 20):
@@ -226,10 +256,20 @@ def test_concurrent_clients_while_one_writes_get_consistent_answers(tmp_path):
         server = c.stats()["server"]
         assert server["batched_queries"] >= 96 and server["batches"] < server["batched_queries"], server
         assert len(c) == 160
+        lib = db if workers == 1 else mvdb.open(tmp_path / "db", device="cpu", read_only=True)
         for q in queries[:4]:  # and after the writes, the same answers as the library
-            assert c.search(q, k=5) == db.search(q, k=5)
+            assert c.search(q, k=5) == lib.search(q, k=5)
+        assert c.search(queries[:3], k=4) == lib.search(queries[:3], k=4)
+        if lib is not db:
+            lib.close()
         c.close()
-    db.close()
+    finally:
+        if proc is None:
+            srv.stop()
+            db.close()
+        else:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
 
 
 def _start(path, *args):

@@ -24,6 +24,6 @@ Layout: ``fused.py`` the Triton kernel, ``naive.py`` the torch version, ``ops.py
 IVF candidate stage ranks directly).
 """
 
-from mvdb.kernels.lists.ops import credit_lists, credit_lists_fixed, fixed_gains, token_queries
+from mvdb.kernels.lists.ops import credit_lists, credit_lists_fixed, fixed_gains, list_bounds, token_queries
 
-__all__ = ["credit_lists", "credit_lists_fixed", "fixed_gains", "token_queries"]
+__all__ = ["credit_lists", "credit_lists_fixed", "fixed_gains", "list_bounds", "token_queries"]

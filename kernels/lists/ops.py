@@ -3,8 +3,10 @@ Triton kernel's fixed-point table, for callers that only rank)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from mvdb.kernels._host import upload
 from mvdb.kernels.lists.fused import _credit_tokens_kernel
 from mvdb.kernels.lists.naive import _credit_lists_torch
 from mvdb.kernels.maxsim.fused import launch_guard
@@ -32,11 +34,10 @@ def fixed_gains(gains: torch.Tensor, cu: torch.Tensor) -> tuple[torch.Tensor, to
 def token_queries(cu, n_tokens: int, device) -> torch.Tensor:
     """int32 [n_tokens]: each token of the queries with offsets ``cu`` (host ints) numbered by its
     query, counted from the first of them (tokens outside them 0): the ``qid`` of the kernels."""
-    cu = list(cu)
-    qid = torch.zeros(n_tokens, dtype=torch.int32, device=device)
-    lens = torch.tensor([cu[i + 1] - cu[i] for i in range(len(cu) - 1)], device=device, dtype=torch.long)
-    qid[cu[0] : cu[-1]] = torch.repeat_interleave(torch.arange(len(lens), device=device, dtype=torch.int32), lens)
-    return qid
+    cu = np.asarray(list(cu), dtype=np.int64)
+    qid = np.zeros(n_tokens, dtype=np.int32)
+    qid[cu[0] : cu[-1]] = np.repeat(np.arange(len(cu) - 1, dtype=np.int32), np.diff(cu))
+    return upload(torch.from_numpy(qid), device)  # built on the host, copied without waiting for the device
 
 
 def credit_lists_fixed(
@@ -51,6 +52,8 @@ def credit_lists_fixed(
     bitmap_bytes: int = BITMAP_BYTES,
     block: int = BLOCK,
     warps: int = WARPS,
+    parts: int = 1,
+    bounds: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The Triton kernel (CUDA or the interpreter): int32 [queries of cu, n_rows] scores in the
     fixed point of ``gains_fixed`` (see :func:`fixed_gains`).
@@ -60,6 +63,11 @@ def credit_lists_fixed(
     the table's row 0). One program per token, each with an n_rows-bit bitmap: as many tokens per
     launch as ``bitmap_bytes`` holds. The lists' rows must be ascending within each list (as
     :class:`mvdb.engine.ivf.Lists` keeps them).
+
+    ``parts`` > 1 splits each token's rows into that many spans, a program each (``parts`` times
+    the programs, each walking about 1/parts of each probed list: few tokens, such as one query's,
+    then still fill the GPU); it needs ``bounds``, :func:`list_bounds` with a multiple of
+    ``parts`` spans. The table is the same for any ``parts``.
     """
     cu_l = cu.tolist() if isinstance(cu, torch.Tensor) else list(cu)
     nq, dev = max(0, len(cu_l) - 1), probes.device
@@ -73,15 +81,44 @@ def credit_lists_fixed(
     probes = probes.to(torch.int32).contiguous()
     gains_fixed, qid = gains_fixed.contiguous(), qid.contiguous()
     list_offsets, list_rows = list_offsets.contiguous(), list_rows.contiguous()
+    if parts > 1:
+        if bounds is None or (bounds.shape[1] - 1) % parts:
+            raise ValueError(f"parts={parts}: expected list_bounds() with a multiple of {parts} spans, got "
+                             f"{None if bounds is None else bounds.shape[1] - 1}")
+        table, stride, step = bounds.contiguous(), bounds.shape[1], (bounds.shape[1] - 1) // parts
+    else:
+        table, stride, step = list_offsets, 1, 1
     with launch_guard():
         for a in range(cu_l[0], cu_l[-1], per_launch):
             n = min(cu_l[-1], a + per_launch) - a
             seen[:n].zero_()
-            _credit_tokens_kernel[(n,)](
-                score, n_rows, list_offsets, list_rows, probes, gains_fixed, qid,
-                a, q_base, seen, words, P=probes.shape[1], BLOCK=block, num_warps=warps,
+            _credit_tokens_kernel[(n, parts)](
+                score, n_rows, table, list_rows, probes, gains_fixed, qid,
+                a, q_base, seen, words, P=probes.shape[1], BLOCK=block, STRIDE=stride, STEP=step, num_warps=warps,
             )
     return score
+
+
+def list_bounds(list_offsets: torch.Tensor, list_rows: torch.Tensor, n_rows: int, spans: int,
+                chunk: int = 1 << 24) -> torch.Tensor:
+    """int64 [nlist, spans + 1]: where each list's entries enter each of ``spans`` equal spans of
+    the rows (a multiple of 32 rows each, so that spans share no bitmap word): entry s is the
+    first entry of the list whose row is at least s * span; entry 0 and entry ``spans`` are the
+    list's own bounds. Rows must be ascending within each list. One pass over the entries, in
+    chunks of ``chunk``."""
+    dev = list_offsets.device
+    nlist = list_offsets.numel() - 1
+    span = max(32, -(-max(1, -(-n_rows // spans)) // 32) * 32)
+    counts = torch.zeros(nlist * spans, dtype=torch.int64, device=dev)
+    for a in range(0, list_rows.numel(), chunk):
+        b = min(list_rows.numel(), a + chunk)
+        pos = torch.arange(a, b, device=dev)
+        which = torch.searchsorted(list_offsets, pos, right=True) - 1
+        part = (list_rows[a:b].long() // span).clamp_max(spans - 1)
+        counts += torch.bincount(which * spans + part, minlength=nlist * spans)
+    out = torch.zeros(nlist, spans + 1, dtype=torch.int64, device=dev)
+    out[:, 1:] = counts.view(nlist, spans).cumsum(1)
+    return out + list_offsets[:-1, None].long()
 
 
 def credit_lists(

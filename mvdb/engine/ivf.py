@@ -19,7 +19,8 @@ import time
 import numpy as np
 import torch
 
-from mvdb.kernels.lists import credit_lists, credit_lists_fixed, fixed_gains, token_queries
+from mvdb.kernels._host import upload
+from mvdb.kernels.lists import credit_lists, credit_lists_fixed, fixed_gains, list_bounds, token_queries
 
 try:
     import faiss
@@ -51,6 +52,14 @@ KMEANS_GPU = "faiss"
 TRAIN_PER_LIST_TWO_LEVEL = 100
 TRAIN_MAX = 1 << 21  # tokens in a k-means sample at most
 ASSIGN_CHUNK = 1 << 22  # tokens per assignment step
+# The crediting kernel runs a program per query token; where a launch has fewer than
+# CREDIT_PROGRAMS tokens (a search of a few queries), each token's rows are split into parts (a
+# power of two, at most CREDIT_SPANS), a program each, so that the GPU still fills
+# (benchmarks/small_batch.py, 1M rows on the H100: one query of 32 tokens 0.38 ms in one part,
+# 0.27 / 0.22 / 0.32 / 0.46 ms in 2 / 4 / 8 / 16; from 5 queries on, more parts than 2 cost more
+# than they give: each part walks its lists in blocks of 2048 entries mostly masked).
+CREDIT_PROGRAMS = 128
+CREDIT_SPANS = 16
 # On a CPU, from this many lists on, k-means runs in two levels and tokens are assigned through a
 # coarse quantizer over the centroids (COARSE_PROBE groups deep): minutes become seconds.
 CPU_COARSE_NLIST = 1024
@@ -212,6 +221,23 @@ class Lists:
         return cls(c, torch.zeros(c.shape[0] + 1, dtype=torch.int64, device=device),
                    torch.zeros(0, dtype=torch.int32, device=device), 0, 0, entry)
 
+    def bounds(self) -> torch.Tensor:
+        """Where each list's entries enter each of CREDIT_SPANS spans of the rows
+        (mvdb.kernels.lists.list_bounds), for splitting the crediting kernel's work; computed on
+        first use (one pass over the entries) and kept with this immutable index."""
+        b = getattr(self, "_bounds", None)
+        if b is None:
+            b = self._bounds = list_bounds(self.list_offsets, self.list_rows, self.n_rows, CREDIT_SPANS)
+        return b
+
+    @staticmethod
+    def parts_for(n_tokens: int) -> int:
+        """Parts per token for a launch of ``n_tokens`` tokens (see CREDIT_PROGRAMS)."""
+        parts = 1
+        while parts < CREDIT_SPANS and n_tokens * parts < CREDIT_PROGRAMS:
+            parts *= 2
+        return parts
+
     @property
     def approximate(self) -> bool:
         """Assign through a coarse quantizer (CPU, many lists) rather than against every centroid."""
@@ -274,7 +300,8 @@ class Lists:
         return out
 
     def candidates(self, q: torch.Tensor, cu: list[int], live: torch.Tensor, n_candidates: int, nprobe: int,
-                   scratch_bytes: int = 1 << 30, backend: str = "auto") -> torch.Tensor:
+                   scratch_bytes: int = 1 << 30, backend: str = "auto", cu_dev: torch.Tensor | None = None,
+                   qid: torch.Tensor | None = None, ordered: bool = True) -> torch.Tensor:
         """Per query, the ``n_candidates`` live rows with the best approximate scores, batched.
 
         q [Tq, dim] packed query tokens, ``cu`` their offsets (host ints). Every query token is
@@ -282,7 +309,10 @@ class Lists:
         approximate score sums, over the query's tokens, the similarity of the best probed centroid
         among the row's tokens minus the nprobe-th (the value imputed where the row holds none);
         see mvdb.kernels.lists. Queries go in chunks whose score tables stay near
-        ``scratch_bytes``. Returns [Nq, n_candidates] rows, -1 where fewer rows exist.
+        ``scratch_bytes``. Returns [Nq, n_candidates] rows, -1 where fewer rows exist; best first
+        where ``ordered`` (else in any order: a sorted top-k costs more host time than the rest of
+        its selection). ``cu_dev`` / ``qid``: the offsets and each token's query already on the
+        device (mvdb.engine.search.Queries), else made here.
         """
         nq, dev = len(cu) - 1, q.device
         out = torch.full((nq, n_candidates), -1, dtype=torch.int64, device=dev)
@@ -295,8 +325,9 @@ class Lists:
         gains = sv.float() - sv[:, -1:].float()  # >= 0, non-increasing along the probes
         triton_path = backend == "triton" or (backend == "auto" and dev.type == "cuda")
         if triton_path:  # fixed-point scores (int32), every token its own program
-            gains, _ = fixed_gains(gains, torch.tensor(cu, device=dev))
-            qid = token_queries(cu, q.shape[0], dev)
+            gains, _ = fixed_gains(gains, cu_dev if cu_dev is not None else upload(torch.tensor(cu), dev))
+            if qid is None:
+                qid = token_queries(cu, q.shape[0], dev)
             per_query = self.n_rows * 4
         else:
             per_query = self.n_rows * 4 * (max(cu[i + 1] - cu[i] for i in range(nq)) + 1)
@@ -306,14 +337,16 @@ class Lists:
         for a in range(0, nq, chunk):
             b = min(nq, a + chunk)
             if triton_path:
+                parts = self.parts_for(cu[b] - cu[a])
                 score = credit_lists_fixed(self.list_offsets, self.list_rows, self.n_rows, probes, gains,
-                                           cu[a : b + 1], qid, q_base=a)
+                                           cu[a : b + 1], qid, q_base=a, parts=parts,
+                                           bounds=self.bounds() if parts > 1 else None)
             else:
                 score = credit_lists(self.list_offsets, self.list_rows, self.n_rows, probes, gains,
                                      torch.tensor(cu[a : b + 1], device=dev), backend="torch")
             lowest = torch.iinfo(score.dtype).min if triton_path else float("-inf")  # dead rows rank last
             score.masked_fill_(dead[None], lowest)
-            top = score.topk(n, dim=1)
+            top = score.topk(n, dim=1, sorted=ordered)
             out[a:b, :n] = top.indices.masked_fill(top.values == lowest, -1)
             del score
         return out

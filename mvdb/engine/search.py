@@ -18,6 +18,7 @@ from mvdb.engine import ivf
 from mvdb.engine.filters import allowed_rows
 from mvdb.engine.flat import approximate_candidates
 from mvdb.engine.sparse import query_sparse, sparse_candidates
+from mvdb.kernels._host import upload_all
 from mvdb.errors import InvalidInputError, InvalidTypeError
 
 # Defaults chosen so that nobody needs to tune them (measured: README "Database benchmarks").
@@ -38,6 +39,7 @@ class Queries(NamedTuple):
     cu: torch.Tensor  # [Nq + 1] int32 on the device
     cu_host: list  # the same offsets as ints
     single: bool
+    qid: torch.Tensor | None = None  # [Tq] int32 on the device: each token's query
 
     @property
     def n(self) -> int:
@@ -94,8 +96,8 @@ def prepare(queries, dim: int, device: torch.device) -> Queries:
         lens = [t.shape[0] for t in items]
         if not items:
             q = torch.zeros(0, dim, device=device)
-        elif all(t.device.type == "cpu" for t in items):  # one host-to-device copy for the batch
-            q = torch.cat([t.to(torch.float32) for t in items]).to(device)
+        elif all(t.device.type == "cpu" for t in items):  # one host-to-device copy for the batch (below)
+            q = torch.cat([t.to(torch.float32) for t in items])
         else:
             q = torch.cat([t.to(device, torch.float32) for t in items])
     else:
@@ -109,14 +111,47 @@ def prepare(queries, dim: int, device: torch.device) -> Queries:
         if t.shape[1] == 0 and t.shape[0]:
             raise InvalidInputError("query 0: empty (0 tokens)")
         lens = [t.shape[1]] * t.shape[0]
-        q = t.to(device, torch.float32).reshape(-1, dim)
-    cu_host = [0] + np.cumsum(lens, dtype=np.int64).tolist()
-    cu = torch.tensor(cu_host, dtype=torch.int32)
-    if q.numel() and not bool(torch.isfinite(q).all()):  # one check for the batch; then name the query
+        if t.device.type == "cpu":  # float64 is narrowed before the check (1e300 is finite, its float32 is not)
+            q = (t.float() if t.dtype == torch.float64 else t).reshape(-1, dim)
+        else:
+            q = t.to(device, torch.float32).reshape(-1, dim)
+    cu_np = np.concatenate(([0], np.cumsum(lens, dtype=np.int64)))
+    cu_host = cu_np.tolist()
+    cu = torch.from_numpy(cu_np.astype(np.int32))
+    qid = torch.from_numpy(np.repeat(np.arange(len(lens), dtype=np.int32), lens))
+    # One check for the batch (then name the query). Small host batches (what a server hands
+    # over) are checked on the host, where a check on the device would wait for it; they are
+    # copied over in their own dtype (fp16 stays 2 bytes a value) with the offsets, in one copy
+    # that does not wait, and converted there.
+    if q.device.type == "cpu" and q.numel() <= HOST_CHECK_MAX:
+        finite = finite_on_host(q)
+        q, cu, qid = upload_all([q.contiguous(), cu, qid], device)
+    else:
+        q = q.to(device)
+        cu, qid = upload_all([cu, qid], device)
+        finite = not q.numel() or bool(torch.isfinite(q).all())
+    if not finite:
+        q = q.float()
         bad = (~torch.isfinite(q).all(dim=1)).nonzero()[0, 0].item()
         i = int(np.searchsorted(np.asarray(cu_host), bad, side="right")) - 1
         raise InvalidInputError(f"query {i}: contains NaN or Inf")
-    return Queries(q, cu.to(device), cu_host, single)
+    return Queries(q.float(), cu, cu_host, single, qid)
+
+
+HOST_CHECK_MAX = 1 << 20  # query values checked for NaN / Inf on the host at most (else on the device)
+_EXPONENT = {torch.float16: (np.uint16, 0x7C00), torch.float32: (np.uint32, 0x7F800000)}
+
+
+def finite_on_host(t: torch.Tensor) -> bool:
+    """No NaN or Inf in the host tensor ``t``: for fp16 / fp32 from the exponent bits (all ones
+    only there) in numpy, where torch's isfinite on a CPU half tensor emulates floats (about 140
+    us for one batch of 5 x 32 x 128 on the H100 machine, measured in benchmarks/small_batch.py;
+    4 us this way on the 2-core CPU)."""
+    if t.dtype in _EXPONENT:
+        as_int, mask = _EXPONENT[t.dtype]
+        bits = t.contiguous().numpy().view(as_int)
+        return not bool(((bits & mask) == mask).any())
+    return bool(torch.isfinite(t).all())
 
 
 def union(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -138,8 +173,11 @@ def hits(scores: torch.Tensor, rows: torch.Tensor, keys: np.ndarray, k: int | No
         return [[] for _ in range(scores.shape[0])]
     top = scores.topk(n, dim=1)
     sel = rows.gather(1, top.indices)
-    ok = (sel >= 0) & ~torch.isneginf(top.values)
-    vals, sel, ok = top.values.tolist(), sel.cpu().numpy(), ok.tolist()
+    # one copy to the host for both (float64 holds float32 scores and row numbers exactly)
+    both = torch.stack([top.values.double(), sel.double()]).cpu().numpy()
+    vals, sel = both[0], both[1].astype(np.int64)
+    ok = ((sel >= 0) & ~np.isneginf(vals)).tolist()
+    vals = vals.tolist()
     ids = keys[np.maximum(sel, 0)]
     ids = [[x.decode() for x in r] for r in ids.tolist()] if ids.dtype.kind == "S" else ids.tolist()
     return [[Hit(i, v) for i, v, good in zip(kr, vr, okr) if good] for kr, vr, okr in zip(ids, vals, ok)]
@@ -162,20 +200,24 @@ def exhaustive(state, qs: Queries, k: int, live: torch.Tensor, budget: int = 1 <
 
 
 def candidates(state, qs: Queries, k: int, live: torch.Tensor, *, n_candidates=None, k_tokens=None, nprobe=None,
-               sparse=None, n_sparse=None) -> torch.Tensor:
-    """The rows the exact stage reranks per query [Nq, width] (-1 pads)."""
+               sparse=None, n_sparse=None, n_live: int | None = None, ordered: bool = False) -> torch.Tensor:
+    """The rows the exact stage reranks per query [Nq, width] (-1 pads); ``n_live``: the rows
+    ``live`` allows where the caller knows it (else counted, a wait for the device); ``ordered``:
+    best approximate score first (the IVF stage otherwise leaves them in any order: the rerank
+    does not need one)."""
     for name, v in (("n_candidates", n_candidates), ("k_tokens", k_tokens), ("nprobe", nprobe), ("n_sparse", n_sparse)):
         if v is not None:
             check_k(v, name)
     index = state.index
     is_ivf = isinstance(index, ivf.Lists)
     # never wider than the live (matching) documents: k=10**9 must not allocate [Nq, 8e9] tables
-    cap = max(1, int(live.sum()))
+    cap = max(1, int(live.sum()) if n_live is None else n_live)
     k = min(k, cap)
     n_cand = min(n_candidates or max(DEFAULT_LISTS_CANDIDATES if is_ivf else DEFAULT_CANDIDATES, 8 * k), cap)
     n_sparse = min(n_sparse or DEFAULT_SPARSE_CANDIDATES, cap)
     if is_ivf:
-        cand = index.candidates(qs.q, qs.cu_host, live, n_cand, nprobe or DEFAULT_LISTS_PROBE)
+        cand = index.candidates(qs.q, qs.cu_host, live, n_cand, nprobe or DEFAULT_LISTS_PROBE, cu_dev=qs.cu,
+                                qid=qs.qid, ordered=ordered)
     else:
         kk = min(k_tokens or DEFAULT_K_TOKENS, index.ntotal)
         sims, pos = index.search(qs.q, kk)
@@ -194,8 +236,12 @@ def search(state, qs: Queries, k: int, where=None, *, exact: bool = False, **opt
     ``exact=True`` scores every (matching) live document instead."""
     check_k(k)
     keys = state.snap.row_keys()
-    live = state.live if where is None else allowed_rows(state, where)
-    k = min(k, max(1, int(live.sum())))  # fewer hits, not a huge allocation, when k exceeds the documents
+    if where is None:  # the snapshot counts its live rows: no wait for the device
+        live, n_live = state.live, state.snap.n_live
+    else:
+        live = allowed_rows(state, where)
+        n_live = int(live.sum())
+    k = min(k, max(1, n_live))  # fewer hits, not a huge allocation, when k exceeds the documents
     if exact or (state.index is not None and state.index.kind == "flat" and qs.q.device.type == "cpu"
                  and options.get("k_tokens") is None and options.get("n_candidates") is None):
         # On a CPU a flat index's candidate stage is itself one GEMM over every stored token, as
@@ -206,13 +252,12 @@ def search(state, qs: Queries, k: int, where=None, *, exact: bool = False, **opt
         if sparse is not None:  # checked as the sparse channel would check it
             query_sparse([sparse] if qs.single else sparse, qs.n)
         return exhaustive(state, qs, k, live)
-    cand = candidates(state, qs, k, live, **options)
+    cand = candidates(state, qs, k, live, n_live=n_live, **options)
     scores = state.tokens.score(qs.q, qs.cu, cand, qs.longest)
     out = hits(scores, cand, keys, k)
     short = [i for i, h in enumerate(out) if len(h) < k]
     if short:
-        n_match = int(live.sum())
-        short = [i for i in short if len(out[i]) < n_match]
+        short = [i for i in short if len(out[i]) < n_live]
     if short:
         # Filters can leave too few candidates: score every matching document for those queries.
         matching = torch.nonzero(live).flatten()

@@ -1,5 +1,5 @@
 """``mvdb serve``: the database behind HTTP for many clients, and ``mvdb.connect``, a client with
-the same API. Needs ``pip install 'mvdb[serve]'`` (FastAPI, uvicorn, msgpack, httpx).
+the same API. Needs ``pip install 'mvdb[serve]'`` (FastAPI, uvicorn, msgpack, urllib3).
 
     mvdb serve my.mvdb --port 8000            # or: mvdb.serve.serve("my.mvdb", port=8000)
     db = mvdb.connect("http://127.0.0.1:8000")
@@ -18,7 +18,7 @@ _LAZY = {"Client": "mvdb.serve.client", "connect": "mvdb.serve.client", "Server"
 
 
 def __getattr__(name: str):
-    """The client needs httpx and msgpack only; the server FastAPI and uvicorn too."""
+    """The client needs urllib3 and msgpack only; the server FastAPI and uvicorn too."""
     if name not in _LAZY:
         raise AttributeError(f"module 'mvdb.serve' has no attribute {name!r}")
     try:

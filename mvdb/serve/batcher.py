@@ -59,6 +59,9 @@ def split(queries, sparse):
 
 
 class Batcher:
+    """``threads`` search threads take the submitted jobs; with 0, the owner calls :meth:`run`
+    (the engine process of a server with workers: mvdb.serve.workers)."""
+
     def __init__(self, db, *, max_queries: int = 256, window_s: float = 0.0, threads: int = 1):
         self.db = db
         self.max_queries = max_queries
@@ -81,11 +84,32 @@ class Batcher:
     def search(self, queries, sparse, options: dict) -> Future:
         """``db.search(queries, sparse=sparse, **options)`` as a future: joined with other
         requests where the form allows, else run by itself on a worker."""
+        return self.submit(self.job(queries, sparse, options))
+
+    @staticmethod
+    def job(queries, sparse, options: dict) -> Job:
+        """The search request as a job (for :meth:`submit`, or :meth:`run` by the caller)."""
         parts = split(queries, sparse)
         if parts is None:  # a form the batcher does not join: the library names what is wrong
-            return self.submit(Job([], True, options, None, (queries, sparse)))
+            return Job([], True, options, None, (queries, sparse))
         qs, single, sp = parts
-        return self.submit(Job(qs, single, options, sp, (queries, sparse)))
+        return Job(qs, single, options, sp, (queries, sparse))
+
+    def run(self, jobs: list[Job]) -> None:
+        """Search ``jobs`` now, in this thread: those with the same options together, up to
+        ``max_queries`` queries a search; each job's future gets its answer or its error."""
+        groups: dict[str, list[Job]] = {}
+        for j in jobs:
+            groups.setdefault(j.key if j.queries else f"alone-{id(j)}", []).append(j)
+        for group in groups.values():
+            part, n = [], 0
+            for j in group:
+                if part and n + len(j.queries) > self.max_queries:
+                    self._search(part)
+                    part, n = [], 0
+                part.append(j)
+                n += len(j.queries)
+            self._search(part)
 
     @property
     def counters(self) -> dict:
@@ -128,11 +152,7 @@ class Batcher:
             jobs = self._take()
             if jobs is None:
                 return
-            groups: dict[str, list[Job]] = {}
-            for j in jobs:
-                groups.setdefault(j.key if j.queries else f"alone-{id(j)}", []).append(j)
-            for group in groups.values():
-                self._search(group)
+            self.run(jobs)
 
     def _search(self, group: list[Job]) -> None:
         if len(group) == 1:

@@ -109,9 +109,9 @@ def _serve_with_workers(db, sock, n: int, path, read_only: bool, options: dict, 
     from mvdb.serve.batcher import Batcher
     from mvdb.serve.workers import Engine, Workers
 
-    batcher = Batcher(db, max_queries=options["batch_queries"], window_s=options["batch_window_ms"] / 1e3,
-                      threads=options["search_threads"])
-    engine = Engine(db, batcher)
+    # the engine's search loop runs the batches itself (threads=0): one thread, whatever --search-threads says
+    batcher = Batcher(db, max_queries=options["batch_queries"], threads=0)
+    engine = Engine(db, batcher, window_s=options["batch_window_ms"] / 1e3)
     # the workers batch their own requests before calling the engine; two threads each, so that a
     # worker has its next call ready while the engine answers the last one
     worker_options = dict(options, search_threads=2, batch_window_ms=0.0)
