@@ -135,6 +135,7 @@ def main():
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--batches", default="1,2,5,10,11,20,32,64,256,1000")
     ap.add_argument("--stage-batches", default="1,5,20,64")
+    ap.add_argument("--big", default="256,1000", help="large batches on the device whose stages are timed")
     ap.add_argument("--reps", type=int, default=60, help="timed searches per batch size at most")
     ap.add_argument("--index", default=None, help="the index to open with (default: the database's own)")
     ap.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
@@ -194,12 +195,29 @@ def main():
         res["stages"] = []
         with db._pub.read() as state:
             assert isinstance(state.index, ivf.Lists), "expected the IVF index at this size"
-            for b in [int(x) for x in args.stage_batches.split(",")]:
+            for b in [int(x) for x in args.stage_batches.split(",") if x]:
                 try:
                     row = stages(db, state, qh[:b], 4096, 20)
                 except Exception as e:  # noqa: BLE001 - recorded; the profiles still run
                     row = {"batch": b, "error": f"{type(e).__name__}: {e}"}
                 res["stages"].append(row)
+                print(json.dumps(row), flush=True)
+                save()
+        # a large batch on the device (as the in-process batched QPS is measured): its stages
+        qd = torch.from_numpy(qh).to(dev)
+        res["big"] = []
+        with db._pub.read() as state:
+            for b in [int(x) for x in args.big.split(",") if x]:
+                row = {"batch": b}
+                row["search_ms"], _ = timed(lambda b=b: db.search(qd[:b], k=10), reps=3)
+                qs = prepare(qd[:b], state.dim, torch.device(dev))
+                for ordered in (False, True):
+                    row[f"candidates_ms_ordered_{ordered}"], cand = timed(
+                        lambda o=ordered: state.index.candidates(qs.q, qs.cu_host, state.live, 4096, 20, cu_dev=qs.cu,
+                                                                 qid=qs.qid, ordered=o), reps=3)
+                row["rerank_ms"], scores = timed(lambda c=cand: state.tokens.score(qs.q, qs.cu, c, qs.longest), reps=3)
+                row["hits_ms"], _ = timed(lambda c=cand, s=scores: hits(s, c, state.snap.row_keys(), 10), reps=3)
+                res["big"].append(row)
                 print(json.dumps(row), flush=True)
                 save()
         # profiles of searches of 5 queries
