@@ -48,6 +48,7 @@ def upload_all(tensors: list[torch.Tensor], device: torch.device | str) -> list[
         if n:
             buf[a : a + n].view(t.dtype).view(t.shape).copy_(t)
     dev = buf[:total].to(device, non_blocking=True)
-    _local.done = torch.cuda.Event()
-    _local.done.record()
+    with torch.cuda.device(device):  # the event on the stream of the device the copy went to
+        _local.done = torch.cuda.Event()
+        _local.done.record(torch.cuda.current_stream(device))
     return [dev[a : a + n].view(t.dtype).view(t.shape) for t, a, n in zip(tensors, starts, sizes)]

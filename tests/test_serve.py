@@ -386,3 +386,16 @@ def test_sigterm_lets_the_write_in_flight_finish(tmp_path):
             assert len(db) == 3005 and db.contains(result["ids"]).all()
         else:  # not acknowledged: all of it or nothing
             assert len(db) in (5, 3005)
+
+
+def test_a_where_with_mixed_key_types_is_refused_and_searches_go_on(served):
+    """A filter whose keys do not sort together (an int and a str) cannot join a batch: it is
+    searched alone and refused with the library's error, and the server's search thread lives on."""
+    db, c, _, docs = served
+    bad = {1: "a", "b": 2}
+    with pytest.raises(mvdb.MvdbError) as lib:
+        db.search(docs[0], k=3, where=bad)
+    with pytest.raises(type(lib.value)) as remote:
+        c.search(docs[0], k=3, where=bad)
+    assert str(remote.value) == str(lib.value)
+    assert c.search(docs[0], k=3) == db.search(docs[0], k=3)

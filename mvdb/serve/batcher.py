@@ -100,7 +100,11 @@ class Batcher:
         ``max_queries`` queries a search; each job's future gets its answer or its error."""
         groups: dict[str, list[Job]] = {}
         for j in jobs:
-            groups.setdefault(j.key if j.queries else f"alone-{id(j)}", []).append(j)
+            try:
+                key = j.key if j.queries else f"alone-{id(j)}"
+            except Exception:  # noqa: BLE001 - options that do not serialise (a where with mixed key types): alone
+                key = f"alone-{id(j)}"
+            groups.setdefault(key, []).append(j)
         for group in groups.values():
             part, n = [], 0
             for j in group:

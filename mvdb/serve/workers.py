@@ -30,6 +30,7 @@ from types import SimpleNamespace
 
 from mvdb.errors import MvdbError, ServerError
 
+WRITES = {"add", "delete", "compact", "refresh"}
 CALLS = {"search", "candidates", "rerank", "add", "delete", "get", "metadata", "contains", "compact", "refresh",
          "verify", "stats", "__len__"}
 
@@ -59,7 +60,10 @@ class Engine:
         self._conns: set = set()  # connections the loop waits on
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = Pipe(duplex=False)  # a new or returned connection; closing
-        self._pool = ThreadPoolExecutor(8, thread_name_prefix="mvdb-engine-call")
+        self._pool = ThreadPoolExecutor(8, thread_name_prefix="mvdb-engine-read")
+        # writes wait for the database's one writer anyway: their own thread, so that queued writes
+        # never hold every reader's thread
+        self._writes = ThreadPoolExecutor(1, thread_name_prefix="mvdb-engine-write")
         threading.Thread(target=self._accept, name="mvdb-engine-accept", daemon=True).start()
         self._loop_thread = threading.Thread(target=self._loop, name="mvdb-engine-search", daemon=True)
         self._loop_thread.start()
@@ -135,7 +139,8 @@ class Engine:
             return
         with self._lock:
             self._conns.discard(conn)
-        self._pool.submit(self._other, conn, method, args, kwargs)
+        pool = self._writes if method in WRITES else self._pool
+        pool.submit(self._other, conn, method, args, kwargs)
 
     def _answer(self, conn, future) -> None:
         e = future.exception()
@@ -148,6 +153,8 @@ class Engine:
             ok, value = False, e
         if self._send(conn, ok, value):
             self._give_back(conn)
+        else:  # the worker went away
+            conn.close()
 
     @staticmethod
     def _send(conn, ok: bool, value) -> bool:
@@ -174,6 +181,7 @@ class Engine:
             self._wake_w.send_bytes(b"w")
         self._loop_thread.join(timeout=120)
         self._pool.shutdown(wait=True)
+        self._writes.shutdown(wait=True)
         with contextlib.suppress(OSError):
             self._listener.close()
         with contextlib.suppress(OSError):
