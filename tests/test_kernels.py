@@ -537,7 +537,7 @@ def test_upload_all_gives_the_host_tensors_on_the_device():
     unaligned without padding) gives each back unchanged on the device; back-to-back calls reuse
     the pinned buffer only after the device has read it (the first call's values stay intact).
     On a CPU the tensors come back as they are."""
-    from mvdb.kernels._host import upload_all
+    from mvdb.kernels.host import upload_all
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mvdb.kernels._host import upload
+from mvdb.kernels.host import upload
 from mvdb.kernels.lists.fused import _credit_tokens_kernel
 from mvdb.kernels.lists.naive import _credit_lists_torch
 from mvdb.kernels.maxsim.fused import launch_guard

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from mvdb.kernels._host import upload
+from mvdb.kernels.host import upload
 from mvdb.kernels.lists import credit_lists, credit_lists_fixed, fixed_gains, list_bounds, token_queries
 
 try:

@@ -18,7 +18,7 @@ from mvdb.engine import ivf
 from mvdb.engine.filters import allowed_rows
 from mvdb.engine.flat import approximate_candidates
 from mvdb.engine.sparse import query_sparse, sparse_candidates
-from mvdb.kernels._host import upload_all
+from mvdb.kernels.host import upload_all
 from mvdb.errors import InvalidInputError, InvalidTypeError
 
 # Defaults chosen so that nobody needs to tune them (measured: README "Database benchmarks").
