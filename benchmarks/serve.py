@@ -125,6 +125,10 @@ def load(url: str, qfile: str, clients: int, procs: int, warmup: float, seconds:
             row["engine_search_ms_per_batch"] = (s1["search_s"] - s0["search_s"]) / db_b * 1e3
             row["engine_batches_per_s"] = db_b / (t1 - t0)
             row["engine_busy"] = (s1["search_s"] - s0["search_s"]) / (t1 - t0)
+        if db_b and "run_s" in s1:  # the search loop's other time: reading calls, answering them
+            row["engine_calls_per_batch"] = (s1["calls"] - s0["calls"]) / db_b
+            row["engine_take_share"] = (s1["take_s"] - s0["take_s"]) / (t1 - t0)
+            row["engine_answer_share"] = ((s1["run_s"] - s0["run_s"]) - (s1["search_s"] - s0["search_s"])) / (t1 - t0)
     if lats:
         row.update(p50_ms=statistics.median(lats), p99_ms=lats[int(0.99 * (len(lats) - 1))], mean_ms=float(np.mean(lats)))
     if errors:

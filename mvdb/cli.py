@@ -588,15 +588,16 @@ def recover(db: str, force: bool, as_json: bool) -> None:
 @click.option("--workers", type=int, default=None,
               help="HTTP worker processes in front of the database process (default: a quarter of the cores, "
                    "1 to 8; 1: one process does both).")
-@click.option("--search-threads", default=1, show_default=True,
-              help="Threads taking batches of searches off the queue (each one db.search at a time); with "
-                   "--workers 1 only: the database process of --workers 2 or more runs one search loop.")
+@click.option("--search-threads", type=int, default=None,
+              help="Threads taking batches of searches off the queue, each one db.search at a time (default 1). "
+                   "With --workers 2 or more: each worker's threads sending its batches to the database process, "
+                   "which runs one search loop over them all (default 2).")
 @click.option("--gil-switch-us", default=100.0, show_default=True,
               help="Python's thread switch interval in the server's processes (0: Python's 5,000 us).")
 @DEVICE
 @DEBUG
 def serve(db: str, host: str, port: int, read_only: bool, api_key_file: str | None, create: bool, max_body_mb: float,
-          batch_queries: int, batch_window_ms: float, workers: int | None, search_threads: int, gil_switch_us: float,
+          batch_queries: int, batch_window_ms: float, workers: int | None, search_threads: int | None, gil_switch_us: float,
           device: str) -> None:
     """Serve DB over HTTP until SIGTERM / Ctrl-C (graceful: requests in flight finish). Clients:
     mvdb.connect("http://HOST:PORT"), or any HTTP client (MessagePack or JSON; docs at /docs).
@@ -616,7 +617,7 @@ def serve(db: str, host: str, port: int, read_only: bool, api_key_file: str | No
     key = read_key(api_key_file) if api_key_file else None
     if workers is not None and workers < 1:
         raise InvalidInputError(f"--workers: expected 1 or more, got {workers}")
-    if search_threads < 1:
+    if search_threads is not None and search_threads < 1:
         raise InvalidInputError(f"--search-threads: expected 1 or more, got {search_threads}")
     if gil_switch_us < 0:
         raise InvalidInputError(f"--gil-switch-us: expected 0 or more, got {gil_switch_us}")

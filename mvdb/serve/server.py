@@ -54,6 +54,9 @@ def _url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+WORKER_SEARCH_THREADS = 2  # calls in flight from each worker to the database process
+
+
 def default_workers() -> int:
     """HTTP worker processes when not told: a quarter of the cores, 1 to 8 (1: no separate
     processes, the database and HTTP share one)."""
@@ -62,13 +65,15 @@ def default_workers() -> int:
 
 def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = False, api_key: str | None = None,
           device: str = "auto", workers: int | None = None, max_body_mb: float = 256, batch_queries: int = 256,
-          batch_window_ms: float = 0.0, search_threads: int = 1, graceful_s: float = 30.0, log_level: str = "warning",
+          batch_window_ms: float = 0.0, search_threads: int | None = None, graceful_s: float = 30.0, log_level: str = "warning",
           on_ready=None, gil_switch_us: float = GIL_SWITCH_US) -> None:
     """Open the database at ``path`` and serve it until SIGTERM or Ctrl-C. ``port=0`` picks a free
     port; ``on_ready(url)`` is called once it answers (the CLI prints the URL).
 
     ``workers``: HTTP worker processes (mvdb.serve.workers; None: :func:`default_workers`); with 1,
-    this process does both. ``gil_switch_us``: the interpreter's thread switch interval in the
+    this process does both. ``search_threads``: with one process, the threads taking batches of
+    searches off its queue (None: 1); with workers, each worker's threads sending its batches to the
+    database process (None: ``WORKER_SEARCH_THREADS``). ``gil_switch_us``: the interpreter's thread switch interval in the
     server's processes (Python's default is 5,000 us; 0 leaves it), so that a thread coming back
     from a GPU call waits less for the one answering HTTP; measured at 1M documents on the H100 it
     changed one process's throughput by under 2% (README "Serving"): the per-request interpreter
@@ -77,6 +82,8 @@ def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = 
     import mvdb
 
     workers = default_workers() if workers is None else workers
+    if search_threads is None:
+        search_threads = 1 if workers <= 1 else WORKER_SEARCH_THREADS
     if gil_switch_us:
         sys.setswitchinterval(gil_switch_us / 1e6)
     sock = _bind(host, port)
@@ -112,9 +119,9 @@ def _serve_with_workers(db, sock, n: int, path, read_only: bool, options: dict, 
     # the engine's search loop runs the batches itself (threads=0): one thread, whatever --search-threads says
     batcher = Batcher(db, max_queries=options["batch_queries"], threads=0)
     engine = Engine(db, batcher, window_s=options["batch_window_ms"] / 1e3)
-    # the workers batch their own requests before calling the engine; two threads each, so that a
-    # worker has its next call ready while the engine answers the last one
-    worker_options = dict(options, search_threads=2, batch_window_ms=0.0)
+    # the workers batch their own requests before calling the engine, with --search-threads calls
+    # in flight each, so that a worker has its next call ready while the engine answers the last one
+    worker_options = dict(options, batch_window_ms=0.0)
     pool = None
     try:
         pool = Workers(n, sock, engine, read_only, path, worker_options, log_level, gil_switch_us)

@@ -57,6 +57,9 @@ class Engine:
         self.authkey = os.urandom(32)
         self._listener = Listener(self.address, family="AF_UNIX", authkey=self.authkey)
         self._closed = False
+        self.take_s = 0.0  # the loop's seconds reading calls, and running batches (search + answers)
+        self.run_s = 0.0
+        self.calls = 0  # searches read by the loop
         self._conns: set = set()  # connections the loop waits on
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = Pipe(duplex=False)  # a new or returned connection; closing
@@ -96,6 +99,7 @@ class Engine:
             jobs: list = []
             deadline = time.monotonic() + self.window_s
             while True:
+                t0 = time.perf_counter()
                 for c in ready:
                     if c is self._wake_r:
                         with contextlib.suppress(OSError, EOFError):
@@ -103,6 +107,7 @@ class Engine:
                                 self._wake_r.recv_bytes()
                         continue
                     self._take(c, jobs)
+                self.take_s += time.perf_counter() - t0
                 wait_s = deadline - time.monotonic()
                 if not jobs or wait_s <= 0:
                     break
@@ -110,12 +115,15 @@ class Engine:
                     conns = list(self._conns)
                 ready = wait(conns, timeout=wait_s)
             if jobs:
+                t0 = time.perf_counter()
+                self.calls += len(jobs)
                 try:
                     self.batcher.run(jobs)
                 except BaseException as e:  # noqa: BLE001 - never leave a worker waiting, nor the loop dead
                     for j in jobs:
                         if not j.future.done():
                             j.future.set_exception(MvdbError(f"search: {type(e).__name__}: {e}"))
+                self.run_s += time.perf_counter() - t0
 
     def _take(self, conn, jobs: list) -> None:
         """Read one call from ``conn``: a search joins ``jobs`` (answered when it is done), any
@@ -171,8 +179,14 @@ class Engine:
         if method not in CALLS:
             raise MvdbError(f"unknown call {method!r}")
         if method == "stats":
-            return dict(self.db.stats(), server=self.batcher.counters)
+            return dict(self.db.stats(), server=self.counters)
         return getattr(self.db, method)(*args, **kwargs)
+
+    @property
+    def counters(self) -> dict:
+        """The batcher's counters and the loop's: seconds reading calls (``take_s``) and running
+        batches (``run_s``: searches and sending answers), search calls read (``calls``)."""
+        return dict(self.batcher.counters, take_s=self.take_s, run_s=self.run_s, calls=self.calls)
 
     def close(self) -> None:
         """Stop the loop (after the batch it is on) and the pool (after the calls it runs)."""
