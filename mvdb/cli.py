@@ -591,7 +591,7 @@ def recover(db: str, force: bool, as_json: bool) -> None:
 @click.option("--search-threads", type=int, default=None,
               help="Threads taking batches of searches off the queue, each one db.search at a time (default 1). "
                    "With --workers 2 or more: each worker's threads sending its batches to the database process, "
-                   "which runs one search loop over them all (default 2).")
+                   "which runs one search loop over them all (default 8).")
 @click.option("--gil-switch-us", default=100.0, show_default=True,
               help="Python's thread switch interval in the server's processes (0: Python's 5,000 us).")
 @DEVICE

@@ -54,7 +54,7 @@ def _url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-WORKER_SEARCH_THREADS = 2  # calls in flight from each worker to the database process
+WORKER_SEARCH_THREADS = 8  # calls in flight from each worker to the database process (README "Serving")
 
 
 def default_workers() -> int:
