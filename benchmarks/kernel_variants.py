@@ -5,7 +5,7 @@
     python benchmarks/kernel_variants.py --smoke          # tiny shapes under TRITON_INTERPRET=1 (checks the script)
 
 Where benchmarks/kernels.py times what the autotuner picks (and the peers), this times each
-candidate config (BLOCK_Q, BLOCK_D, RUNMAX, DROWS, warps, stages) directly through
+candidate config (BLOCK_Q, BLOCK_D, RUNMAX, warps, stages) directly through
 ``fused.launch(config=...)``, after checking it against the fp32 reference, so the short list the
 autotuner searches (kernels/maxsim/fused.py ``_prune``) is chosen from measurements. It also times
 the default call as users write it (``check=False``, no ``max_seqlen_q``) next to the call with
@@ -44,21 +44,21 @@ def bench(fn) -> float:
 
 def short_configs(smoke: bool):
     if smoke:
-        return [{"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": r, "DROWS": d, "num_warps": 4} for r in (0, 1) for d in (0, 1)]
+        return [{"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": r, "num_warps": 4} for r in (0, 1)]
     out = []
-    for bd, w, st, r, dr in itertools.product((32, 64, 128, 256), (2, 4, 8), (2, 3), (0, 1), (0, 1)):
+    for bd, w, st, r in itertools.product((32, 64, 128, 256), (2, 4, 8), (2, 3), (0, 1)):
         if bd == 256 and w == 2:
             continue
-        out.append({"BLOCK_Q": 32, "BLOCK_D": bd, "RUNMAX": r, "DROWS": dr, "num_warps": w, "num_stages": st})
+        out.append({"BLOCK_Q": 32, "BLOCK_D": bd, "RUNMAX": r, "num_warps": w, "num_stages": st})
     return out
 
 
 def long_configs(smoke: bool):
     if smoke:
-        return [{"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": r, "DROWS": d, "num_warps": 4} for r in (0, 1) for d in (0, 1)]
+        return [{"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": r, "num_warps": 4} for r in (0, 1)]
     out = []
-    for bq, bd, w, st, r, dr in itertools.product((128, 256), (64, 128, 256), (4, 8), (3, 4), (0, 1), (0, 1)):
-        out.append({"BLOCK_Q": bq, "BLOCK_D": bd, "RUNMAX": r, "DROWS": dr, "num_warps": w, "num_stages": st})
+    for bq, bd, w, st, r in itertools.product((128, 256), (64, 128, 256), (4, 8), (3, 4), (0, 1)):
+        out.append({"BLOCK_Q": bq, "BLOCK_D": bd, "RUNMAX": r, "num_warps": w, "num_stages": st})
     return out
 
 

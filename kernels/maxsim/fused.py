@@ -44,19 +44,15 @@ def _configs():
     """Candidate launch configs; the prune filter keeps the ones that fit the query bucket.
     RUNMAX=1 keeps an elementwise running max over the document's tiles and reduces across the
     tile's columns once per document (fewer cross-lane reductions, one more [BLOCK_Q, BLOCK_D]
-    block of registers); RUNMAX=0 reduces every tile. DROWS=1 makes the document tile the dot's
-    left operand ([BLOCK_D, dim] rows as they lie in memory, times the transposed query block,
-    transposed once per program) instead of the right one ([dim, BLOCK_D], a transposed load),
-    which int8 tensor cores need: they take no transposed 8-bit operand from shared memory."""
+    block of registers); RUNMAX=0 reduces every tile."""
     out = []
     for bq in (32, 64, 128, 256):
         for bd in (32, 64, 128):
             for warps in (2, 4, 8):
                 for stages in (2, 3, 4):
                     for runmax in (0, 1):
-                        for drows in (0, 1):
-                            out.append(triton.Config({"BLOCK_Q": bq, "BLOCK_D": bd, "RUNMAX": runmax,
-                                                      "DROWS": drows}, num_warps=warps, num_stages=stages))
+                        out.append(triton.Config({"BLOCK_Q": bq, "BLOCK_D": bd, "RUNMAX": runmax}, num_warps=warps,
+                                                 num_stages=stages))
     return out
 
 
@@ -82,89 +78,58 @@ def _prune(configs, nargs, **kwargs):
 
 
 @triton.jit
-def _doc_vec(v, DROWS: tl.constexpr):
-    """A per-document-token vector [BLOCK_D] shaped to broadcast over the score tile."""
-    if DROWS:
-        out = v[:, None]
-    else:
-        out = v[None, :]
-    return out
-
-
-@triton.jit
-def _dot(a, b, INT8: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    if INT8:
-        out = tl.dot(a, b, out_dtype=tl.int32)
-    elif UPCAST:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    elif IEEE:
-        out = tl.dot(a, b, input_precision="ieee")
-    else:
-        out = tl.dot(a, b)
-    return out
-
-
-@triton.jit
 def _tile_scores(qk, D, DS, DM, d_start, s_start, cols, d_n, offs_c, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr,
                  HAS_DMASK: tl.constexpr, INT8: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-                 TAIL: tl.constexpr, DROWS: tl.constexpr):
-    """Scores <q_i, d_j> of the doc tokens in ``cols`` (-inf where j is not a valid token):
-    [BLOCK_Q, BLOCK_D], or [BLOCK_D, BLOCK_Q] with DROWS (``qk`` is then the transposed query
-    block); int8 scores carry the document token's scale, not the query token's."""
+                 TAIL: tl.constexpr):
+    """[BLOCK_Q, BLOCK_D] scores <q_i, d_j> of the doc tokens in ``cols`` (-inf where j is not a
+    valid token); int8 scores carry the document token's scale, not the query token's."""
+    d_ptrs = D + (d_start + cols)[None, :] * DIM + offs_c[:, None]  # [BDIM, BD]
     dim_ok = offs_c < DIM
-    if DROWS:
-        d_ptrs = D + (d_start + cols)[:, None] * DIM + offs_c[None, :]  # [BD, BDIM]
-        dim_mask = dim_ok[None, :]
-    else:
-        d_ptrs = D + (d_start + cols)[None, :] * DIM + offs_c[:, None]  # [BDIM, BD]
-        dim_mask = dim_ok[:, None]
     if TAIL:
         d_ok = cols < d_n
         if BLOCK_DIM == DIM:
-            dt = tl.load(d_ptrs, mask=_doc_vec(d_ok, DROWS), other=0)
+            dt = tl.load(d_ptrs, mask=d_ok[None, :], other=0)
         else:
-            dt = tl.load(d_ptrs, mask=dim_mask & _doc_vec(d_ok, DROWS), other=0)
+            dt = tl.load(d_ptrs, mask=dim_ok[:, None] & d_ok[None, :], other=0)
     elif BLOCK_DIM == DIM:
         dt = tl.load(d_ptrs)
     else:
-        dt = tl.load(d_ptrs, mask=dim_mask, other=0)
-    if DROWS:
-        acc = _dot(dt, qk, INT8, IEEE, UPCAST)  # [BD, BQ]
-    else:
-        acc = _dot(qk, dt, INT8, IEEE, UPCAST)  # [BQ, BD]
+        dt = tl.load(d_ptrs, mask=dim_ok[:, None], other=0)
     if INT8:
         if TAIL:
             scale = tl.load(DS + s_start + cols, mask=d_ok, other=0.0)
         else:
             scale = tl.load(DS + s_start + cols)
+        acc = tl.dot(qk, dt, out_dtype=tl.int32)  # [BQ, BD]
         if DIM * 127 * 127 < 4194304:
             # |acc| < 2**22: int -> float by adding 1.5 * 2**23's bit pattern (an integer add and a
             # float subtract, exact) instead of the slow I2F conversion. (Folding the subtract
             # into an FMA with -12582912 * scale loses about half an int8 unit per score: no.)
-            s = ((acc + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0) * _doc_vec(scale, DROWS)
+            s = ((acc + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0) * scale[None, :]
         else:
-            s = acc.to(tl.float32) * _doc_vec(scale, DROWS)
+            s = acc.to(tl.float32) * scale[None, :]
+    elif UPCAST:
+        s = tl.dot(qk.to(tl.float32), dt.to(tl.float32), input_precision="ieee")
+    elif IEEE:
+        s = tl.dot(qk, dt, input_precision="ieee")
     else:
-        s = acc
+        s = tl.dot(qk, dt)
     if HAS_DMASK:
         if TAIL:
             valid = d_ok & (tl.load(DM + d_start + cols, mask=d_ok, other=0) != 0)
         else:
             valid = tl.load(DM + d_start + cols) != 0
-        s = tl.where(_doc_vec(valid, DROWS), s, float("-inf"))
+        s = tl.where(valid[None, :], s, float("-inf"))
     elif TAIL:
-        s = tl.where(_doc_vec(d_ok, DROWS), s, float("-inf"))
+        s = tl.where(d_ok[None, :], s, float("-inf"))
     return s
 
 
 @triton.jit
-def _fold(acc, s, RUNMAX: tl.constexpr, DROWS: tl.constexpr):
-    """Fold a tile's scores into the running max: elementwise (the tile's shape, RUNMAX) or per
-    query row ([BQ])."""
+def _fold(acc, s, RUNMAX: tl.constexpr):
+    """Fold a tile's scores into the running max: elementwise ([BQ, BD], RUNMAX) or per row ([BQ])."""
     if RUNMAX:
         out = tl.maximum(acc, s)
-    elif DROWS:
-        out = tl.maximum(acc, tl.max(s, axis=0))
     else:
         out = tl.maximum(acc, tl.max(s, axis=1))
     return out
@@ -173,12 +138,9 @@ def _fold(acc, s, RUNMAX: tl.constexpr, DROWS: tl.constexpr):
 @triton.jit
 def _doc_max(qk, D, DS, DM, d_start, s_start, d_n, offs_d, offs_c, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr,
              HAS_DMASK: tl.constexpr, INT8: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-             LQ_BUCKET: tl.constexpr, RUNMAX: tl.constexpr, DROWS: tl.constexpr, BLOCK_Q: tl.constexpr,
-             BLOCK_D: tl.constexpr):
+             LQ_BUCKET: tl.constexpr, RUNMAX: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
     """[BLOCK_Q]: each query row's max over the document's valid tokens (-inf if none)."""
-    if RUNMAX and DROWS:
-        acc = tl.full([BLOCK_D, BLOCK_Q], float("-inf"), dtype=tl.float32)
-    elif RUNMAX:
+    if RUNMAX:
         acc = tl.full([BLOCK_Q, BLOCK_D], float("-inf"), dtype=tl.float32)
     else:
         acc = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
@@ -188,17 +150,15 @@ def _doc_max(qk, D, DS, DM, d_start, s_start, d_n, offs_d, offs_c, DIM: tl.const
         n_full = (d_n // BLOCK_D) * BLOCK_D
         for db in range(0, n_full, BLOCK_D):
             acc = _fold(acc, _tile_scores(qk, D, DS, DM, d_start, s_start, db + offs_d, d_n, offs_c, DIM, BLOCK_DIM,
-                                          HAS_DMASK, INT8, IEEE, UPCAST, False, DROWS), RUNMAX, DROWS)
+                                          HAS_DMASK, INT8, IEEE, UPCAST, False), RUNMAX)
         if n_full < d_n:
             acc = _fold(acc, _tile_scores(qk, D, DS, DM, d_start, s_start, n_full + offs_d, d_n, offs_c, DIM,
-                                          BLOCK_DIM, HAS_DMASK, INT8, IEEE, UPCAST, True, DROWS), RUNMAX, DROWS)
+                                          BLOCK_DIM, HAS_DMASK, INT8, IEEE, UPCAST, True), RUNMAX)
     else:
         for db in range(0, d_n, BLOCK_D):
             acc = _fold(acc, _tile_scores(qk, D, DS, DM, d_start, s_start, db + offs_d, d_n, offs_c, DIM, BLOCK_DIM,
-                                          HAS_DMASK, INT8, IEEE, UPCAST, True, DROWS), RUNMAX, DROWS)
-    if RUNMAX and DROWS:
-        best = tl.max(acc, axis=0)
-    elif RUNMAX:
+                                          HAS_DMASK, INT8, IEEE, UPCAST, True), RUNMAX)
+    if RUNMAX:
         best = tl.max(acc, axis=1)
     else:
         best = acc
@@ -237,7 +197,6 @@ def _maxsim_fwd_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
     RUNMAX: tl.constexpr,
-    DROWS: tl.constexpr = 0,
 ):
     pid = tl.program_id(0).to(tl.int64)
     if D_LAYOUT == PADDED_CROSS or D_LAYOUT == CSR_CROSS:
@@ -299,10 +258,8 @@ def _maxsim_fwd_kernel(
             qk = q  # int8, quantized once per launch
         else:
             qk = q.to(D.dtype.element_ty)
-        if DROWS:
-            qk = tl.trans(qk)  # [BDIM, BQ]: the dot's right operand, once per query block
         best = _doc_max(qk, D, DS, DM, d_start, s_start, d_n, offs_d, offs_c, DIM, BLOCK_DIM, HAS_DMASK, INT8, IEEE,
-                        UPCAST, LQ_BUCKET, RUNMAX, DROWS, BLOCK_Q, BLOCK_D)
+                        UPCAST, LQ_BUCKET, RUNMAX, BLOCK_Q, BLOCK_D)
         if INT8:
             best = best * tl.load(QS + q_start + rows, mask=r_ok, other=1.0)
         # A row with no valid doc token (empty or fully masked doc) adds 0, as do masked rows.
