@@ -549,3 +549,21 @@ def test_upload_all_gives_the_host_tensors_on_the_device():
     for want, got in [*zip(first, got1), *zip(second, got2)]:
         assert got.device.type == torch.device(dev).type and got.dtype == want.dtype and got.shape == want.shape
         assert torch.equal(got.cpu(), want)
+
+
+def test_autotune_short_list_follows_the_sweep(monkeypatch):
+    """The autotuner's pruned list: queries of up to 32 tokens get only BLOCK_D 32 with 2 warps
+    (the configs the H100 sweep found within 2% of the best in every short case); long queries
+    keep large query tiles; MVDB_AUTOTUNE=full keeps every config that fits."""
+    from mvdb.kernels.maxsim import fused
+
+    configs = fused._configs()
+    monkeypatch.delenv("MVDB_AUTOTUNE", raising=False)
+    short = fused._prune(configs, None, LQ_BUCKET=32)
+    assert short and {(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_D"], c.num_warps) for c in short} == {(32, 32, 2)}
+    assert {c.num_stages for c in short} == {2, 3} and {c.kwargs["RUNMAX"] for c in short} == {0, 1}
+    assert {c.kwargs["BLOCK_D"] for c in fused._prune(configs, None, LQ_BUCKET=64)} == {32, 64}
+    long = fused._prune(configs, None, LQ_BUCKET=1024)
+    assert long and all(c.kwargs["BLOCK_Q"] >= 128 and c.num_stages == 3 for c in long)
+    monkeypatch.setenv("MVDB_AUTOTUNE", "full")
+    assert len(fused._prune(configs, None, LQ_BUCKET=32)) > len(short)

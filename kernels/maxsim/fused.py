@@ -67,7 +67,13 @@ def _prune(configs, nargs, **kwargs):
         if not full:
             # The measured short list (benchmarks/kernel_variants.py on an H100): short queries
             # are latency-bound gathers, best with small tiles and 2-4 warps; long queries are
-            # compute-bound, best with large query tiles and 3 stages.
+            # compute-bound, best with large query tiles and 3 stages. Queries of up to 32 tokens:
+            # BLOCK_D 32 with 2 warps was within 2% of the best config in every short case of the
+            # 2026-11-24 sweep (kernel-variants-H100-drows.json) while BLOCK_D 64 with 4 warps,
+            # which the autotuner could pick on a small first call, was 1.6x slower on int8
+            # candidates: the list keeps only the former.
+            if lq <= 32 and not (bq == 32 and bd == 32 and c.num_warps == 2 and c.num_stages in (2, 3)):
+                continue
             if lq <= 64 and not (bq == max(32, lq) and bd in (32, 64) and c.num_warps in (2, 4)
                                  and c.num_stages in (2, 3)):
                 continue
