@@ -65,6 +65,8 @@ print('mvdb.engine.index_backend():', mvdb.engine.index_backend(), '| db.stats()
                          .whl_fp/*.whl || { echo "fast-plaid wheels did not install (carry .whl_fp)"; continue; }
                      df -h /tmp | tail -1; PYTHONPATH=/tmp/site-fp${PYTHONPATH:+:$PYTHONPATH} timeout 570 python3 \
                          benchmarks/e2e_fastplaid.py --docs "${step#fastplaid:}" --out "$OUT" 2>&1 | tee -a "$OUT/fastplaid.log" ;;
+        int8call) timeout ${INT8CALL_TIMEOUT:-300} python3 benchmarks/int8_call.py 2>&1 | tee -a "$OUT/int8call.log" \
+                      | grep -v '^ ' ;;
         traintests) timeout 300 python3 -m pytest -q tests/test_train.py tests/test_colpali.py tests/test_pylate.py 2>&1 | tee "$OUT/traintests.log" | tail -15 ;;
         training:*) timeout 400 python3 benchmarks/training.py --cases "${step#training:}" --out "$OUT" 2>&1 | tee -a "$OUT/training.log" ;;
         tsweep:*) timeout ${TSWEEP_TIMEOUT:-420} python3 benchmarks/training_sweep.py --cases "${step#tsweep:}" ${TSWEEP_ARGS:-} \

@@ -5,7 +5,9 @@
 Times the default call (``check=False``, no ``max_seqlen_q``) and the call with ``max_seqlen_q=32``
 in both orders with triton.testing.do_bench (L2 flushed between runs), the host's time per call
 (1,000 calls without waiting, then one wait), and each kernel's device time from torch.profiler,
-so a call whose time is the host's launch work shows up as such.
+so a call whose time is the host's launch work shows up as such; then, over varlen and candidate
+launches of several sizes, the int8 queries quantized inside the MaxSim kernel against a
+quantization launch of their own (scores bit-identical; fused.QUANT_IN_KERNEL_PAIRS picks).
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
 from common import median_ms  # noqa: E402
-from synthetic import make_corpus, make_queries  # noqa: E402
+from synthetic import candidate_lists, make_corpus, make_queries  # noqa: E402
 
-from mvdb.kernels import maxsim_varlen, quantize_int8  # noqa: E402
+from mvdb.kernels import maxsim_candidates, maxsim_varlen, quantize_int8  # noqa: E402
+from mvdb.kernels.maxsim import fused  # noqa: E402
 
 
 def host_us(fn, n: int = 1000) -> float:
@@ -46,6 +49,58 @@ def kernels_us(fn, n: int = 20) -> dict:
     return {e.key[:60]: e.device_time_total / n for e in prof.key_averages() if e.device_time_total > 0}
 
 
+def _at(threshold: int, fn):
+    """fn run with fused.QUANT_IN_KERNEL_PAIRS = threshold (-1: the query-quantization launch)."""
+
+    def call():
+        old = fused.QUANT_IN_KERNEL_PAIRS
+        fused.QUANT_IN_KERNEL_PAIRS = threshold
+        try:
+            return fn()
+        finally:
+            fused.QUANT_IN_KERNEL_PAIRS = old
+
+    return call
+
+
+INKERNEL, LAUNCH = 1 << 40, -1
+
+
+def _sweep(res: dict) -> None:
+    """Where each placement of the int8 query quantization wins: the device and the whole-call
+    time of both, on varlen (1 query x n docs) and candidate (nq x 1000 from 1M docs) launches.
+    Scores must be bit-identical between the placements."""
+    dev = "cuda"
+    cases = []
+    for n in (1_000, 10_000, 50_000):
+        corpus = make_corpus(n, 64, 300, 128, device=dev, seed=n)
+        Q, _ = make_queries(corpus, 1, 32, seed=7)
+        q = Q[0].half()
+        cu_q = torch.tensor([0, 32], dtype=torch.int32, device=dev)
+        t8, sc = quantize_int8(corpus.tokens)
+        cu_d = corpus.offsets.int()
+        cases.append((f"varlen 1 x {n}", n, lambda q=q, cu_q=cu_q, t8=t8, cu_d=cu_d, sc=sc:
+                      maxsim_varlen(q, cu_q, t8, cu_d, d_scales=sc, check=False)))
+    corpus, Q, q_all, cu_all, cand_all = candidate_lists(1_000_000, 32, 1000, device=dev)
+    t8, sc = quantize_int8(corpus.tokens)
+    for nq in (1, 4, 16, 32):
+        q, cu_q, cand = q_all[: nq * 32], cu_all[: nq + 1], cand_all[:nq]
+        cases.append((f"candidates {nq} x 1000 of 1M", nq * 1000, lambda q=q, cu_q=cu_q, cand=cand:
+                      maxsim_candidates(q, cu_q, t8, corpus.offsets, cand, sc, check=False)))
+    for name, pairs, fn in cases:
+        a, b = _at(INKERNEL, fn), _at(LAUNCH, fn)
+        same = torch.equal(a(), b())
+        row = {"case": name, "pairs": pairs, "bit_identical": same}
+        for label, f in (("in_kernel", a), ("launch", b)):
+            f()
+            row[label] = {"do_bench_ms": median_ms(f, warmup=10, rep=100), "host_us_per_call": host_us(f, 300),
+                          "kernels_us": kernels_us(f)}
+        row["rule"] = "in_kernel" if fused.quantize_in_kernel(pairs) else "launch"
+        res["sweep"].append(row)
+        print(json.dumps(row), flush=True)
+        assert same, f"{name}: the two placements of the query quantization disagree"
+
+
 def main():
     dev = "cuda"
     n = 10_000
@@ -57,14 +112,16 @@ def main():
     t8, sc = quantize_int8(tok)
     calls = {
         "fp16 default": lambda: maxsim_varlen(q, cu_q, tok, cu_d, check=False),
-        "fp16 max_seqlen_q=32": lambda: maxsim_varlen(q, cu_q, tok, cu_d, max_seqlen_q=32, check=False),
         "int8 default": lambda: maxsim_varlen(q, cu_q, t8, cu_d, d_scales=sc, check=False),
         "int8 max_seqlen_q=32": lambda: maxsim_varlen(q, cu_q, t8, cu_d, d_scales=sc, max_seqlen_q=32, check=False),
+        "int8 default, quantization launch": _at(LAUNCH, lambda: maxsim_varlen(q, cu_q, t8, cu_d, d_scales=sc,
+                                                                               check=False)),
     }
     for fn in calls.values():
         fn()
     torch.cuda.synchronize()
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "quant_in_kernel_pairs": fused.QUANT_IN_KERNEL_PAIRS, "rows": [], "sweep": []}
     for order in (list(calls), list(reversed(calls))):
         for name in order:
             row = {"call": name, "order": order.index(name), "do_bench_ms": median_ms(calls[name], warmup=10, rep=100)}
@@ -74,24 +131,13 @@ def main():
         row = {"call": name, "host_us_per_call": host_us(fn), "kernels_us": kernels_us(fn)}
         res["rows"].append(row)
         print(json.dumps(row), flush=True)
-    import cProfile
-    import io
-    import pstats
-
-    for name in ("fp16 default", "int8 default"):
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(500):
-            calls[name]()
-        prof.disable()
-        torch.cuda.synchronize()
-        buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
-        res[f"cprofile {name} x500"] = buf.getvalue().splitlines()
-        print(buf.getvalue(), flush=True)
     out = Path(os.environ.get("OUT", HERE / "results"))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "int8-call-H100.json").write_text(json.dumps(res, indent=1))
+    path = out / f"int8-call-{torch.cuda.get_device_name().split()[1]}.json"
+    try:
+        _sweep(res)
+    finally:
+        path.write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,10 @@ VARIANTS = {
     "fwd_warps": [4, 8],
     "fwd_stages": [2, 4],
     "fwd_rows": [64],
+    "fwd_runarg": [1],
+    "dd_perdoc": [0],
+    "perdoc_bj": [32, 128],
+    "perdoc_warps": [2, 8],
     "dq_splits": [1, 2, 4, 16],
     "dq_warps": [1, 4],
     "dd_bj": [16, 64, 128],
@@ -72,7 +76,7 @@ def parts(Q, D):
         kind = "unified" if need is None else "lowmem"
         need = need or (True, True)
         res[name] = bench(lambda kind=kind, need=need: train.backward(kind, g, q, q_off, d, arg, nq, n_k, *need,
-                                                                      covered=True))
+                                                                      covered=True, per_query=per_query))
     return res
 
 
@@ -163,7 +167,7 @@ def grid() -> list:
         r = dict(c)
         for kind in ("unified", "lowmem"):
             try:
-                r[kind] = bench(lambda kind=kind: step(Q, D, kind))
+                r[kind] = bench(lambda kind=kind, Q=Q, D=D: step(Q, D, kind))
             except torch.cuda.OutOfMemoryError:
                 r[kind] = None
         print("grid", r, flush=True)

@@ -187,16 +187,18 @@ def test_long_query_is_chunked_exactly(device):
 
 
 @pytest.mark.parametrize("device", TRITON_DEVICES)
-@pytest.mark.parametrize("dtype", ["fp16", "int8"])
+@pytest.mark.parametrize("dtype", ["fp16", "int8", "int8-quant-in-kernel"])
 @pytest.mark.parametrize("runmax", [0, 1], ids=["reduce-per-tile", "running-max"])
 @pytest.mark.parametrize("lq_bucket", [16, 128], ids=["short-path", "full-tiles-then-tail"])
 def test_every_launch_variant_is_exact(device, dtype, runmax, lq_bucket):
     """The kernel's tuning choices (per-tile reduction or an elementwise running max; the short
-    and the long-query tile loop; documents per program, with a last group past the end) give
-    the same scores as the reference, for both CSR layouts. Documents span several BLOCK_D
-    tiles plus a tail; one query spans two BLOCK_Q blocks; a -1 candidate scores -inf."""
+    and the long-query tile loop; int8 queries quantized by a launch of their own or inside each
+    program) give the same scores as the reference, for both CSR layouts. Documents span several BLOCK_D tiles plus a tail; one
+    query spans two BLOCK_Q blocks; a -1 candidate scores -inf."""
     from mvdb.kernels.maxsim import fused
 
+    quant = dtype == "int8-quant-in-kernel"
+    dtype = "int8" if quant else dtype
     g = _gen("variants", dtype)
     dim = 64
     lengths = [5, 16, 37, 0, 48, 1]
@@ -211,7 +213,7 @@ def test_every_launch_variant_is_exact(device, dtype, runmax, lq_bucket):
     else:
         ref_cross = naive.maxsim_csr(q.double().cpu(), cu_q.cpu(), tok.double().cpu(), cu_d.cpu().long())
         ref_cand = naive.maxsim_csr(q.double().cpu(), cu_q.cpu(), tok.double().cpu(), cu_d.cpu().long(), cand.cpu())
-    config = {"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": runmax, "num_warps": 4}
+    config = {"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": runmax, "num_warps": 4, "QUANT": quant}
     cross = fused.launch(_poison((2, len(lengths)), device), q, None, cu_q, 0, tok, sc, None, cu_d, None, 0, 2,
                          len(lengths), fused.CSR_CROSS, lq_bucket, config=config)
     cands = fused.launch(_poison((2, 5), device), q, None, cu_q, 0, tok, sc, None, cu_d.long(), cand, 0, 2, 5,

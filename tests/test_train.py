@@ -240,3 +240,40 @@ def test_auto_picks_the_backward_measured_faster():
     assert choose_backward("auto", 32 * 16 * 32, 32 * 16 * 1030 * 128) == "unified"
     assert choose_backward("unified", 1 << 30, 1 << 30) == "unified"
     assert choose_backward("lowmem", 1, 1) == "lowmem"
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("tune", [{}, {"fwd_runarg": 1}, {"dd_perdoc": 0}],
+                         ids=["defaults", "running-argmax", "sorted-per-query-dD"])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_launch_alternatives_are_exact(device, tune, normalize, monkeypatch):
+    """The alternatives benchmarks/training_sweep.py measures (the forward's elementwise running
+    argmax; per-query dD from the sorted winners instead of one program per document) give the
+    reference's values and gradients (grouped cross product and per-query layouts with masks, a
+    token every query token picks, documents of several tiles and a tail), and a tie goes to the
+    first token even when its copies lie in later tiles."""
+    from mvdb.kernels.maxsim import train
+
+    for key, value in tune.items():
+        monkeypatch.setitem(train.TUNE, key, value)
+    g = torch.Generator().manual_seed(9)
+    for per_query in (False, True):
+        Q = torch.rand(3, 20, 16, generator=g) + 0.05
+        D = torch.randn(*((3, 2) if per_query else (4,)), 37, 16, generator=g)
+        D[(0, 1, 7) if per_query else (1, 7)] = 4.0  # one token every query token picks
+        qm = torch.rand(3, 20, generator=g) > 0.2
+        dm = torch.rand(D.shape[:-1], generator=g) > 0.2
+        G = torch.randn(3, D.shape[1] if per_query else 4, generator=g)
+        want, dq, dd = _ref_padded(Q, D, qm, dm, G, normalize=normalize)
+        Qt, Dt = Q.to(device).requires_grad_(), D.to(device).requires_grad_()
+        out = maxsim(Qt, Dt, qm.to(device), dm.to(device), normalize=normalize, backward="lowmem", backend="triton")
+        (out * G.to(device)).sum().backward()
+        _close(out.detach().cpu(), want, torch.float32)
+        _close(Qt.grad.cpu(), dq, torch.float32)
+        _close(Dt.grad.cpu(), dd, torch.float32)
+    for shape in ((1, 40, 16), (1, 1, 40, 16)):  # identical tokens across tiles: the first wins
+        Dt = torch.ones(shape, device=device).requires_grad_()
+        q = torch.linspace(0.5, 1.5, 16, device=device).expand(1, 2, 16)
+        maxsim(q, Dt, backward="lowmem", normalize=normalize, backend="triton").sum().backward()
+        grad = Dt.grad.reshape(40, 16).cpu()
+        assert (grad[1:] == 0).all() and grad[0].abs().sum() > 0

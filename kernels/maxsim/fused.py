@@ -171,10 +171,21 @@ def _doc_max(qk, D, DS, DM, d_start, s_start, d_n, offs_d, offs_c, DIM: tl.const
     return best
 
 
+@triton.jit
+def _quantize_block(x):
+    """In-register per-row INT8 of a query block (the rule of _quantize_rows_kernel and
+    mvdb.kernels.quant, bit for bit): (int8 block, float32 scales [rows])."""
+    xf = x.to(tl.float32)
+    amax = tl.max(tl.abs(xf), axis=1)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), 1.0)
+    y = tl.math.div_rn(xf, tl.broadcast_to(scale[:, None], xf.shape))
+    return tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int8), scale
+
+
 @triton.jit(do_not_specialize=["n_q", "n_k", "q_len", "d_len"])
 def _maxsim_fwd_kernel(
-    Q,  # [Tq, DIM] query tokens (any float dtype; int8 when INT8, quantized by _quantize_rows_kernel)
-    QS,  # [Tq] float32 query-token scales (INT8) or None
+    Q,  # [Tq, DIM] query tokens (any float dtype; int8 when INT8 and not QUANT, by _quantize_rows_kernel)
+    QS,  # [Tq] float32 query-token scales (INT8 and not QUANT) or None
     QM,  # [Tq] uint8 query-token mask (1 = valid) or None
     CU_Q,  # [Nq + 1] int32 query offsets (Q_VARLEN) or None
     D,  # [Td, DIM] doc tokens: float or int8
@@ -200,6 +211,7 @@ def _maxsim_fwd_kernel(
     IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
     PAGED: tl.constexpr,
+    QUANT: tl.constexpr,  # INT8 with float queries: each program quantizes its query block itself
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
     RUNMAX: tl.constexpr,
@@ -260,13 +272,17 @@ def _maxsim_fwd_kernel(
             q = tl.load(q_ptrs, mask=r_ok[:, None] & c_ok[None, :], other=0.0)
         if HAS_QMASK:
             r_ok = r_ok & (tl.load(QM + q_start + rows, mask=r_ok, other=0) != 0)
-        if INT8:
+        if INT8 and QUANT:
+            qk, q_scale = _quantize_block(q)
+        elif INT8:
             qk = q  # int8, quantized once per launch
         else:
             qk = q.to(D.dtype.element_ty)
         best = _doc_max(qk, D, DS, DM, d_start, s_start, d_n, offs_d, offs_c, DIM, BLOCK_DIM, HAS_DMASK, INT8, IEEE,
                         UPCAST, LQ_BUCKET, RUNMAX, BLOCK_Q, BLOCK_D)
-        if INT8:
+        if INT8 and QUANT:
+            best = best * q_scale
+        elif INT8:
             best = best * tl.load(QS + q_start + rows, mask=r_ok, other=1.0)
         # A row with no valid doc token (empty or fully masked doc) adds 0, as do masked rows.
         best = tl.where(r_ok & (best > float("-inf")), best, 0.0)
@@ -276,7 +292,7 @@ def _maxsim_fwd_kernel(
     tl.store(Out + qi * n_k + k + tl.arange(0, 1), total)
 
 
-_KEY = ["LQ_BUCKET", "DIM", "Q_VARLEN", "D_LAYOUT", "HAS_QMASK", "HAS_DMASK", "INT8", "PAGED"]
+_KEY = ["LQ_BUCKET", "DIM", "Q_VARLEN", "D_LAYOUT", "HAS_QMASK", "HAS_DMASK", "INT8", "PAGED", "QUANT"]
 _tuned = triton.autotune(configs=_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune})(
     _maxsim_fwd_kernel
 )
@@ -324,6 +340,17 @@ def quantize_queries(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q8, qs
 
 
+# INT8 launches of up to this many (query, document) pairs quantize the query blocks inside the
+# MaxSim kernel (every program redoes its block: a little device work) instead of in a launch of
+# their own before it (a second launch and two allocations of host work, which is what a small
+# call waits on). Measured on the H100 (benchmarks/int8_call.py); benchmarks may override it.
+QUANT_IN_KERNEL_PAIRS = 16384
+
+
+def quantize_in_kernel(pairs: int) -> bool:
+    return pairs <= QUANT_IN_KERNEL_PAIRS
+
+
 def autotuning() -> bool:
     return not interpreting() and os.environ.get("MVDB_AUTOTUNE", "1") != "0"
 
@@ -351,8 +378,9 @@ def launch(
     """Launch the kernel over an [n_q, n_k] output; arguments are already validated and contiguous.
     ``starts`` / ``scale_starts`` (CSR_CAND only): a paged store's document rows (see PAGED).
     ``config`` (tests, benchmarks): launch with these BLOCK_Q/BLOCK_D/RUNMAX/num_warps/num_stages
-    instead of the autotuned or default ones. INT8 documents: the query tokens are quantized
-    here, once per launch, not in every program."""
+    instead of the autotuned or default ones (and QUANT, to force where int8 queries are
+    quantized). INT8 documents: the query tokens are quantized once per launch by a kernel of
+    their own, or, for small launches (:func:`quantize_in_kernel`), by each program."""
     n = n_q * n_k
     if starts is not None and int(getattr(layout, "value", layout)) != int(CSR_CAND.value):
         raise ValueError("starts: only the candidate layout (CSR_CAND) reads a paged store")
@@ -373,7 +401,10 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
     dim = q.shape[-1]
     int8 = d.dtype == torch.int8
     q_scales = None
-    if int8:
+    config = dict(config) if config is not None else None
+    forced = config.pop("QUANT", None) if config is not None else None
+    quant = int8 and (quantize_in_kernel(n_q * n_k) if forced is None else bool(forced))
+    if int8 and not quant:
         with launch_guard():
             q, q_scales = quantize_queries(q)
     args = (
@@ -407,6 +438,7 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
         # Triton's CPU interpreter computes bf16 x bf16 dots wrongly (triton 3.9): upcast there.
         UPCAST=d.dtype == torch.bfloat16 and interpreting(),
         PAGED=starts is not None,
+        QUANT=quant,
     )
     grid = (n_q * n_k,)
     if config is not None:

@@ -10,6 +10,7 @@ from mvdb.kernels.maxsim.fused import interpreting
 from mvdb.kernels.maxsim.train.fused import (
     _bwd_lowmem_dd_kernel,
     _bwd_lowmem_dq_kernel,
+    _bwd_perdoc_dd_kernel,
     _bwd_unified_kernel,
     _fwd_argmax_grouped_kernel,
     _fwd_argmax_kernel,
@@ -40,7 +41,8 @@ def forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask=None, d_mask
     upcast = interpreting() or q.dtype == torch.float32
     group = grouped_queries(lq_max, per_query, equal_lengths, n_q)
     common = dict(HAS_QMASK=q_mask is not None, HAS_DMASK=d_mask is not None, DIM=q.shape[1], BLOCK_DIM=bdim,
-                  BLOCK_D=bd, UPCAST=upcast, IEEE=q.dtype == torch.float32, MASK_ZERO=mask_zero, NORM=normalize)
+                  BLOCK_D=bd, UPCAST=upcast, IEEE=q.dtype == torch.float32, MASK_ZERO=mask_zero, NORM=normalize,
+                  RUNARG=TUNE.get("fwd_runarg", 0))
     # measured (benchmarks/training_sweep.py, H100): 2 stages for the grouped short-query kernel
     stages = TUNE.get("fwd_stages", 2 if group > 1 else 3)
     qm = q_mask if q_mask is not None else q
@@ -61,10 +63,12 @@ def forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask=None, d_mask
     return out, arg, nq, nd
 
 
-def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True, norms=None, covered=False):
+def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True, norms=None, covered=False,
+             per_query=False):
     """(dQ, dD) for packed q [Tq, dim] and d [Td, dim], as the inputs' dtypes. ``norms``: (nq, nd)
     from a normalising forward. ``covered``: q_off tiles q exactly (every row belongs to one
-    query), so dQ needs no zero fill. dD needs no document offsets: the winners are token indices."""
+    query), so dQ needs no zero fill. dD needs no document offsets: the winners are token indices.
+    ``per_query``: d holds one padded document per (query, k) pair, in pair order."""
     bdim, bq, _ = _blocks(q.shape[1])
     g = grad.float().contiguous()
     lq_max = arg.shape[2]
@@ -95,7 +99,15 @@ def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True,
                 BLOCK_DIM=bdim, BLOCK_Q=bq, NORM=norm, num_warps=TUNE.get("dq_warps", 2))
         if splits > 1:
             dq = dq.sum(0).to(q.dtype)
-    if need_dd:
+    if need_dd and per_query and lq_max <= 128 and n_q * n_k and TUNE.get("dd_perdoc", 1):
+        # per-query documents: each document's hits are its own pair's winners (no sort)
+        dd = torch.empty_like(d)
+        if d.shape[0]:
+            _bwd_perdoc_dd_kernel[(n_q * n_k,)](
+                q, q_off, d, arg, g, dd, nq, nd, n_k, lq_max, d.shape[0] // (n_q * n_k), NORM=norm, DIM=q.shape[1],
+                BLOCK_DIM=bdim, BLOCK_T=max(16, triton.next_power_of_2(lq_max)),
+                BLOCK_J=16 if interpreting() else TUNE.get("perdoc_bj", 64), num_warps=TUNE.get("perdoc_warps", 4))
+    elif need_dd:
         # the hits sorted by the document token they picked (stable: a fixed summation order)
         keys, order = torch.sort(arg.view(-1), stable=True)
         n_slots = keys.numel()
@@ -132,15 +144,15 @@ class _MaxSimFn(torch.autograd.Function):
         else:
             ctx.save_for_backward(q, d, q_off, arg)
         # padded layouts (equal_lengths) tile q exactly
-        ctx.meta = (n_q, n_k, kind, equal_lengths)
+        ctx.meta = (n_q, n_k, kind, equal_lengths, per_query)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         q, d, q_off, arg, *norms = ctx.saved_tensors
-        n_q, n_k, kind, covered = ctx.meta
+        n_q, n_k, kind, covered, per_query = ctx.meta
         dq, dd = backward(kind, grad, q, q_off, d, arg, n_q, n_k, ctx.needs_input_grad[0], ctx.needs_input_grad[1],
-                          tuple(norms) if norms else None, covered)
+                          tuple(norms) if norms else None, covered, per_query)
         return dq, dd, None, None, None, None, None, None, None, None, None, None, None, None
 
 
