@@ -240,6 +240,34 @@ def test_query_quantization_kernel_matches_quantize_int8(device):
         assert torch.equal(q8.cpu(), r8) and torch.equal(qs.cpu(), rs)
 
 
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+def test_query_quantization_inside_the_kernel_is_bit_identical(device):
+    """Each program's own quantization of its query block (a reciprocal and two FMAs instead of a
+    division per element) gives the scores of the quantization launch bit for bit, including
+    exact .5 ties, an all-zero token and tiny and large magnitudes."""
+    from mvdb.kernels.maxsim import fused
+
+    g = _gen("qk")
+    q = torch.randn(3 * 16, 64, generator=g)
+    q[1] = 0
+    q[2, :4] = torch.tensor([127.0, 63.5, -63.5, 0.5])
+    q[2, 4:] = 0
+    q[20] *= 1e-30  # in query 1: query 0's score would not show a one-unit change next to 3e30
+    q[21] *= 3e30
+    # scale 61 / 256 (1 / scale is inexact) and quotients exactly k + 0.5: ties that a multiply by
+    # the rounded reciprocal moves below the half (for 57 of these 63)
+    q[5, 1:] = (torch.arange(-126, 126, 4) + 0.5) * 61 / 256
+    q[5, 0] = 127 * 61 / 256
+    q = q.to(device)
+    cu_q = torch.tensor([0, 16, 32, 48], dtype=torch.int32, device=device)
+    d, cu_d = _packed([5, 16, 37, 1], 64, g, device)
+    tok, sc = quantize_int8(d)
+    config = {"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": 1, "num_warps": 4}
+    got = [fused.launch(_poison((3, 4), device), q, None, cu_q, 0, tok, sc, None, cu_d.long(), None, 0, 3, 4,
+                        fused.CSR_CROSS, 16, config={**config, "QUANT": quant}) for quant in (False, True)]
+    assert torch.equal(got[0], got[1])
+
+
 @pytest.mark.gpu
 def test_quantize_array_gpu_matches_cpu():
     """The ingest quantizer on the GPU (pinned double buffers, several chunks, a short last one)
