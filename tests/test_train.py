@@ -243,12 +243,13 @@ def test_auto_picks_the_backward_measured_faster():
 
 
 @pytest.mark.parametrize("device", TRITON_DEVICES)
-@pytest.mark.parametrize("tune", [{}, {"fwd_runarg": 1}, {"dd_perdoc": 0}],
-                         ids=["defaults", "running-argmax", "sorted-per-query-dD"])
+@pytest.mark.parametrize("tune", [{}, {"fwd_runarg": 1}, {"dd_perdoc": 0, "dd_cross": 0}],
+                         ids=["defaults", "running-argmax", "sorted-dD"])
 @pytest.mark.parametrize("normalize", [False, True])
 def test_launch_alternatives_are_exact(device, tune, normalize, monkeypatch):
     """The alternatives benchmarks/training_sweep.py measures (the forward's elementwise running
-    argmax; per-query dD from the sorted winners instead of one program per document) give the
+    argmax; dD from the sorted winners instead of one program per per-query document or per
+    cross-product document block) give the
     reference's values and gradients (grouped cross product and per-query layouts with masks, a
     token every query token picks, documents of several tiles and a tail), and a tie goes to the
     first token even when its copies lie in later tiles."""

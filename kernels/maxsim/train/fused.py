@@ -377,3 +377,36 @@ def _bwd_perdoc_dd_kernel(
         x = tl.load(D + a[:, None] * DIM + offs_c[None, :], mask=m2, other=0.0)
         acc = _project(acc, x, tl.load(Nd + a, mask=hit, other=1.0))
     tl.store(dD + a[:, None] * DIM + offs_c[None, :], acc.to(dD.dtype.element_ty), mask=first[:, None] & c_ok[None, :])
+
+
+@triton.jit
+def _bwd_cross_dd_kernel(
+    Q, Arg, G, dD, n_q, n_k, lq, ld,
+    DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_J: tl.constexpr, IEEE: tl.constexpr,
+):
+    """dD of a padded cross product (every query against documents of ``ld`` rows), rows
+    [jb, jb + BLOCK_J) of document k per program, with no sort: for each query i in order, the
+    0/1 matrix of which of its tokens picked which row times its token block (a tensor-core
+    product, exact: one term per pick, fp32 sums), scaled by g[i, k] into an fp32 accumulator.
+    A fixed order: reproducible."""
+    k = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
+    tok = k * ld + rows
+    offs_t = tl.arange(0, BLOCK_T)
+    t_ok = offs_t < lq
+    offs_c = tl.arange(0, BLOCK_DIM)
+    c_ok = offs_c < DIM
+    acc = tl.zeros([BLOCK_J, BLOCK_DIM], dtype=tl.float32)
+    for i in range(0, n_q):
+        pair = i * n_k + k
+        a = tl.load(Arg + pair * lq + offs_t, mask=t_ok, other=-1)
+        g = tl.load(G + pair)
+        q = tl.load(Q + (i * lq + offs_t)[:, None] * DIM + offs_c[None, :], mask=t_ok[:, None] & c_ok[None, :],
+                    other=0.0)
+        hit = tok[:, None] == a[None, :]
+        if IEEE:  # fp32 inputs (and the CPU interpreter): full-precision products
+            acc += g * tl.dot(hit.to(tl.float32), q.to(tl.float32), input_precision="ieee")
+        else:
+            acc += g * tl.dot(hit.to(q.dtype), q, out_dtype=tl.float32)
+    m2 = (rows < ld)[:, None] & c_ok[None, :]
+    tl.store(dD + tok[:, None] * DIM + offs_c[None, :], acc.to(dD.dtype.element_ty), mask=m2)

@@ -9,6 +9,7 @@ import triton
 from mvdb.kernels.maxsim.fused import interpreting
 from mvdb.kernels.maxsim.train.fused import (
     _bwd_lowmem_dd_kernel,
+    _bwd_cross_dd_kernel,
     _bwd_lowmem_dq_kernel,
     _bwd_perdoc_dd_kernel,
     _bwd_unified_kernel,
@@ -110,6 +111,18 @@ def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True,
                 q, q_off, d, arg, g, dd, nq, nd, n_k, lq_max, d.shape[0] // (n_q * n_k), NORM=norm, DIM=q.shape[1],
                 BLOCK_DIM=bdim, BLOCK_T=max(16, triton.next_power_of_2(lq_max)),
                 BLOCK_J=16 if interpreting() else TUNE.get("perdoc_bj", 64), num_warps=TUNE.get("perdoc_warps", 4))
+    elif need_dd and covered and not per_query and not norm and lq_max <= 128 and n_q * n_k \
+            and TUNE.get("dd_cross", 1):
+        # padded cross product: per document row block, the queries' picks in order (no sort)
+        ld = d.shape[0] // n_k
+        bj = 16 if interpreting() else TUNE.get("cross_bj", 64)
+        dd = torch.empty_like(d)
+        if d.shape[0]:
+            _bwd_cross_dd_kernel[(n_k, triton.cdiv(ld, bj))](
+                q, arg, g, dd, n_q, n_k, lq_max, ld, DIM=q.shape[1], BLOCK_DIM=bdim,
+                BLOCK_T=max(16, triton.next_power_of_2(lq_max)), BLOCK_J=bj,
+                IEEE=q.dtype == torch.float32 or interpreting(),
+                num_warps=TUNE.get("cross_warps", 4), num_stages=TUNE.get("cross_stages", 3))
     elif need_dd:
         # the hits sorted by the document token they picked (stable: a fixed summation order)
         keys, order = torch.sort(arg.view(-1), stable=True)
