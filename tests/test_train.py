@@ -243,13 +243,13 @@ def test_auto_picks_the_backward_measured_faster():
 
 
 @pytest.mark.parametrize("device", TRITON_DEVICES)
-@pytest.mark.parametrize("tune", [{}, {"fwd_runarg": 1}, {"dd_perdoc": 0, "dd_cross": 0}],
-                         ids=["defaults", "running-argmax", "sorted-dD"])
+@pytest.mark.parametrize("tune", [{}, {"dd_perdoc": 0, "dd_cross": 0}, {"perdoc_fill_all": 1, "dq_bq": 8}],
+                         ids=["defaults", "sorted-dD", "fill-all-then-picks"])
 @pytest.mark.parametrize("normalize", [False, True])
 def test_launch_alternatives_are_exact(device, tune, normalize, monkeypatch):
-    """The alternatives benchmarks/training_sweep.py measures (the forward's elementwise running
-    argmax; dD from the sorted winners instead of one program per per-query document or per
-    cross-product document block) give the
+    """Both ways of computing lowmem dD (from the sorted winners, or, sort-free, one program per
+    per-query document or per cross-product document block; benchmarks/training_sweep.py measures
+    them) give the
     reference's values and gradients (grouped cross product and per-query layouts with masks, a
     token every query token picks, documents of several tiles and a tail), and a tie goes to the
     first token even when its copies lie in later tiles."""

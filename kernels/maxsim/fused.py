@@ -72,7 +72,12 @@ def _prune(configs, nargs, **kwargs):
             # 2026-11-24 sweep (kernel-variants-H100-drows.json) while BLOCK_D 64 with 4 warps,
             # which the autotuner could pick on a small first call, was 1.6x slower on int8
             # candidates: the list keeps only the former.
-            if lq <= 32 and not (bq == 32 and bd == 32 and c.num_warps == 2 and c.num_stages in (2, 3)):
+            if lq <= 32 and kwargs.get("QUANT"):
+                # queries quantized in each program: also 4 warps and BLOCK_D 64 (more threads
+                # share the quantization; fewer, longer tiles)
+                if not (bq == 32 and bd in (32, 64) and c.num_warps in (2, 4) and c.num_stages in (2, 3)):
+                    continue
+            elif lq <= 32 and not (bq == 32 and bd == 32 and c.num_warps == 2 and c.num_stages in (2, 3)):
                 continue
             if lq <= 64 and not (bq == max(32, lq) and bd in (32, 64) and c.num_warps in (2, 4)
                                  and c.num_stages in (2, 3)):
@@ -172,21 +177,19 @@ def _doc_max(qk, D, DS, DM, d_start, s_start, d_n, offs_d, offs_c, DIM: tl.const
 
 
 @triton.jit
-def _quantize_block(x, MODE: tl.constexpr):
+def _quantize_block(x):
     """In-register per-row INT8 of a query block (the rule of _quantize_rows_kernel and
-    mvdb.kernels.quant, bit for bit): (int8 block, float32 scales [rows]). MODE 1 divides each
-    element with div_rn; MODE 2 multiplies by the correctly rounded reciprocal and corrects the
-    quotient with two FMAs (Markstein: the correctly rounded quotient for these normal ranges,
-    the same bits as div_rn, at a fraction of its instructions)."""
+    mvdb.kernels.quant, bit for bit): (int8 block, float32 scales [rows]). The quotient x / scale
+    is the correctly rounded reciprocal's product corrected by two FMAs (Markstein), the same bits
+    as a div_rn per element (checked on 48M fp16 / fp32 quotients) at a fraction of its cost:
+    on the H100 the in-kernel quantization added 25 us to 1 query x 10k documents this way, 45 us
+    with div_rn (benchmarks/results/int8-call-H100-quant-placement.json)."""
     xf = x.to(tl.float32)
     amax = tl.max(tl.abs(xf), axis=1)
     scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), 1.0)
-    if MODE == 1:
-        y = tl.math.div_rn(xf, tl.broadcast_to(scale[:, None], xf.shape))
-    else:
-        r = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)[:, None]
-        y0 = xf * r
-        y = tl.math.fma(tl.math.fma(-y0, scale[:, None], xf), r, y0)
+    r = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)[:, None]
+    y0 = xf * r
+    y = tl.math.fma(tl.math.fma(-y0, scale[:, None], xf), r, y0)
     return tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int8), scale
 
 
@@ -219,7 +222,7 @@ def _maxsim_fwd_kernel(
     IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
     PAGED: tl.constexpr,
-    QUANT: tl.constexpr,  # INT8 with float queries: each program quantizes its query block itself (1, 2: how)
+    QUANT: tl.constexpr,  # INT8 with float queries: each program quantizes its query block itself
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
     RUNMAX: tl.constexpr,
@@ -281,7 +284,7 @@ def _maxsim_fwd_kernel(
         if HAS_QMASK:
             r_ok = r_ok & (tl.load(QM + q_start + rows, mask=r_ok, other=0) != 0)
         if INT8 and QUANT:
-            qk, q_scale = _quantize_block(q, QUANT)
+            qk, q_scale = _quantize_block(q)
         elif INT8:
             qk = q  # int8, quantized once per launch
         else:
@@ -349,11 +352,13 @@ def quantize_queries(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # INT8 launches of up to this many (query, document) pairs quantize the query blocks inside the
-# MaxSim kernel (every program redoes its block: a little device work) instead of in a launch of
-# their own before it (a second launch and two allocations of host work, which is what a small
-# call waits on). Measured on the H100 (benchmarks/int8_call.py); benchmarks may override it.
-QUANT_IN_KERNEL_PAIRS = 16384
-QUANT_MODE = 2  # how the kernel quantizes (see _quantize_block)
+# MaxSim kernel (every program redoes its block: device work) instead of in a launch of their own
+# before it (a second launch and two allocations: host work, which is what a small call waits
+# on). Measured on the H100 (benchmarks/int8_call.py, int8-call-H100-quant-placement.json): in
+# the kernel, 1 query x 10k documents took 115 us of device time against 90 us, and saved 90 us
+# of host time per call (139 vs 229 us on that machine); at 16k pairs the device cost (+50 us)
+# matched a launch's host time, at 32k and 50k pairs the launch was faster.
+QUANT_IN_KERNEL_PAIRS = 12288
 
 
 def quantize_in_kernel(pairs: int) -> bool:
@@ -412,7 +417,7 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
     q_scales = None
     config = dict(config) if config is not None else None
     forced = config.pop("QUANT", None) if config is not None else None
-    quant = int(int8 and (quantize_in_kernel(n_q * n_k) if forced is None else bool(forced))) * QUANT_MODE
+    quant = int8 and (quantize_in_kernel(n_q * n_k) if forced is None else bool(forced))
     if int8 and not quant:
         with launch_guard():
             q, q_scales = quantize_queries(q)

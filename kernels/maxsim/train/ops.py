@@ -45,8 +45,7 @@ def forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask=None, d_mask
     upcast = interpreting() or q.dtype == torch.float32
     group = grouped_queries(lq_max, per_query, equal_lengths, n_q)
     common = dict(HAS_QMASK=q_mask is not None, HAS_DMASK=d_mask is not None, DIM=q.shape[1], BLOCK_DIM=bdim,
-                  BLOCK_D=bd, UPCAST=upcast, IEEE=q.dtype == torch.float32, MASK_ZERO=mask_zero, NORM=normalize,
-                  RUNARG=TUNE.get("fwd_runarg", 0))
+                  BLOCK_D=bd, UPCAST=upcast, IEEE=q.dtype == torch.float32, MASK_ZERO=mask_zero, NORM=normalize)
     # measured (benchmarks/training_sweep.py, H100): 2 stages for the grouped short-query kernel
     stages = TUNE.get("fwd_stages", 2 if group > 1 else 3)
     qm = q_mask if q_mask is not None else q
@@ -92,15 +91,16 @@ def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True,
     work = n_q and n_k
     if need_dq:
         # few queries: split each query's pairs over programs, fp32 slices summed in a fixed order
-        splits = TUNE.get("dq_splits") or _splits(n_q * triton.cdiv(lq_max, bq), n_k, q.numel() * 4,
+        bq_dq = TUNE.get("dq_bq", bq)
+        splits = TUNE.get("dq_splits") or _splits(n_q * triton.cdiv(lq_max, bq_dq), n_k, q.numel() * 4,
                                                  min_steps=TUNE.get("dq_min_steps", 32))
         fill = torch.empty if covered and work else torch.zeros
         dq = fill(q.shape, dtype=q.dtype, device=dev) if splits == 1 else \
             fill((splits, *q.shape), dtype=torch.float32, device=dev)
         if work:
-            _bwd_lowmem_dq_kernel[(n_q, triton.cdiv(lq_max, bq), splits)](
+            _bwd_lowmem_dq_kernel[(n_q, triton.cdiv(lq_max, bq_dq), splits)](
                 q, d, arg, g, q_off, dq, nq, nd, n_k, lq_max, triton.cdiv(n_k, splits), q.numel(), DIM=q.shape[1],
-                BLOCK_DIM=bdim, BLOCK_Q=bq, NORM=norm, num_warps=TUNE.get("dq_warps", 2))
+                BLOCK_DIM=bdim, BLOCK_Q=bq_dq, NORM=norm, num_warps=TUNE.get("dq_warps", 2))
         if splits > 1:
             dq = dq.sum(0).to(q.dtype)
     if need_dd and per_query and lq_max <= 128 and n_q * n_k and TUNE.get("dd_perdoc", 1):
@@ -110,7 +110,8 @@ def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True,
             _bwd_perdoc_dd_kernel[(n_q * n_k,)](
                 q, q_off, d, arg, g, dd, nq, nd, n_k, lq_max, d.shape[0] // (n_q * n_k), NORM=norm, DIM=q.shape[1],
                 BLOCK_DIM=bdim, BLOCK_T=max(16, triton.next_power_of_2(lq_max)),
-                BLOCK_J=16 if interpreting() else TUNE.get("perdoc_bj", 64), num_warps=TUNE.get("perdoc_warps", 4))
+                BLOCK_J=16 if interpreting() else TUNE.get("perdoc_bj", 64), FILL_ALL=TUNE.get("perdoc_fill_all", 0),
+                num_warps=TUNE.get("perdoc_warps", 4))
     elif need_dd and covered and not per_query and not norm and lq_max <= 128 and n_q * n_k \
             and TUNE.get("dd_cross", 1):
         # padded cross product: per document row block, the queries' picks in order (no sort)
