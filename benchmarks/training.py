@@ -59,6 +59,25 @@ def step(fn, Q, D):
     return Qg.grad, Dg.grad
 
 
+def device_breakdown(fn, n: int = 10) -> dict:
+    """The GPU's own time per step (torch.profiler, summed over the kernels and copies it ran),
+    the number of kernels per step and the five longest: a step slower than its device time
+    waited on the host's launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    top = sorted(events, key=lambda e: -e.device_time_total)[:5]
+    return {"device_ms": sum(e.device_time_total for e in events) / n / 1e3,
+            "kernels_per_step": sum(e.count for e in events) / n,
+            "top_us": {e.key[:50]: round(e.device_time_total / n, 1) for e in top}}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", default="colbert,hardneg,colpali")
@@ -112,6 +131,7 @@ def main():
                 del gq, gd
                 r["ms"] = triton.testing.do_bench(lambda fn=fn, Q=Q, D=D: step(fn, Q, D), warmup=5, rep=50,
                                                   return_mode="median")
+                r["device"] = device_breakdown(lambda fn=fn, Q=Q, D=D: step(fn, Q, D))
                 Qg, Dg = Q.detach().requires_grad_(), D.detach().requires_grad_()
                 r["fwd_ms"] = triton.testing.do_bench(lambda fn=fn, Qg=Qg, Dg=Dg: fn(Qg, Dg), warmup=5, rep=50,
                                                       return_mode="median")  # forward only, saving what backward needs
