@@ -7,7 +7,7 @@ For each case of benchmarks/training.py (bf16): the step (forward, loss, backwar
 defaults, its parts (forward; dQ-only and dD-only lowmem backwards from the saved winners), the
 step with each launch parameter of ``train.TUNE`` changed one at a time (each variant's gradients
 checked against the defaults' first), and normalize=True fused vs F.normalize in torch.
-``--no-variants``: skip the parameter sweep. ``--grid``: unified vs lowmem over a grid of in-batch and per-query shapes. Writes
+``--no-variants``: skip the parameter sweep. ``--device``: time by the GPU's kernel time. ``--grid``: unified vs lowmem over a grid of in-batch and per-query shapes. Writes
 training_sweep.json.
 """
 
@@ -24,7 +24,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).parent))
-from training import CASES, loss_of, make  # noqa: E402
+from training import CASES, device_breakdown, loss_of, make  # noqa: E402
 
 from mvdb.kernels import maxsim  # noqa: E402
 from mvdb.kernels.maxsim import train  # noqa: E402
@@ -52,7 +52,12 @@ VARIANTS = {
 }
 
 
+DEVICE_TIME = False  # --device: time steps by the GPU's own kernel time (robust to a busy host)
+
+
 def bench(fn) -> float:
+    if DEVICE_TIME:
+        return device_breakdown(fn)["device_ms"]
     return triton.testing.do_bench(fn, warmup=5, rep=40, return_mode="median")
 
 
@@ -188,9 +193,12 @@ def main():
     p.add_argument("--grid", action="store_true")
     p.add_argument("--no-variants", action="store_true", help="parts and normalize only")
     p.add_argument("--only", default="", help="comma-separated TUNE keys to sweep (default: all)")
+    p.add_argument("--device", action="store_true", help="time by the GPU's kernel time (torch.profiler), not wall")
     p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
     args = p.parse_args()
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+    global DEVICE_TIME
+    DEVICE_TIME = args.device
+    res = {"timing": "device (torch.profiler kernel time)" if args.device else "wall (triton do_bench)","device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "cases": {}}
     for case in [c for c in args.cases.split(",") if c]:
         only = [k for k in args.only.split(",") if k]
