@@ -39,14 +39,14 @@ def grouped_queries(lq: int, per_query: bool, equal_lengths: bool, n_q: int) -> 
     return max(1, min(n_q, (16 if interpreting() else TUNE.get("fwd_rows", 128)) // lq))
 
 
-def choose_backward(kind: str, n_hits: int, doc_elems: int) -> str:
-    """``auto``: lowmem for big problems, unified for small ones. Measured on the H100
-    (benchmarks/results/training-sweep-H100.json, bf16 fwd+bwd over 19 shapes): lowmem's sort and
-    extra launches cost more than unified's atomics below about 2^20 winners (pairs x query
-    tokens) unless the documents are large, where unified's fp32 dD buffer is the cost (per-query
-    negatives B=256 x 16 x 1030 tokens: lowmem 1.31 ms vs 2.31). The rule picks the faster one on
-    18 of the 19 shapes (the miss: 0.98 vs 0.89 ms). Ask for ``lowmem`` for reproducible
-    gradients."""
+def choose_backward(kind: str, per_query: bool, lq: int, ld: float) -> str:
+    """``auto``: lowmem, except a cross product whose documents are at least 16 times longer than
+    the queries (``ld``: the documents' mean length, ``lq`` the longest query), where the queries'
+    picks are sparse in each document's rows and unified's atomics cost less than lowmem's
+    pick-matrix products. Measured by the GPU's kernel time over 19 shapes on the H100
+    (benchmarks/results/training-sweep-H100-device.json): the faster one on 18; the miss is
+    in-batch B=16, Lq 32, Ld 180 (lowmem 47 us against 43). Small problems wait on the host's
+    launches whichever backward runs. ``lowmem`` is also the reproducible one."""
     if kind != "auto":
         return kind
-    return "lowmem" if n_hits >= 1 << 20 or doc_elems >= 1 << 28 else "unified"
+    return "unified" if not per_query and ld >= 16 * max(1, lq) else "lowmem"
