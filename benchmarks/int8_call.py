@@ -7,7 +7,7 @@ in both orders with triton.testing.do_bench (L2 flushed between runs), the host'
 (1,000 calls without waiting, then one wait), and each kernel's device time from torch.profiler,
 so a call whose time is the host's launch work shows up as such; then, over varlen and candidate
 launches of several sizes, the int8 queries quantized inside the MaxSim kernel against a
-quantization launch of their own (scores bit-identical; fused.QUANT_IN_KERNEL_PAIRS picks).
+quantization launch of their own (scores bit-identical; fused.QUANT_IN_KERNEL_WORK picks).
 """
 
 from __future__ import annotations
@@ -50,15 +50,15 @@ def kernels_us(fn, n: int = 20) -> dict:
 
 
 def _at(threshold: int, fn):
-    """fn run with fused.QUANT_IN_KERNEL_PAIRS = threshold (-1: the query-quantization launch)."""
+    """fn run with fused.QUANT_IN_KERNEL_WORK = threshold (-1: the query-quantization launch)."""
 
     def call():
-        old = fused.QUANT_IN_KERNEL_PAIRS
-        fused.QUANT_IN_KERNEL_PAIRS = threshold
+        old = fused.QUANT_IN_KERNEL_WORK
+        fused.QUANT_IN_KERNEL_WORK = threshold
         try:
             return fn()
         finally:
-            fused.QUANT_IN_KERNEL_PAIRS = old
+            fused.QUANT_IN_KERNEL_WORK = old
 
     return call
 
@@ -95,7 +95,7 @@ def _sweep(res: dict) -> None:
             f()
             row[label] = {"do_bench_ms": median_ms(f, warmup=10, rep=100), "host_us_per_call": host_us(f, 300),
                           "kernels_us": kernels_us(f)}
-        row["rule"] = "in_kernel" if fused.quantize_in_kernel(pairs) else "launch"
+        row["rule"] = "in_kernel" if fused.quantize_in_kernel(pairs, 32) else "launch"
         res["sweep"].append(row)
         print(json.dumps(row), flush=True)
         assert same, f"{name}: the two placements of the query quantization disagree"
@@ -121,7 +121,7 @@ def main():
         fn()
     torch.cuda.synchronize()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "quant_in_kernel_pairs": fused.QUANT_IN_KERNEL_PAIRS, "rows": [], "sweep": []}
+           "quant_in_kernel_work": fused.QUANT_IN_KERNEL_WORK, "rows": [], "sweep": []}
     for order in (list(calls), list(reversed(calls))):
         for name in order:
             row = {"call": name, "order": order.index(name), "do_bench_ms": median_ms(calls[name], warmup=10, rep=100)}

@@ -268,6 +268,18 @@ def test_query_quantization_inside_the_kernel_is_bit_identical(device):
     assert torch.equal(got[0], got[1])
 
 
+def test_int8_query_quantization_placement_follows_the_measurements():
+    """Small int8 launches quantize the queries inside the MaxSim kernel (a launch less of host
+    time); large or long-query ones in a launch of their own (less device time), as measured on
+    the H100 (benchmarks/int8_call.py, kernels.py case b)."""
+    from mvdb.kernels.maxsim.fused import quantize_in_kernel
+
+    assert quantize_in_kernel(10_000, 32)  # 1 query of 32 tokens x 10k documents
+    assert quantize_in_kernel(4 * 1000, 32)  # 4 queries x 1,000 candidates
+    assert not quantize_in_kernel(16 * 1000, 32)  # 16 queries x 1,000 candidates
+    assert not quantize_in_kernel(1000, 1024)  # one ColPali query x 1,000 pages
+
+
 @pytest.mark.gpu
 def test_quantize_array_gpu_matches_cpu():
     """The ingest quantizer on the GPU (pinned double buffers, several chunks, a short last one)

@@ -72,12 +72,7 @@ def _prune(configs, nargs, **kwargs):
             # 2026-11-24 sweep (kernel-variants-H100-drows.json) while BLOCK_D 64 with 4 warps,
             # which the autotuner could pick on a small first call, was 1.6x slower on int8
             # candidates: the list keeps only the former.
-            if lq <= 32 and kwargs.get("QUANT"):
-                # queries quantized in each program: also 4 warps and BLOCK_D 64 (more threads
-                # share the quantization; fewer, longer tiles)
-                if not (bq == 32 and bd in (32, 64) and c.num_warps in (2, 4) and c.num_stages in (2, 3)):
-                    continue
-            elif lq <= 32 and not (bq == 32 and bd == 32 and c.num_warps == 2 and c.num_stages in (2, 3)):
+            if lq <= 32 and not (bq == 32 and bd == 32 and c.num_warps == 2 and c.num_stages in (2, 3)):
                 continue
             if lq <= 64 and not (bq == max(32, lq) and bd in (32, 64) and c.num_warps in (2, 4)
                                  and c.num_stages in (2, 3)):
@@ -351,18 +346,20 @@ def quantize_queries(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q8, qs
 
 
-# INT8 launches of up to this many (query, document) pairs quantize the query blocks inside the
-# MaxSim kernel (every program redoes its block: device work) instead of in a launch of their own
-# before it (a second launch and two allocations: host work, which is what a small call waits
-# on). Measured on the H100 (benchmarks/int8_call.py, int8-call-H100-quant-placement.json): in
-# the kernel, 1 query x 10k documents took 115 us of device time against 90 us, and saved 90 us
-# of host time per call (139 vs 229 us on that machine); at 16k pairs the device cost (+50 us)
-# matched a launch's host time, at 32k and 50k pairs the launch was faster.
-QUANT_IN_KERNEL_PAIRS = 12288
+# INT8 launches of up to this much work ((query, document) pairs x the longest query's tokens)
+# quantize the query blocks inside the MaxSim kernel (every program redoes its blocks: device
+# work) instead of in a launch of their own before it (a second launch and two allocations: host
+# work, which is what a small call waits on). Measured on the H100 (benchmarks/int8_call.py,
+# int8-call-H100-quant-placement.json and int8-call-H100-20261124.json): in the kernel, 1 query of
+# 32 tokens x 10k documents took 115 us of device time against 90 us and saved 90 us of host time
+# per call (135 vs 231 us on that machine); at 16k pairs the device cost (+50 us) matched a
+# launch's host time, at 32k and 50k pairs the launch was faster; one ColPali query of 1,024
+# tokens x 1,000 documents (compute-bound, 0.36 ms) took 0.58 ms with it (kernels.py case b).
+QUANT_IN_KERNEL_WORK = 12288 * 32
 
 
-def quantize_in_kernel(pairs: int) -> bool:
-    return pairs <= QUANT_IN_KERNEL_PAIRS
+def quantize_in_kernel(pairs: int, max_lq: int) -> bool:
+    return pairs * max(1, max_lq) <= QUANT_IN_KERNEL_WORK
 
 
 def autotuning() -> bool:
@@ -417,7 +414,7 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
     q_scales = None
     config = dict(config) if config is not None else None
     forced = config.pop("QUANT", None) if config is not None else None
-    quant = int8 and (quantize_in_kernel(n_q * n_k) if forced is None else bool(forced))
+    quant = int8 and (quantize_in_kernel(n_q * n_k, max_lq) if forced is None else bool(forced))
     if int8 and not quant:
         with launch_guard():
             q, q_scales = quantize_queries(q)
