@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from mvdb.kernels.maxsim import maxsim_candidates, maxsim_varlen
+from mvdb.kernels.maxsim import fused, maxsim_candidates, maxsim_varlen
 from mvdb.kernels.quant import quantize_int8
 
 
@@ -20,7 +20,8 @@ def warmup(
 ) -> float:
     """Run every (dim, dtype, query length) combination through both CSR layouts on
     representative synthetic data, so that autotuning and compilation happen now. ``torch.int8``
-    in ``dtypes`` warms the INT8 path. Returns the seconds spent; a no-op without CUDA."""
+    in ``dtypes`` warms the INT8 path, with its queries quantized inside the kernel (small
+    launches) and before it (large ones). Returns the seconds spent; a no-op without CUDA."""
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return 0.0
@@ -41,5 +42,17 @@ def warmup(
                     tokens, scales = docs.to(dtype), None
                 maxsim_candidates(q, cu_q, tokens, offsets, cand, scales, max_seqlen_q=lq, check=False)
                 maxsim_varlen(q[:lq], cu_q[:2], tokens, offsets.int(), d_scales=scales, max_seqlen_q=lq, check=False)
+                if dtype == torch.int8:
+                    # both placements of the query quantization (fused.quantize_in_kernel), each
+                    # layout: small launches quantize inside the MaxSim kernel, large ones before it
+                    small = max(1, min(n_docs, fused.QUANT_IN_KERNEL_WORK // lq))
+                    big = torch.randint(0, n_docs, (nq, max(512, fused.QUANT_IN_KERNEL_WORK // (nq * lq) + 1)),
+                                        device=device, generator=g)
+                    maxsim_candidates(q[:lq], cu_q[:2], tokens, offsets, cand[:1, :small], scales, max_seqlen_q=lq,
+                                      check=False)
+                    maxsim_candidates(q, cu_q, tokens, offsets, big, scales, max_seqlen_q=lq, check=False)
+                    maxsim_varlen(q[:lq], cu_q[:2], tokens, offsets[: small + 1].int(), d_scales=scales,
+                                  max_seqlen_q=lq, check=False)
+                    maxsim_varlen(q, cu_q, tokens, offsets.int(), d_scales=scales, max_seqlen_q=lq, check=False)
     torch.cuda.synchronize(device)
     return time.perf_counter() - t0

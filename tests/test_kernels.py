@@ -512,6 +512,9 @@ def test_warmup_compiles_ahead(monkeypatch):
     maxsim_candidates(q, cu_q, d, cu_d.long(), torch.tensor([[0, 1], [2, -1]], device="cuda"))
     tok, sc = quantize_int8(d)
     maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc)
+    # a large int8 launch: its queries are quantized before the MaxSim kernel, not inside it
+    many = torch.randint(0, 3, (2, fused.QUANT_IN_KERNEL_WORK // 64 + 1), device="cuda")
+    maxsim_candidates(q, cu_q, tok, cu_d.long(), many, sc)
     torch.cuda.synchronize()
     assert fused.compiled_variants() == before, "the first query after warmup() compiled"
 
