@@ -254,6 +254,11 @@ def test_query_quantization_inside_the_kernel_is_bit_identical(device):
     q[2, 4:] = 0
     q[20] *= 1e-30  # in query 1: query 0's score would not show a one-unit change next to 3e30
     q[21] *= 3e30
+    # query 2 only of tiny rows (subnormal values and scales, where 1 / scale would overflow without
+    # the 2^64 scaling), with the ties again at a subnormal scale
+    q[32:47] *= 1e-40
+    q[47, 1:] = (torch.arange(-126, 126, 4) + 0.5) * 61 * 2.0**-140
+    q[47, 0] = 127 * 61 * 2.0**-140
     # scale 61 / 256 (1 / scale is inexact) and quotients exactly k + 0.5: ties that a multiply by
     # the rounded reciprocal moves below the half (for 57 of these 63)
     q[5, 1:] = (torch.arange(-126, 126, 4) + 0.5) * 61 / 256

@@ -229,8 +229,9 @@ def test_hard_negatives_layout_with_few_hits(device, normalize):
 
 
 def test_auto_picks_the_backward_measured_faster():
-    """The rule from benchmarks/results/training-sweep-H100-device.json (kernel time): lowmem,
-    except a cross product whose documents are at least 16x longer than the queries."""
+    """The rule from benchmarks/results/training-sweep-H100-device.json (kernel time) for padded
+    batches: lowmem, except a cross product whose documents are at least 16x longer than the
+    queries; varlen keeps the rule measured with the sort."""
     from mvdb.kernels.maxsim.train import choose_backward
 
     assert choose_backward("auto", False, 32, 180) == "lowmem"  # ColBERT in-batch
@@ -238,6 +239,10 @@ def test_auto_picks_the_backward_measured_faster():
     assert choose_backward("auto", True, 32, 1030) == "lowmem"  # hard negatives
     assert choose_backward("auto", False, 32, 1024) == "unified"  # short queries, long documents
     assert choose_backward("unified", True, 32, 180) == "unified"  # an explicit choice stands
+    # varlen: lowmem sorts the winners there; the rule measured with the sort
+    assert choose_backward("auto", False, 32, 180, padded=False, n_hits=16 * 16 * 32, doc_elems=16 * 180 * 128) \
+        == "unified"
+    assert choose_backward("auto", False, 32, 180, padded=False, n_hits=256 * 256 * 32, doc_elems=0) == "lowmem"
 
 
 @pytest.mark.parametrize("device", TRITON_DEVICES)
@@ -276,3 +281,26 @@ def test_launch_alternatives_are_exact(device, tune, normalize, monkeypatch):
         maxsim(q, Dt, backward="lowmem", normalize=normalize, backend="triton").sum().backward()
         grad = Dt.grad.reshape(40, 16).cpu()
         assert (grad[1:] == 0).all() and grad[0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+def test_empty_queries_and_nan_padding_in_lowmem(device):
+    """Queries of zero tokens (no winner to gather) and NaN in masked query padding: dD is zero
+    where nothing picked a row, and never NaN."""
+    Q = torch.rand(2, 0, 16, device=device, requires_grad=True)
+    D = torch.randn(3, 7, 16, device=device, requires_grad=True)
+    maxsim(Q, D, backward="lowmem", backend="triton").sum().backward()
+    assert (D.grad == 0).all()
+    g = torch.Generator().manual_seed(10)
+    Q = torch.rand(3, 6, 16, generator=g)
+    qm = torch.ones(3, 6, dtype=torch.bool)
+    qm[:, 4:] = False
+    Q[:, 4:] = float("nan")  # padding behind the mask
+    for shape in ((4, 9, 16), (3, 2, 9, 16)):
+        D = torch.randn(*shape, generator=g)
+        G = torch.randn(3, shape[-3], generator=g)
+        want, dq, dd = _ref_padded(Q[:, :4], D, None, None, G)
+        Qt, Dt = Q.to(device).clone().requires_grad_(), D.to(device).clone().requires_grad_()
+        (maxsim(Qt, Dt, qm.to(device), backward="lowmem", backend="triton") * G.to(device)).sum().backward()
+        _close(Dt.grad.cpu(), dd, torch.float32)
+        _close(Qt.grad.cpu()[:, :4], dq, torch.float32)

@@ -176,15 +176,21 @@ def _quantize_block(x):
     """In-register per-row INT8 of a query block (the rule of _quantize_rows_kernel and
     mvdb.kernels.quant, bit for bit): (int8 block, float32 scales [rows]). The quotient x / scale
     is the correctly rounded reciprocal's product corrected by two FMAs (Markstein), the same bits
-    as a div_rn per element (checked on 48M fp16 / fp32 quotients) at a fraction of its cost:
+    as a div_rn per element for finite inputs (checked on 48M fp16 / fp32 quotients; rows of tiny
+    magnitude are scaled by 2^64 first) at a fraction of its cost:
     on the H100 the in-kernel quantization added 25 us to 1 query x 10k documents this way, 45 us
     with div_rn (benchmarks/results/int8-call-H100-quant-placement.json)."""
     xf = x.to(tl.float32)
     amax = tl.max(tl.abs(xf), axis=1)
     scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), 1.0)
-    r = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)[:, None]
-    y0 = xf * r
-    y = tl.math.fma(tl.math.fma(-y0, scale[:, None], xf), r, y0)
+    # rows of tiny magnitude (scale below 2^-60, subnormal ones included): x * 2^64 / (scale * 2^64),
+    # exact power-of-two scalings of the same quotient, so that 1 / scale stays finite
+    k = tl.where(scale < 8.673617379884035e-19, 18446744073709551616.0, 1.0)
+    sk = scale * k
+    xk = xf * k[:, None]
+    r = tl.math.div_rn(tl.full(sk.shape, 1.0, tl.float32), sk)[:, None]
+    y0 = xk * r
+    y = tl.math.fma(tl.math.fma(-y0, sk[:, None], xk), r, y0)
     return tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int8), scale
 
 

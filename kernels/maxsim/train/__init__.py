@@ -11,10 +11,11 @@ against document i * K + k (per-query candidates). Padded batches are packed vie
 Backwards (``backward=``):
 - ``"unified"``: one program per pair adds g * D[argmax] to dQ and g * Q to dD[argmax] with fp32
   atomics; fast, not bitwise reproducible, gradients accumulated in fp32.
-- ``"lowmem"``: every gradient row is owned by one program (dQ rows by query; dD rows from the
-  winners sorted by the token they picked, or, for per-query documents, whose only hits are
-  their own pair's winners, by one program per document with no sort): no atomics, gradients
-  written in the input dtype, bitwise identical run to run.
+- ``"lowmem"``: every gradient row is owned by one program (dQ rows by query; dD rows, in padded
+  batches without a sort: per block of a document's rows, each query's 0/1 pick matrix times its
+  tokens for the cross product, one program per document for per-query documents (whose only hits
+  are their own pair's winners); otherwise from the winners sorted by the token they picked): no
+  atomics, gradients written in the input dtype, bitwise identical run to run.
 
 Layout: ``fused.py`` the Triton kernels, ``ops.py`` the launchers and the autograd Function,
 ``policy.py`` the launch tuning table and the ``auto`` backward's choice, ``naive.py`` torch forms

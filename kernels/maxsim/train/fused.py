@@ -390,8 +390,9 @@ def _bwd_cross_dd_kernel(
         pair = i * n_k + k
         a = tl.load(Arg + pair * lq + offs_t, mask=t_ok, other=-1)
         g = tl.load(G + pair)
-        q = tl.load(Q + (i * lq + offs_t)[:, None] * DIM + offs_c[None, :], mask=t_ok[:, None] & c_ok[None, :],
-                    other=0.0)
+        # rows without a winner (masked query tokens) are not read: padding may hold anything
+        q = tl.load(Q + (i * lq + offs_t).to(tl.int64)[:, None] * DIM + offs_c[None, :],
+                    mask=(a >= 0)[:, None] & c_ok[None, :], other=0.0)
         hit = tok[:, None] == a[None, :]
         if IEEE:  # fp32 inputs (and the CPU interpreter): full-precision products
             acc += g * tl.dot(hit.to(tl.float32), q.to(tl.float32), input_precision="ieee")

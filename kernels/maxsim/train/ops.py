@@ -70,9 +70,11 @@ def forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask=None, d_mask
 def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True, norms=None, covered=False,
              per_query=False):
     """(dQ, dD) for packed q [Tq, dim] and d [Td, dim], as the inputs' dtypes. ``norms``: (nq, nd)
-    from a normalising forward. ``covered``: q_off tiles q exactly (every row belongs to one
-    query), so dQ needs no zero fill. dD needs no document offsets: the winners are token indices.
-    ``per_query``: d holds one padded document per (query, k) pair, in pair order."""
+    from a normalising forward. ``covered``: the padded layout (query i is rows [i * lq, (i + 1) *
+    lq) of q with lq = arg.shape[2], and every document has the same number of rows), so dQ needs
+    no zero fill and dD may take a sort-free path. dD needs no document offsets otherwise: the
+    winners are token indices. ``per_query``: d holds one padded document per (query, k) pair, in
+    pair order."""
     bdim, bq, _ = _blocks(q.shape[1])
     g = grad.float().contiguous()
     lq_max = arg.shape[2]
@@ -109,7 +111,8 @@ def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True,
                 BLOCK_DIM=bdim, BLOCK_Q=bq_dq, NORM=norm, num_warps=TUNE.get("dq_warps", 2))
         if splits > 1:
             dq = dq.sum(0).to(q.dtype)
-    if need_dd and per_query and lq_max <= 128 and n_q * n_k and TUNE.get("dd_perdoc", 1):
+    if need_dd and per_query and covered and lq_max <= 128 and n_q * n_k and d.shape[0] % (n_q * n_k) == 0 \
+            and TUNE.get("dd_perdoc", 1):
         # per-query documents: each document's hits are its own pair's winners (no sort)
         dd = torch.empty_like(d)
         if d.shape[0]:
@@ -119,7 +122,7 @@ def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True,
                 BLOCK_J=16 if interpreting() else TUNE.get("perdoc_bj", 64), FILL_ALL=TUNE.get("perdoc_fill_all", 0),
                 num_warps=TUNE.get("perdoc_warps", 4))
     elif need_dd and covered and not per_query and not norm and lq_max <= 128 and n_q * n_k \
-            and TUNE.get("dd_cross", 1):
+            and q.shape[0] == n_q * lq_max and d.shape[0] % n_k == 0 and TUNE.get("dd_cross", 1):
         # padded cross product: per document row block, the queries' picks in order (no sort)
         ld = d.shape[0] // n_k
         bj = 16 if interpreting() else TUNE.get("cross_bj", 64)
@@ -208,6 +211,7 @@ def padded(Q, D, q_mask, d_mask, kind: str, mask_zero: bool = False, normalize: 
 def varlen(q, cu_q, d, cu_d, max_seqlen_q: int, kind: str, normalize: bool = False) -> torch.Tensor:
     """Differentiable MaxSim of packed queries against packed documents (cross product)."""
     nq, nd = cu_q.numel() - 1, cu_d.numel() - 1
-    kind = choose_backward(kind, False, max_seqlen_q, d.shape[0] / max(1, nd))
+    kind = choose_backward(kind, False, max_seqlen_q, d.shape[0] / max(1, nd), padded=False,
+                           n_hits=nq * nd * max_seqlen_q, doc_elems=d.numel())
     return _MaxSimFn.apply(q.contiguous(), d.contiguous(), cu_q.long(), cu_d.long(), nq, nd, max_seqlen_q, False,
                            None, None, kind, False, False, normalize)

@@ -39,14 +39,19 @@ def grouped_queries(lq: int, per_query: bool, equal_lengths: bool, n_q: int) -> 
     return max(1, min(n_q, (16 if interpreting() else TUNE.get("fwd_rows", 128)) // lq))
 
 
-def choose_backward(kind: str, per_query: bool, lq: int, ld: float) -> str:
-    """``auto``: lowmem, except a cross product whose documents are at least 16 times longer than
-    the queries (``ld``: the documents' mean length, ``lq`` the longest query), where the queries'
-    picks are sparse in each document's rows and unified's atomics cost less than lowmem's
-    pick-matrix products. Measured by the GPU's kernel time over 19 shapes on the H100
-    (benchmarks/results/training-sweep-H100-device.json): the faster one on 18; the miss is
-    in-batch B=16, Lq 32, Ld 180 (lowmem 47 us against 43). Small problems wait on the host's
-    launches whichever backward runs. ``lowmem`` is also the reproducible one."""
+def choose_backward(kind: str, per_query: bool, lq: int, ld: float, padded: bool = True, n_hits: int = 0,
+                    doc_elems: int = 0) -> str:
+    """``auto`` for padded batches (where lowmem's dD needs no sort): lowmem, except a cross
+    product whose documents are at least 16 times longer than the queries (``ld`` the documents'
+    length, ``lq`` the queries'), where the picks are sparse in each document's rows and unified's
+    atomics cost less than lowmem's pick-matrix products. Measured by the GPU's kernel time over 19
+    shapes on the H100 (benchmarks/results/training-sweep-H100-device.json): the faster one on 18;
+    the miss is in-batch B=16, Lq 32, Ld 180 (lowmem 47 us against 43). Varlen (``padded=False``:
+    lowmem sorts the winners) keeps the rule measured with the sort
+    (benchmarks/results/training-sweep-H100.json): lowmem from 2^20 winners (``n_hits``) or 2^28
+    document elements. ``lowmem`` is also the reproducible one."""
     if kind != "auto":
         return kind
+    if not padded:
+        return "lowmem" if n_hits >= 1 << 20 or doc_elems >= 1 << 28 else "unified"
     return "unified" if not per_query and ld >= 16 * max(1, lq) else "lowmem"
