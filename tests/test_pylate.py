@@ -119,6 +119,43 @@ def test_patched_scores_equal_pylate_values_and_gradients(fn_name, device):
     torch.testing.assert_close(gb_d, ga_d, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+def test_patched_scores_leave_mismatched_shapes_to_pylate(device):
+    """Shapes the fused kernels do not take (per-query documents for another number of queries,
+    another embedding size, a mask of the wrong shape) get PyLate's own code, not an
+    out-of-bounds read in the kernels."""
+    import pylate.scores.colbert as colbert
+
+    from mvdb.integrations import pylate as mp
+
+    seen = []
+    mp.patch(devices=("cpu", "cuda"))
+    try:
+        q = torch.randn(3, 4, 8, device=device)
+        for fn, d, qm in (
+            (colbert.colbert_kd_scores, torch.randn(2, 2, 5, 8, device=device), None),  # 2 query rows, not 3
+            (colbert.colbert_scores, torch.randn(2, 5, 6, device=device), None),  # dim 6, not 8
+            (colbert.colbert_scores, torch.randn(2, 5, 8, device=device), torch.ones(3, 5, device=device)),
+        ):
+            original = fn.__wrapped__
+            try:
+                want = original(q, d, qm, None)
+            except Exception as e:  # noqa: BLE001 - PyLate's own error is the expected outcome
+                want = type(e)
+            try:
+                got = fn(q, d, qm, None)
+            except Exception as e:  # noqa: BLE001
+                got = type(e)
+            seen.append(got)
+            if isinstance(want, type):
+                assert got is want, f"{fn.__name__}: expected PyLate's {want.__name__}, got {got}"
+            else:
+                torch.testing.assert_close(got, want)
+    finally:
+        mp.unpatch()
+    assert len(seen) == 3
+
+
 @pytest.mark.skipif(not interpreting(), reason="the CPU test runs the Triton kernels under TRITON_INTERPRET=1")
 def test_patch_reaches_the_losses_and_unpatch_restores():
     import pylate.losses.distillation as distillation

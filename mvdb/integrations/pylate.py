@@ -100,7 +100,10 @@ def _fused_scores(original, per_query: bool, devices: tuple):
             and q.device.type in devices and d.device == q.device
             and q.dim() == 3 and d.dim() == (4 if per_query else 3)
             and q.is_floating_point() and d.dtype == q.dtype
-        )
+            and q.shape[-1] == d.shape[-1] and (not per_query or d.shape[0] == q.shape[0])
+            and (queries_mask is None or tuple(torch.as_tensor(queries_mask).shape) == tuple(q.shape[:-1]))
+            and (documents_mask is None or tuple(torch.as_tensor(documents_mask).shape) == tuple(d.shape[:-1]))
+        )  # anything else (shapes the kernels do not take) gets PyLate's own code and its errors
         if not usable:
             return original(queries_embeddings, documents_embeddings, queries_mask, documents_mask, backend=backend)
         qm = None if queries_mask is None else torch.as_tensor(queries_mask, device=q.device) != 0
