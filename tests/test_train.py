@@ -284,9 +284,14 @@ def test_launch_alternatives_are_exact(device, tune, normalize, monkeypatch):
 
 
 @pytest.mark.parametrize("device", TRITON_DEVICES)
-def test_empty_queries_and_nan_padding_in_lowmem(device):
+@pytest.mark.parametrize("tune", [{}, {"dd_perdoc": 0, "dd_cross": 0}], ids=["defaults", "sorted-dD"])
+def test_empty_queries_and_nan_padding_in_lowmem(device, tune, monkeypatch):
     """Queries of zero tokens (no winner to gather) and NaN in masked query padding: dD is zero
-    where nothing picked a row, and never NaN."""
+    where nothing picked a row, and never NaN, on every dD path."""
+    from mvdb.kernels.maxsim import train
+
+    for key, value in tune.items():
+        monkeypatch.setitem(train.TUNE, key, value)
     Q = torch.rand(2, 0, 16, device=device, requires_grad=True)
     D = torch.randn(3, 7, 16, device=device, requires_grad=True)
     maxsim(Q, D, backward="lowmem", backend="triton").sum().backward()

@@ -231,11 +231,12 @@ def _bwd_lowmem_dq_kernel(
 
 
 @triton.jit
-def _hit_prep_kernel(order, q_off, G, Nq, rows, weights, n_slots, n_k, lq_max, NORM: tl.constexpr,
+def _hit_prep_kernel(order, keys, q_off, G, Nq, rows, weights, n_slots, n_k, lq_max, NORM: tl.constexpr,
                      BLOCK: tl.constexpr):
     """For each sorted hit slot (an entry ``pair * lq_max + t`` of the winners): the query-token
     row it came from and its weight g (over that token's norm under NORM), so the dD kernel's
-    loop reads two arrays instead of chasing four dependent loads."""
+    loop reads two arrays instead of chasing four dependent loads. Slots without a winner (masked
+    query tokens, key -1) get row -1: the dD kernel never reads them (padding may hold anything)."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = i < n_slots
     e = tl.load(order + i, mask=ok, other=0)
@@ -244,6 +245,7 @@ def _hit_prep_kernel(order, q_off, G, Nq, rows, weights, n_slots, n_k, lq_max, N
     g = tl.load(G + pair, mask=ok, other=0.0)
     if NORM:
         g = g / tl.load(Nq + row, mask=ok, other=1.0)
+    row = tl.where(tl.load(keys + i, mask=ok, other=-1) >= 0, row, -1)
     tl.store(rows + i, row.to(tl.int32), mask=ok)
     tl.store(weights + i, g, mask=ok)
 
@@ -288,8 +290,8 @@ def _bwd_lowmem_dd_kernel(
         idx = tl.where(light & (h < cnt), s + h, 0)
         row = tl.load(rows + idx)
         g = tl.where(light & (h < cnt), tl.load(weights + idx), 0.0)
-        acc += g[:, None] * tl.load(Q + row[:, None] * DIM + offs_c[None, :], mask=c_ok[None, :],
-                                    other=0.0).to(tl.float32)
+        acc += g[:, None] * tl.load(Q + tl.maximum(row, 0)[:, None] * DIM + offs_c[None, :],
+                                    mask=(row >= 0)[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
     m2 = (j_ok & light)[:, None] & c_ok[None, :]
     if NORM:
         d = tl.load(D + js[:, None] * DIM + offs_c[None, :], mask=m2, other=0.0)
@@ -308,8 +310,8 @@ def _bwd_lowmem_dd_kernel(
                     idx = tl.where(h0 + offs_h < c_r, s_r + h0 + offs_h, 0)
                     row = tl.load(rows + idx)
                     g = tl.where(h0 + offs_h < c_r, tl.load(weights + idx), 0.0)
-                    racc += g[:, None] * tl.load(Q + row[:, None] * DIM + offs_c[None, :], mask=c_ok[None, :],
-                                                 other=0.0).to(tl.float32)
+                    racc += g[:, None] * tl.load(Q + tl.maximum(row, 0)[:, None] * DIM + offs_c[None, :],
+                                                 mask=(row >= 0)[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
                 acc_r = tl.sum(racc, axis=0)
                 if NORM:
                     x = tl.load(D + j_r * DIM + offs_c, mask=c_ok, other=0.0).to(tl.float32)

@@ -139,8 +139,8 @@ def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True,
         n_slots = keys.numel()
         rows = torch.empty(n_slots, dtype=torch.int32, device=dev)
         weights = torch.empty(n_slots, dtype=torch.float32, device=dev)
-        _hit_prep_kernel[(triton.cdiv(n_slots, 1024),)](order, q_off, g, nq, rows, weights, n_slots, n_k, lq_max,
-                                                         NORM=norm, BLOCK=1024)
+        _hit_prep_kernel[(triton.cdiv(n_slots, 1024),)](order, keys, q_off, g, nq, rows, weights, n_slots, n_k,
+                                                         lq_max, NORM=norm, BLOCK=1024)
         # fewer hits than document tokens (per-query negatives): zero-fill, then write the rows hit
         sparse = n_slots < d.shape[0] // 2
         if sparse:  # per slot: where its token's hits end
