@@ -41,7 +41,6 @@ VARIANTS = {
     "cross_stages": [2],
     "perdoc_bj": [32, 128],
     "perdoc_warps": [2, 8],
-    "perdoc_fill_all": [1],
     "dq_bq": [8, 16],
     "dq_splits": [1, 2, 4, 16],
     "dq_warps": [1, 4],

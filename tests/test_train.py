@@ -246,8 +246,8 @@ def test_auto_picks_the_backward_measured_faster():
 
 
 @pytest.mark.parametrize("device", TRITON_DEVICES)
-@pytest.mark.parametrize("tune", [{}, {"dd_perdoc": 0, "dd_cross": 0}, {"perdoc_fill_all": 1, "dq_bq": 8}],
-                         ids=["defaults", "sorted-dD", "fill-all-then-picks"])
+@pytest.mark.parametrize("tune", [{}, {"dd_perdoc": 0, "dd_cross": 0}, {"dq_bq": 8}],
+                         ids=["defaults", "sorted-dD", "dq-blocks-of-8"])
 @pytest.mark.parametrize("normalize", [False, True])
 def test_launch_alternatives_are_exact(device, tune, normalize, monkeypatch):
     """Both ways of computing lowmem dD (from the sorted winners, or, sort-free, one program per

@@ -172,6 +172,20 @@ def _doc_max(qk, D, DS, DM, d_start, s_start, d_n, offs_d, offs_c, DIM: tl.const
 
 
 @triton.jit
+def _int8_scales(xf):
+    """mvdb.kernels.quant's per-row scales of an fp32 block: absmax / 127 (an IEEE division,
+    div_rn, as torch divides: the plain '/' is approximate on the GPU), 1 for a zero row."""
+    amax = tl.max(tl.abs(xf), axis=1)
+    return tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), 1.0)
+
+
+@triton.jit
+def _round_half_away(y):
+    """mvdb.kernels.quant's rounding of the quotients to int8: half away from zero."""
+    return tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int8)
+
+
+@triton.jit
 def _quantize_block(x):
     """In-register per-row INT8 of a query block (the rule of _quantize_rows_kernel and
     mvdb.kernels.quant, bit for bit): (int8 block, float32 scales [rows]). The quotient x / scale
@@ -181,8 +195,7 @@ def _quantize_block(x):
     on the H100 the in-kernel quantization added 25 us to 1 query x 10k documents this way, 45 us
     with div_rn (benchmarks/results/int8-call-H100-quant-placement.json)."""
     xf = x.to(tl.float32)
-    amax = tl.max(tl.abs(xf), axis=1)
-    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), 1.0)
+    scale = _int8_scales(xf)
     # rows of tiny magnitude (scale below 2^-60, subnormal ones included): x * 2^64 / (scale * 2^64),
     # exact power-of-two scalings of the same quotient, so that 1 / scale stays finite
     k = tl.where(scale < 8.673617379884035e-19, 18446744073709551616.0, 1.0)
@@ -191,7 +204,7 @@ def _quantize_block(x):
     r = tl.math.div_rn(tl.full(sk.shape, 1.0, tl.float32), sk)[:, None]
     y0 = xk * r
     y = tl.math.fma(tl.math.fma(-y0, sk[:, None], xk), r, y0)
-    return tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int8), scale
+    return _round_half_away(y), scale
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "q_len", "d_len"])
@@ -328,12 +341,11 @@ def _quantize_rows_kernel(X, Q8, QS, n_rows, DIM: tl.constexpr, BLOCK_DIM: tl.co
     cols = tl.arange(0, BLOCK_DIM)
     ok = (rows < n_rows)[:, None] & (cols < DIM)[None, :]
     x = tl.load(X + rows[:, None] * DIM + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=1)
-    # IEEE divisions (div_rn), as torch and numpy divide: the plain '/' is an approximate
+    scale = _int8_scales(x)
+    # an IEEE division (div_rn), as torch and numpy divide: the plain '/' is an approximate
     # division on the GPU, which would round some ties differently from quantize_int8
-    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), 1.0)
     y = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
-    tl.store(Q8 + rows[:, None] * DIM + cols[None, :], tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int8), mask=ok)
+    tl.store(Q8 + rows[:, None] * DIM + cols[None, :], _round_half_away(y), mask=ok)
     tl.store(QS + rows, scale, mask=rows < n_rows)
 
 

@@ -328,7 +328,6 @@ def _bwd_lowmem_dd_kernel(
 def _bwd_perdoc_dd_kernel(
     Q, q_off, D, Arg, G, dD, Nq, Nd, n_k, lq_max, ld,
     NORM: tl.constexpr, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_J: tl.constexpr,
-    FILL_ALL: tl.constexpr,
 ):
     """dD of per-query documents (document = pair, ``ld`` rows each), one program per document:
     its pair's winners are the only hits of its rows, so no sort is needed. Rows no winner picked
@@ -346,15 +345,12 @@ def _bwd_perdoc_dd_kernel(
     c_ok = offs_c < DIM
     offs_j = tl.arange(0, BLOCK_J)
     zeros = tl.zeros([BLOCK_J, BLOCK_DIM], dtype=dD.dtype.element_ty)
+    # (zeroing every row, then overwriting the picked ones after a CTA barrier, measured the same on
+    # the H100: training-sweep-H100-device.json, perdoc_fill_all)
     for jb in range(0, ld, BLOCK_J):
         j = row0 + jb + offs_j
-        if FILL_ALL:
-            keep = jb + offs_j < ld
-        else:
-            keep = (jb + offs_j < ld) & ~(tl.max((j[:, None] == a[None, :]).to(tl.int32), axis=1) > 0)
+        keep = (jb + offs_j < ld) & ~(tl.max((j[:, None] == a[None, :]).to(tl.int32), axis=1) > 0)
         tl.store(dD + j[:, None] * DIM + offs_c[None, :], zeros, mask=keep[:, None] & c_ok[None, :])
-    if FILL_ALL:  # every row zeroed, then the picked rows overwritten after the CTA's barrier
-        tl.debug_barrier()
     w = tl.where(hit, g, 0.0)
     if NORM:
         w = w / tl.load(Nq + q_start + offs_t, mask=hit, other=1.0)

@@ -119,8 +119,7 @@ def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True,
             _bwd_perdoc_dd_kernel[(n_q * n_k,)](
                 q, q_off, d, arg, g, dd, nq, nd, n_k, lq_max, d.shape[0] // (n_q * n_k), NORM=norm, DIM=q.shape[1],
                 BLOCK_DIM=bdim, BLOCK_T=max(16, triton.next_power_of_2(lq_max)),
-                BLOCK_J=16 if interpreting() else TUNE.get("perdoc_bj", 64), FILL_ALL=TUNE.get("perdoc_fill_all", 0),
-                num_warps=TUNE.get("perdoc_warps", 4))
+                BLOCK_J=16 if interpreting() else TUNE.get("perdoc_bj", 64), num_warps=TUNE.get("perdoc_warps", 4))
     elif need_dd and covered and not per_query and not norm and lq_max <= 128 and n_q * n_k \
             and q.shape[0] == n_q * lq_max and d.shape[0] % n_k == 0 and TUNE.get("dd_cross", 1):
         # padded cross product: per document row block, the queries' picks in order (no sort)
