@@ -55,7 +55,7 @@ print('mvdb.engine.index_backend():', mvdb.engine.index_backend(), '| db.stats()
         ktests) (cd "$TESTROOT" && MVDB_AUTOTUNE=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels.py) 2>&1 \
                     | tee "$OUT/ktests.log" | tail -8 ;;
         bench:*) timeout 480 python3 benchmarks/kernels.py --cases "${step#bench:}" --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
-        variants:*) timeout ${VARIANTS_TIMEOUT:-480} python3 benchmarks/kernel_variants.py --cases "${step#variants:}" \
+        variants:*) timeout ${VARIANTS_TIMEOUT:-480} python3 benchmarks/kernel_variants.py --cases "${step#variants:}" ${VARIANTS_ARGS:-} \
                         --out "$OUT" 2>&1 | tee -a "$OUT/variants.log" | grep -v '^{' ;;
         sweep:*) timeout 480 python3 benchmarks/kernels.py --sweep --no-peers --cases "${step#sweep:}" --out "$OUT" 2>&1 | tee -a "$OUT/sweep.log" ;;
         dbtests) (cd "$TESTROOT" && timeout ${DBTESTS_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider tests/test_database.py \

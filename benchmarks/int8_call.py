@@ -89,8 +89,13 @@ def _sweep(res: dict) -> None:
                       maxsim_candidates(q, cu_q, t8, corpus.offsets, cand, sc, check=False)))
     for name, pairs, fn in cases:
         a, b = _at(INKERNEL, fn), _at(LAUNCH, fn)
-        same = torch.equal(a(), b())
-        row = {"case": name, "pairs": pairs, "bit_identical": same}
+        # the quantized queries are bit-identical (tests/test_kernels.py checks it under one
+        # config); the autotuner may pick another warp count for each placement, which sums the
+        # query tokens' maxima in another order: equal to float32 rounding
+        sa, sb = a(), b()
+        same = torch.equal(sa, sb)
+        rel = float(((sa - sb).abs() / sb.abs().clamp_min(1e-30)).nan_to_num(0.0).max())
+        row = {"case": name, "pairs": pairs, "bit_identical": same, "max_rel_diff": rel}
         for label, f in (("in_kernel", a), ("launch", b)):
             f()
             row[label] = {"do_bench_ms": median_ms(f, warmup=10, rep=100), "host_us_per_call": host_us(f, 300),
@@ -98,7 +103,7 @@ def _sweep(res: dict) -> None:
         row["rule"] = "in_kernel" if fused.quantize_in_kernel(pairs, 32) else "launch"
         res["sweep"].append(row)
         print(json.dumps(row), flush=True)
-        assert same, f"{name}: the two placements of the query quantization disagree"
+        assert rel <= 1e-6, f"{name}: the two placements of the query quantization disagree ({rel:.2e})"
 
 
 def main():

@@ -3,6 +3,8 @@
     python benchmarks/kernel_variants.py                  # all cases (GPU); JSON to $OUT or benchmarks/results/
     python benchmarks/kernel_variants.py --cases a,c      # a subset
     python benchmarks/kernel_variants.py --smoke          # tiny shapes under TRITON_INTERPRET=1 (checks the script)
+    python benchmarks/kernel_variants.py --int8 --labels a-10k-int8,c-1M-int8 --cases a,c   # int8 configs only
+    python benchmarks/kernel_variants.py --cases h        # host time per call, step by step
 
 Where benchmarks/kernels.py times what the autotuner picks (and the peers), this times each
 candidate config (BLOCK_Q, BLOCK_D, RUNMAX, warps, stages) directly through
@@ -13,7 +15,8 @@ the default call as users write it (``check=False``, no ``max_seqlen_q``) next t
 
 Cases: (a) 1 query x 10k docs of 64-300 tokens, varlen; (b) ColPali 1024 x 1000 x 1024, padded;
 (c) 32 queries x 1000 candidates from a CSR store of 1M docs of 64-128 tokens. Each in fp16 (bf16
-for b) and int8.
+for b) and int8. (h) the host's time per call of case a's launch steps (no GPU wait inside the
+timed region), with fused.launch_kernel's relaunch and with triton's own launch.
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ from synthetic import candidate_lists, make_corpus, make_queries  # noqa: E402
 
 from mvdb.kernels import maxsim, maxsim_candidates, maxsim_varlen, quantize_int8  # noqa: E402
 from mvdb.kernels.maxsim import fused, naive  # noqa: E402
+
+
+def dev_is_cuda() -> bool:
+    return torch.cuda.is_available()
 
 
 def bench(fn) -> float:
@@ -67,6 +74,8 @@ ROWS: list[dict] = []
 
 def sweep(case: str, configs, launch, ref, default_calls: dict, floor_ms: float) -> None:
     """Time launch(config) for each config (after a correctness check) and the named default calls."""
+    if LABELS and case not in LABELS:
+        return
     tol = 3e-2 if "int8" in case else 1e-2
     scale = ref.abs().max().clamp_min(1e-30)
     for name, fn in default_calls.items():
@@ -91,9 +100,148 @@ def sweep(case: str, configs, launch, ref, default_calls: dict, floor_ms: float)
             row.update(correct=False, error=f"{type(e).__name__}: {str(e)[:200]}")
         ROWS.append(row)
         print(json.dumps(row), flush=True)
+    if dev_is_cuda():
+        print("autotune winners:", {str(k): v for k, v in fused._BEST.items()}, flush=True)
     best = min((r for r in ROWS if r["case"] == case and "config" in r and "ms" in r), key=lambda r: r["ms"], default=None)
     if best:
         print(f"== {case}: best {best['ms']:.4f} ms {best['config']} ({best['pct_of_floor']:.0f}% of floor)", flush=True)
+
+
+INT8_SWEEP = False
+LABELS: list[str] = []  # only the cases whose label is listed (all when empty)
+
+
+def int8_configs(smoke: bool):
+    """Short-query int8 with the queries quantized by their own launch (QUANT 0): tiles, warps
+    (1 included), deeper pipelines."""
+    if smoke:
+        return [{"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": 1, "num_warps": 4, "QUANT": 0}]
+    return [{"BLOCK_Q": 32, "BLOCK_D": bd, "RUNMAX": r, "num_warps": w, "num_stages": st, "QUANT": 0}
+            for bd, w, st, r in itertools.product((32, 64, 128), (1, 2, 4), (2, 3, 4, 5), (0, 1))]
+
+
+def configs_short(smoke: bool):
+    return int8_configs(smoke) if INT8_SWEEP else short_configs(smoke)
+
+
+def case_h(dev, smoke, hbm):
+    """Host time per call (the GPU idle, no sync inside the timed region) of the steps of the
+    varlen call: what a small call waits on when its device time is below the host's."""
+    import statistics
+
+    import triton
+
+    @triton.jit
+    def _nop(X):
+        pass
+
+    n = 50 if smoke else 10_000
+    corpus = make_corpus(n, 64 if not smoke else 4, 300 if not smoke else 40, 128, device=dev, seed=n)
+    Q, _ = make_queries(corpus, 1, 32, seed=7)
+    q = Q[0].half()
+    tok, cu_d = corpus.tokens, corpus.offsets.int()
+    t8, s8 = quantize_int8(tok)
+    cu_q = torch.tensor([0, 32], dtype=torch.int32, device=dev)
+    out = torch.empty(1, n, device=dev)
+    cfg = fused.default_config(32)
+    grid = (n,)
+    args = (q, None, None, cu_q, tok, None, None, cu_d, None, None, None, out, 1, n, 0, 0)
+    meta = dict(LQ_BUCKET=32, DIM=128, BLOCK_DIM=128, Q_VARLEN=True, D_LAYOUT=2, HAS_QMASK=False, HAS_DMASK=False,
+                INT8=False, IEEE=False, UPCAST=False, PAGED=False, QUANT=False, **cfg)
+    real_launch = fused.launch_kernel
+
+    def python_only(fn):
+        def run():
+            fused.launch_kernel = lambda *a, **k: None
+            try:
+                fn()
+            finally:
+                fused.launch_kernel = real_launch
+        return run
+
+    steps = {
+        "torch.empty": lambda: torch.empty(1, n, device=dev),
+        "empty kernel: JITFunction[grid]": lambda: _nop[(1,)](out),
+        "empty kernel: fused.launch_kernel": lambda: fused.launch_kernel(_nop, (1,), (out,), {}),
+        "maxsim kernel fp16: JITFunction[grid]": lambda: fused._maxsim_fwd_kernel[grid](*args, **meta),
+        "maxsim kernel fp16: fused.launch_kernel": lambda: fused.launch_kernel(fused._maxsim_fwd_kernel, grid, args,
+                                                                               meta),
+        "fused.launch fp16 (config)": lambda: fused.launch(out, q, None, cu_q, 0, tok, None, None, cu_d, None, 0, 1, n,
+                                                          fused.CSR_CROSS, 32, config=cfg),
+        "fused.launch int8 (config, QUANT)": lambda: fused.launch(out, q, None, cu_q, 0, t8, s8, None, cu_d, None, 0, 1,
+                                                                 n, fused.CSR_CROSS, 32, config={**cfg, "QUANT": 1}),
+        "fused.launch int8 (config, 2 launches)": lambda: fused.launch(out, q, None, cu_q, 0, t8, s8, None, cu_d, None,
+                                                                      0, 1, n, fused.CSR_CROSS, 32,
+                                                                      config={**cfg, "QUANT": 0}),
+        "fused.launch fp16 (autotuned)": lambda: fused.launch(out, q, None, cu_q, 0, tok, None, None, cu_d, None, 0, 1,
+                                                             n, fused.CSR_CROSS, 32),
+        "maxsim_varlen fp16 default": lambda: maxsim_varlen(q, cu_q, tok, cu_d, check=False),
+        "maxsim_varlen int8 default": lambda: maxsim_varlen(q, cu_q, t8, cu_d, d_scales=s8, check=False),
+        "maxsim_varlen int8 default, python only (no launch)": python_only(
+            lambda: maxsim_varlen(q, cu_q, t8, cu_d, d_scales=s8, check=False)),
+    }
+    if dev == "cuda":  # the replayed launch gives triton's results, also for a misaligned (re-specialized) query
+        ref = maxsim_varlen(q, cu_q, t8, cu_d, d_scales=s8, check=False).clone()
+        qm = torch.empty(q.numel() + 8, dtype=q.dtype, device=dev)[8 - 1: 8 - 1 + q.numel()].view_as(q)
+        qm.copy_(q)
+        for fast in (False, True, True):
+            fused.FAST_LAUNCH = fast
+            for qq, name in ((q, "aligned"), (qm, "misaligned")):
+                for t, sc in ((tok, None), (t8, s8)):
+                    got = maxsim_varlen(qq, cu_q, t, cu_d, d_scales=sc, check=False)
+                    want = ref if sc is not None else maxsim_varlen(q, cu_q, t, cu_d, check=False)
+                    row = {"case": "h-host", "call": f"replay check fast={fast} {name} {'int8' if sc is not None else 'fp16'}",
+                           "equal": bool(torch.equal(got, want))}
+                    ROWS.append(row)
+                    print(json.dumps(row), flush=True)
+        row = {"case": "h-host", "call": "replay cache", "entries": len(fused._REPLAY)}
+        ROWS.append(row)
+        print(json.dumps(row), flush=True)
+    for fast, (name, fn) in itertools.product((True, False), steps.items()):
+        fused.FAST_LAUNCH = fast
+        name = f"{name} [{'replay' if fast else 'triton'} launch]"
+        for _ in range(20):
+            fn()
+        times = []
+        for _ in range(200):
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+        row = {"case": "h-host", "call": name, "host_us_median": statistics.median(times),
+               "host_us_p10": sorted(times)[len(times) // 10]}
+        ROWS.append(row)
+        print(json.dumps(row), flush=True)
+    fused.FAST_LAUNCH = True
+    if dev == "cuda" and not smoke:  # where the host time goes in the int8 default call
+        import cProfile
+        import io
+        import pstats
+
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(200):
+            maxsim_varlen(q, cu_q, t8, cu_d, d_scales=s8, check=False)
+        pr.disable()
+        torch.cuda.synchronize()
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("cumulative").print_stats(25)
+        ROWS.append({"case": "h-host", "call": "cProfile 200 int8 default calls", "profile": buf.getvalue()[-6000:]})
+        print(buf.getvalue()[-6000:])
+    fused.FAST_LAUNCH = True
+
+
+def _flag(name, value, fn):
+    """fn with fused.<name> set to value for the call."""
+    def run():
+        old = getattr(fused, name)
+        setattr(fused, name, value)
+        try:
+            return fn()
+        finally:
+            setattr(fused, name, old)
+    return run
 
 
 def case_a(dev, smoke, hbm):
@@ -108,11 +256,16 @@ def case_a(dev, smoke, hbm):
     for label, (t, sc) in (("a-10k", (tok, None)), ("a-10k-int8", quantize_int8(tok))):
         nbytes = T * (128 + 4 if sc is not None else 256) + 8 * n
         out = torch.empty(1, n, device=dev)
-        sweep(label, short_configs(smoke),
+        sweep(label, configs_short(smoke),
               lambda cfg, t=t, sc=sc, out=out: fused.launch(out, q, None, cu_q, 0, t, sc, None, cu_d, None, 0, 1, n,
                                                    fused.CSR_CROSS, 32, config=cfg),
               ref, {"default call (check=False)": lambda t=t, sc=sc: maxsim_varlen(q, cu_q, t, cu_d, d_scales=sc,
                                                                                    check=False),
+                    "default call, launched through triton (MVDB_FAST_LAUNCH=0)": _flag(
+                        "FAST_LAUNCH", False, lambda t=t, sc=sc: maxsim_varlen(q, cu_q, t, cu_d, d_scales=sc, check=False)),
+                    "default call, int8 queries quantized by a launch of their own": _flag(
+                        "QUANT_IN_KERNEL_WORK", 0, lambda t=t, sc=sc: maxsim_varlen(q, cu_q, t, cu_d, d_scales=sc,
+                                                                                    check=False)),
                     "max_seqlen_q=32": lambda t=t, sc=sc: maxsim_varlen(q, cu_q, t, cu_d, d_scales=sc, max_seqlen_q=32,
                                                                         check=False)},
               nbytes / hbm * 1e3)
@@ -145,7 +298,7 @@ def case_c(dev, smoke, hbm):
     for label, (t, sc) in (("c-1M", (tok, None)), ("c-1M-int8", quantize_int8(tok))):
         nbytes = gathered * (128 + 4 if sc is not None else 256) + nq * k * 8 * 3
         out = torch.empty(nq, k, device=dev)
-        sweep(label, short_configs(smoke),
+        sweep(label, configs_short(smoke),
               lambda cfg, t=t, sc=sc, out=out: fused.launch(out, q, None, cu_q, 0, t, sc, None, off, cand, 0, nq, k,
                                                    fused.CSR_CAND, 32, config=cfg),
               ref, {"default call (check=False)": lambda t=t, sc=sc: maxsim_candidates(q, cu_q, t, off, cand, sc,
@@ -160,8 +313,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="a,c,b")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--int8", action="store_true", help="cases a and c: the int8 configs (queries quantized apart)")
+    ap.add_argument("--labels", default="", help="only these case labels (comma-separated), e.g. a-10k-int8")
     ap.add_argument("--out", default=os.environ.get("OUT", str(HERE / "results")))
     args = ap.parse_args()
+    global INT8_SWEEP
+    INT8_SWEEP = args.int8
+    LABELS.extend(x for x in args.labels.split(",") if x)
     dev = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     hbm = 3.35e12
     if dev == "cuda":  # measured copy bandwidth, as benchmarks/kernels.py's ceilings()
@@ -173,7 +331,7 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for c in args.cases.split(","):
-        {"a": case_a, "b": case_b, "c": case_c}[c](dev, args.smoke, hbm)
+        {"a": case_a, "b": case_b, "c": case_c, "h": case_h}[c](dev, args.smoke, hbm)
         if dev == "cuda":
             torch.cuda.empty_cache()
         # written after every case: a run cut short by its time limit keeps what it measured
@@ -182,6 +340,8 @@ def main():
                "torch": torch.__version__, "triton": __import__("triton").__version__, "seconds": time.time() - t0,
                "cases": args.cases, "rows": ROWS}
         name = "variants-smoke.json" if args.smoke else f"variants-{res['device'].replace(' ', '_')}.json"
+        if args.int8:
+            name = name.replace("variants-", "variants-int8-")
         (out / name).write_text(json.dumps(res, indent=1))
         print(f"wrote {out / name}")
 

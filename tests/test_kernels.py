@@ -603,8 +603,10 @@ def test_upload_all_gives_the_host_tensors_on_the_device():
 
 def test_autotune_short_list_follows_the_sweep(monkeypatch):
     """The autotuner's pruned list: queries of up to 32 tokens get only BLOCK_D 32 with 2 warps
-    (the configs the H100 sweep found within 2% of the best in every short case); long queries
-    keep large query tiles; MVDB_AUTOTUNE=full keeps every config that fits."""
+    (the configs the H100 sweep found within 2% of the best in every short case), int8 documents
+    whose queries were quantized apart also one warp with 3 stages (the best on int8
+    candidates); long queries keep large query tiles; MVDB_AUTOTUNE=full keeps every config
+    that fits."""
     from mvdb.kernels.maxsim import fused
 
     configs = fused._configs()
@@ -612,8 +614,68 @@ def test_autotune_short_list_follows_the_sweep(monkeypatch):
     short = fused._prune(configs, None, LQ_BUCKET=32)
     assert short and {(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_D"], c.num_warps) for c in short} == {(32, 32, 2)}
     assert {c.num_stages for c in short} == {2, 3} and {c.kwargs["RUNMAX"] for c in short} == {0, 1}
+    short8 = fused._prune(configs, None, LQ_BUCKET=32, INT8=True, QUANT=False)
+    assert {(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_D"], c.num_warps, c.num_stages) for c in short8} == {
+        (32, 32, 2, 2), (32, 32, 2, 3), (32, 32, 1, 3)}
+    # each program quantizing its own query block: not with one warp (measured 1.26x slower)
+    assert fused._prune(configs, None, LQ_BUCKET=32, INT8=True, QUANT=True) == short
+    assert not any(c.num_warps == 1 for c in fused._prune(configs, None, LQ_BUCKET=64, INT8=True, QUANT=False))
     assert {c.kwargs["BLOCK_D"] for c in fused._prune(configs, None, LQ_BUCKET=64)} == {32, 64}
     long = fused._prune(configs, None, LQ_BUCKET=1024)
     assert long and all(c.kwargs["BLOCK_Q"] >= 128 and c.num_stages == 3 for c in long)
     monkeypatch.setenv("MVDB_AUTOTUNE", "full")
     assert len(fused._prune(configs, None, LQ_BUCKET=32)) > len(short)
+
+
+def test_replay_key_separates_what_triton_specializes_on():
+    """The relaunch cache's key (fused._arg_sig) tells apart everything the Triton JIT compiles a
+    separate binary for: tensor dtype and 16-byte alignment, None, 32- vs 64-bit integers and
+    integers equal to 1 or divisible by 16; so a cached binary is never reused where triton would
+    have compiled another."""
+    from mvdb.kernels.maxsim import fused
+
+    x = torch.zeros(64, dtype=torch.float16)
+    sig = fused._arg_sig
+    assert sig(x) == sig(x[8:]) != sig(x[1:])  # 16 bytes in: aligned; 2 bytes in: not
+    assert sig(x) != sig(x.float()) and sig(x) != sig(x.view(torch.int16))
+    assert sig(None) != sig(x) and sig(None) != sig(0)
+    assert sig(5) == sig(7) and sig(5) != sig(2**31) and sig(-(2**31)) != sig(-(2**31) - 1)
+    assert sig(5) != sig(1) and sig(5) != sig(32) and sig(32) == sig(48)
+    assert sig(True) != sig(1)
+
+
+@pytest.mark.gpu
+def test_replayed_launches_match_triton_launches(monkeypatch):
+    """Relaunching a compiled binary (fused.launch_kernel, the default) gives the scores of
+    triton's own launch, for the float and both int8 paths, after a query that is not
+    16-byte aligned (a different specialization) and back; the cache is used (it fills) and stays
+    within its bound."""
+    from mvdb.kernels.maxsim import fused
+
+    g = _gen("replay")
+    q, cu_q = _packed([32], 128, g, "cuda", torch.float16)
+    d, cu_d = _packed([64, 300, 5, 180] * 50, 128, g, "cuda", torch.float16)
+    tok, sc = quantize_int8(d)
+    qm = torch.empty(q.numel() + 8, dtype=q.dtype, device="cuda")[7:7 + q.numel()].view_as(q).copy_(q)
+    assert qm.data_ptr() % 16 != 0
+
+    def run(qq):
+        got = [maxsim_varlen(qq, cu_q, t, cu_d, d_scales=s, check=False).clone() for t, s in ((d, None), (tok, sc))]
+        with monkeypatch.context() as m:  # int8 queries quantized by a launch of their own: two kernels
+            m.setattr(fused, "QUANT_IN_KERNEL_WORK", 0)
+            got.append(maxsim_varlen(qq, cu_q, tok, cu_d, d_scales=sc, check=False).clone())
+        return got
+
+    monkeypatch.setattr(fused, "FAST_LAUNCH", False)
+    want = run(q)
+    monkeypatch.setattr(fused, "FAST_LAUNCH", True)
+    fused._REPLAY.clear()
+    for qq in (q, q, qm, qm, q):
+        got = run(qq)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert len(fused._REPLAY) >= 3, "launches did not go through the relaunch cache"
+    fused._REPLAY.clear()
+    monkeypatch.setattr(fused, "_REPLAY_MAX", 2)
+    for qq in (q, qm, q, qm):
+        got = run(qq)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)) and len(fused._REPLAY) <= 2

@@ -48,7 +48,7 @@ def _configs():
     out = []
     for bq in (32, 64, 128, 256):
         for bd in (32, 64, 128):
-            for warps in (2, 4, 8):
+            for warps in (1, 2, 4, 8):
                 for stages in (2, 3, 4):
                     for runmax in (0, 1):
                         out.append(triton.Config({"BLOCK_Q": bq, "BLOCK_D": bd, "RUNMAX": runmax}, num_warps=warps,
@@ -72,9 +72,16 @@ def _prune(configs, nargs, **kwargs):
             # 2026-11-24 sweep (kernel-variants-H100-drows.json) while BLOCK_D 64 with 4 warps,
             # which the autotuner could pick on a small first call, was 1.6x slower on int8
             # candidates: the list keeps only the former.
-            if lq <= 32 and not (bq == 32 and bd == 32 and c.num_warps == 2 and c.num_stages in (2, 3)):
+            # INT8 documents with the queries quantized by their own launch (not QUANT): one warp
+            # with 3 stages was the best of 72 configs on int8 candidates (0.175 ms against 0.184
+            # for 2 warps) and within 1% of the best on 1 query x 10k documents
+            # (kernel-variants-H100-int8.json). Not with QUANT: one warp quantizing each program's
+            # query block took 1 x 10k documents from 0.125 to 0.158 ms (picked by the autotuner
+            # on a host-noisy first call, kernels-H100-20261124-oneWarpQuant.json).
+            one_warp = kwargs.get("INT8") and not kwargs.get("QUANT") and c.num_warps == 1 and c.num_stages == 3
+            if lq <= 32 and not (bq == 32 and bd == 32 and (c.num_warps == 2 and c.num_stages in (2, 3) or one_warp)):
                 continue
-            if lq <= 64 and not (bq == max(32, lq) and bd in (32, 64) and c.num_warps in (2, 4)
+            if 32 < lq <= 64 and not (bq == max(32, lq) and bd in (32, 64) and c.num_warps in (2, 4)
                                  and c.num_stages in (2, 3)):
                 continue
             if lq > 64 and not (bq >= 128 and bd in (64, 128) and c.num_warps in (4, 8) and c.num_stages == 3):
@@ -354,13 +361,16 @@ def quantize_queries(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     bit-identical to mvdb.kernels.quantize_int8, in one launch."""
     dim = q.shape[-1]
     n = q.numel() // dim if dim else 0
-    q8 = torch.empty(q.shape, dtype=torch.int8, device=q.device)
-    qs = torch.empty(n, dtype=torch.float32, device=q.device)
+    # one allocation for both (host time: this runs before every int8 launch of any size)
+    at = -(-q.numel() // 16) * 16  # the scales start 16-byte aligned behind the int8 tokens
+    buf = torch.empty(at + n * 4, dtype=torch.int8, device=q.device)
+    q8 = buf[: q.numel()].view(q.shape)
+    qs = buf[at:].view(torch.float32)
     if n:
         block_dim = max(16, triton.next_power_of_2(dim))
         block_t = max(1, min(64, 4096 // block_dim))
-        _quantize_rows_kernel[(triton.cdiv(n, block_t),)](q, q8, qs, n, DIM=dim, BLOCK_DIM=block_dim,
-                                                          BLOCK_T=block_t)
+        launch_kernel(_quantize_rows_kernel, (triton.cdiv(n, block_t),), (q, q8, qs, n),
+                      dict(DIM=dim, BLOCK_DIM=block_dim, BLOCK_T=block_t))
     return q8, qs
 
 
@@ -472,12 +482,61 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
     grid = (n_q * n_k,)
     if config is not None:
         with launch_guard():
-            _maxsim_fwd_kernel[grid](*args, **meta, **config)
+            launch_kernel(_maxsim_fwd_kernel, grid, args, {**meta, **config})
     else:
         _run(grid, args, meta, out.device, q_dtype, d.dtype)
 
 
 _BEST: dict[tuple, dict] = {}  # autotune winners, launched directly (skips the autotuner's per-call work)
+
+
+# Relaunching a compiled kernel. triton's JITFunction.run re-derives the specialization of every
+# argument, builds its cache key (a string of the compile options) and looks the binary up on every
+# call: ~30-50 us of host time on the GPU hosts, which is what a small call (1 query x 10k
+# documents, ~0.1 ms of device time) waits on. The first launch of a specialization goes through
+# triton; later ones with the same specialization (what triton keys on: each tensor's dtype and
+# 16-byte alignment, each integer's 32/64-bit type and whether it is 1 or divisible by 16, None-ness,
+# the constexprs and launch options, the device) call that binary's launcher directly.
+# MVDB_FAST_LAUNCH=0 turns it off.
+FAST_LAUNCH = os.environ.get("MVDB_FAST_LAUNCH", "1") != "0"
+_REPLAY: dict[tuple, tuple] = {}
+_REPLAY_MAX = 256  # specializations kept (a launch beyond them is a cache miss, never a wrong kernel)
+_INT32 = (-(2**31), 2**31)
+
+
+def _arg_sig(a):
+    if isinstance(a, torch.Tensor):
+        return a.dtype, a.data_ptr() % 16 == 0
+    if a is None:
+        return None
+    if isinstance(a, int) and not isinstance(a, bool):
+        return _INT32[0] <= a < _INT32[1], a == 1, a % 16 == 0
+    return type(a), a
+
+
+def launch_kernel(fn, grid: tuple, args: tuple, consts: dict) -> None:
+    """``fn[grid](*args, **consts)`` (``args``: the kernel's leading non-constexpr parameters in order;
+    ``consts``: its constexprs and launch options by name), relaunching the compiled binary of an
+    already seen specialization through triton's CompiledKernel launcher (launch hooks, current
+    stream and all) without JITFunction's per-call dispatch (see FAST_LAUNCH)."""
+    if not FAST_LAUNCH or interpreting():
+        fn[grid](*args, **consts)
+        return
+    key = (fn, torch.cuda.current_device(), tuple(map(_arg_sig, args)), tuple(consts.items()))
+    hit = _REPLAY.get(key)
+    if hit is None:
+        kernel = fn[grid](*args, **consts)
+        try:  # a triton whose compiled kernels launch otherwise keeps launching through JITFunction
+            entry = (kernel, tuple(consts[name] for name in fn.arg_names[len(args):]))
+            kernel[(1, 1, 1)]  # noqa: B018 - the launcher exists (loads the binary's handles)
+        except (AttributeError, KeyError, TypeError):
+            return
+        if len(_REPLAY) >= _REPLAY_MAX:
+            _REPLAY.clear()
+        _REPLAY[key] = entry
+        return
+    kernel, tail = hit
+    kernel[(*grid, 1, 1)[:3]](*args, *tail)
 
 
 _TUNE_LOCK = threading.Lock()  # one autotuning run at a time (the autotuner keeps per-call state)
@@ -493,7 +552,7 @@ def launch_guard():
 def _run(grid, args, meta, device, q_dtype, d_dtype) -> None:
     with launch_guard():
         if not autotuning():
-            _maxsim_fwd_kernel[grid](*args, **meta, **default_config(meta["LQ_BUCKET"]))
+            launch_kernel(_maxsim_fwd_kernel, grid, args, {**meta, **default_config(meta["LQ_BUCKET"])})
             return
         key = (device, q_dtype, d_dtype, *(meta[k] for k in _KEY))
         best = _BEST.get(key)
@@ -504,7 +563,7 @@ def _run(grid, args, meta, device, q_dtype, d_dtype) -> None:
                     _tuned[grid](*args, **meta)
                     _BEST[key] = _tuned.best_config.all_kwargs()
                     return
-        _maxsim_fwd_kernel[grid](*args, **meta, **best)
+        launch_kernel(_maxsim_fwd_kernel, grid, args, {**meta, **best})
 
 
 def compiled_variants() -> int:
