@@ -15,6 +15,20 @@ def sync(dev) -> None:
         torch.cuda.synchronize()
 
 
+def with_attr(obj, name: str, value, fn):
+    """fn, called with ``obj.<name>`` set to ``value`` (restored afterwards, also on error)."""
+
+    def call():
+        old = getattr(obj, name)
+        setattr(obj, name, value)
+        try:
+            return fn()
+        finally:
+            setattr(obj, name, old)
+
+    return call
+
+
 def median_ms(fn, warmup: int = 25, rep: int = 200, cpu_runs: int = 3) -> float:
     """Median milliseconds of fn(): triton.testing.do_bench on a GPU (L2 flushed between runs;
     ``warmup`` / ``rep`` in ms), else the median of ``cpu_runs`` timed calls (after one untimed

@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
-from common import median_ms  # noqa: E402
+from common import median_ms, with_attr  # noqa: E402
 from synthetic import candidate_lists, make_corpus, make_queries  # noqa: E402
 
 from mvdb.kernels import maxsim_candidates, maxsim_varlen, quantize_int8  # noqa: E402
@@ -51,16 +51,7 @@ def kernels_us(fn, n: int = 20) -> dict:
 
 def _at(threshold: int, fn):
     """fn run with fused.QUANT_IN_KERNEL_WORK = threshold (-1: the query-quantization launch)."""
-
-    def call():
-        old = fused.QUANT_IN_KERNEL_WORK
-        fused.QUANT_IN_KERNEL_WORK = threshold
-        try:
-            return fn()
-        finally:
-            fused.QUANT_IN_KERNEL_WORK = old
-
-    return call
+    return with_attr(fused, "QUANT_IN_KERNEL_WORK", threshold, fn)
 
 
 INKERNEL, LAUNCH = 1 << 40, -1

@@ -34,15 +34,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
-from common import median_ms  # noqa: E402
+from common import median_ms, with_attr  # noqa: E402
 from synthetic import candidate_lists, make_corpus, make_queries  # noqa: E402
 
 from mvdb.kernels import maxsim, maxsim_candidates, maxsim_varlen, quantize_int8  # noqa: E402
 from mvdb.kernels.maxsim import fused, naive  # noqa: E402
-
-
-def dev_is_cuda() -> bool:
-    return torch.cuda.is_available()
 
 
 def bench(fn) -> float:
@@ -100,7 +96,7 @@ def sweep(case: str, configs, launch, ref, default_calls: dict, floor_ms: float)
             row.update(correct=False, error=f"{type(e).__name__}: {str(e)[:200]}")
         ROWS.append(row)
         print(json.dumps(row), flush=True)
-    if dev_is_cuda():
+    if torch.cuda.is_available():
         print("autotune winners:", {str(k): v for k, v in fused._BEST.items()}, flush=True)
     best = min((r for r in ROWS if r["case"] == case and "config" in r and "ms" in r), key=lambda r: r["ms"], default=None)
     if best:
@@ -148,16 +144,9 @@ def case_h(dev, smoke, hbm):
     args = (q, None, None, cu_q, tok, None, None, cu_d, None, None, None, out, 1, n, 0, 0)
     meta = dict(LQ_BUCKET=32, DIM=128, BLOCK_DIM=128, Q_VARLEN=True, D_LAYOUT=2, HAS_QMASK=False, HAS_DMASK=False,
                 INT8=False, IEEE=False, UPCAST=False, PAGED=False, QUANT=False, **cfg)
-    real_launch = fused.launch_kernel
 
-    def python_only(fn):
-        def run():
-            fused.launch_kernel = lambda *a, **k: None
-            try:
-                fn()
-            finally:
-                fused.launch_kernel = real_launch
-        return run
+    def python_only(fn):  # the call with its kernel launches left out
+        return with_attr(fused, "launch_kernel", lambda *a, **k: None, fn)
 
     steps = {
         "torch.empty": lambda: torch.empty(1, n, device=dev),
@@ -229,19 +218,6 @@ def case_h(dev, smoke, hbm):
         pstats.Stats(pr, stream=buf).sort_stats("cumulative").print_stats(25)
         ROWS.append({"case": "h-host", "call": "cProfile 200 int8 default calls", "profile": buf.getvalue()[-6000:]})
         print(buf.getvalue()[-6000:])
-    fused.FAST_LAUNCH = True
-
-
-def _flag(name, value, fn):
-    """fn with fused.<name> set to value for the call."""
-    def run():
-        old = getattr(fused, name)
-        setattr(fused, name, value)
-        try:
-            return fn()
-        finally:
-            setattr(fused, name, old)
-    return run
 
 
 def case_a(dev, smoke, hbm):
@@ -256,16 +232,15 @@ def case_a(dev, smoke, hbm):
     for label, (t, sc) in (("a-10k", (tok, None)), ("a-10k-int8", quantize_int8(tok))):
         nbytes = T * (128 + 4 if sc is not None else 256) + 8 * n
         out = torch.empty(1, n, device=dev)
+        default = lambda t=t, sc=sc: maxsim_varlen(q, cu_q, t, cu_d, d_scales=sc, check=False)  # noqa: E731
         sweep(label, configs_short(smoke),
               lambda cfg, t=t, sc=sc, out=out: fused.launch(out, q, None, cu_q, 0, t, sc, None, cu_d, None, 0, 1, n,
                                                    fused.CSR_CROSS, 32, config=cfg),
-              ref, {"default call (check=False)": lambda t=t, sc=sc: maxsim_varlen(q, cu_q, t, cu_d, d_scales=sc,
-                                                                                   check=False),
-                    "default call, launched through triton (MVDB_FAST_LAUNCH=0)": _flag(
-                        "FAST_LAUNCH", False, lambda t=t, sc=sc: maxsim_varlen(q, cu_q, t, cu_d, d_scales=sc, check=False)),
-                    "default call, int8 queries quantized by a launch of their own": _flag(
-                        "QUANT_IN_KERNEL_WORK", 0, lambda t=t, sc=sc: maxsim_varlen(q, cu_q, t, cu_d, d_scales=sc,
-                                                                                    check=False)),
+              ref, {"default call (check=False)": default,
+                    "default call, launched through triton (MVDB_FAST_LAUNCH=0)": with_attr(
+                        fused, "FAST_LAUNCH", False, default),
+                    "default call, int8 queries quantized by a launch of their own": with_attr(
+                        fused, "QUANT_IN_KERNEL_WORK", 0, default),
                     "max_seqlen_q=32": lambda t=t, sc=sc: maxsim_varlen(q, cu_q, t, cu_d, d_scales=sc, max_seqlen_q=32,
                                                                         check=False)},
               nbytes / hbm * 1e3)
