@@ -5,6 +5,7 @@
     python benchmarks/kernel_variants.py --smoke          # tiny shapes under TRITON_INTERPRET=1 (checks the script)
     python benchmarks/kernel_variants.py --int8 --labels a-10k-int8,c-1M-int8 --cases a,c   # int8 configs only
     python benchmarks/kernel_variants.py --cases h        # host time per call, step by step
+    python benchmarks/kernel_variants.py --regs --cases a,c   # short-query configs under register caps
 
 Where benchmarks/kernels.py times what the autotuner picks (and the peers), this times each
 candidate config (BLOCK_Q, BLOCK_D, RUNMAX, warps, stages) directly through
@@ -96,6 +97,12 @@ def sweep(case: str, configs, launch, ref, default_calls: dict, floor_ms: float)
             row.update(correct=False, error=f"{type(e).__name__}: {str(e)[:200]}")
         ROWS.append(row)
         print(json.dumps(row), flush=True)
+    if default_calls and torch.cuda.is_available():  # the first call again: did the machine drift meanwhile?
+        name, fn = next(iter(default_calls.items()))
+        row = {"case": case, "call": f"{name}, again after the configs", "ms": bench(fn)}
+        row["pct_of_floor"] = 100 * floor_ms / row["ms"]
+        ROWS.append(row)
+        print(json.dumps(row), flush=True)
     if torch.cuda.is_available():
         print("autotune winners:", {str(k): v for k, v in fused._BEST.items()}, flush=True)
     best = min((r for r in ROWS if r["case"] == case and "config" in r and "ms" in r), key=lambda r: r["ms"], default=None)
@@ -116,7 +123,56 @@ def int8_configs(smoke: bool):
             for bd, w, st, r in itertools.product((32, 64, 128), (1, 2, 4), (2, 3, 4, 5), (0, 1))]
 
 
-def configs_short(smoke: bool):
+REGS_SWEEP = False
+
+
+def regs_configs(smoke: bool, int8: bool):
+    """Short-query configs under a register cap (triton's ``maxnreg``, ptx .maxnreg): fewer registers
+    per thread, more programs resident per SM (occupancy) where registers, not shared memory,
+    limit them. int8: both query-quantization placements (QUANT 1 in the kernel, 0 apart)."""
+    if smoke:
+        return [{"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": 1, "num_warps": 4, "maxnreg": 64}]
+    caps = {1: (None, 96, 128, 168), 2: (None, 64, 80, 96), 4: (None, 48, 64)}
+    bases = [(1, 2, 0), (1, 3, 0), (1, 3, 1), (2, 2, 1), (2, 3, 1), (2, 3, 0), (4, 3, 1)] if int8 else \
+        [(2, 2, 1), (2, 3, 1), (4, 2, 1), (4, 3, 1)]
+    out = []
+    for quant in ((1, 0) if int8 else (None,)):
+        for w, st, r in bases:
+            if w == 1 and not int8:
+                continue
+            for cap in caps[w]:
+                cfg = {"BLOCK_Q": 32, "BLOCK_D": 32, "RUNMAX": r, "num_warps": w, "num_stages": st}
+                if quant is not None:
+                    cfg["QUANT"] = quant
+                if cap is not None:
+                    cfg["maxnreg"] = cap
+                out.append(cfg)
+    return out
+
+
+QCACHE_SWEEP = False
+
+
+def qcache_configs(smoke: bool, int8: bool):
+    """int8 by where the query blocks are quantized: a launch of their own (QUANT 0), every program
+    (QUANT 1, QCACHE 0), or the first programs of each query, shared with the later ones (QCACHE 1)."""
+    if not int8:
+        return []
+    if smoke:
+        return [{"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": 1, "num_warps": 4, "QUANT": 1, "QCACHE": 1}]
+    out = []
+    for w, st, r in ((1, 3, 0), (2, 2, 1), (2, 3, 1), (2, 3, 0), (4, 3, 1)):
+        for quant, shared in ((0, 0), (1, 0), (1, 1)):
+            out.append({"BLOCK_Q": 32, "BLOCK_D": 32, "RUNMAX": r, "num_warps": w, "num_stages": st, "QUANT": quant,
+                        "QCACHE": shared})
+    return out
+
+
+def configs_short(smoke: bool, int8: bool = False):
+    if QCACHE_SWEEP:
+        return qcache_configs(smoke, int8)
+    if REGS_SWEEP:
+        return regs_configs(smoke, int8)
     return int8_configs(smoke) if INT8_SWEEP else short_configs(smoke)
 
 
@@ -141,9 +197,9 @@ def case_h(dev, smoke, hbm):
     out = torch.empty(1, n, device=dev)
     cfg = fused.default_config(32)
     grid = (n,)
-    args = (q, None, None, cu_q, tok, None, None, cu_d, None, None, None, out, 1, n, 0, 0)
+    args = (q, None, None, cu_q, tok, None, None, cu_d, None, None, None, out, None, None, None, 1, n, 0, 0, 0)
     meta = dict(LQ_BUCKET=32, DIM=128, BLOCK_DIM=128, Q_VARLEN=True, D_LAYOUT=2, HAS_QMASK=False, HAS_DMASK=False,
-                INT8=False, IEEE=False, UPCAST=False, PAGED=False, QUANT=False, **cfg)
+                INT8=False, IEEE=False, UPCAST=False, PAGED=False, QUANT=False, QCACHE=False, **cfg)
 
     def python_only(fn):  # the call with its kernel launches left out
         return with_attr(fused, "launch_kernel", lambda *a, **k: None, fn)
@@ -233,7 +289,7 @@ def case_a(dev, smoke, hbm):
         nbytes = T * (128 + 4 if sc is not None else 256) + 8 * n
         out = torch.empty(1, n, device=dev)
         default = lambda t=t, sc=sc: maxsim_varlen(q, cu_q, t, cu_d, d_scales=sc, check=False)  # noqa: E731
-        sweep(label, configs_short(smoke),
+        sweep(label, configs_short(smoke, sc is not None),
               lambda cfg, t=t, sc=sc, out=out: fused.launch(out, q, None, cu_q, 0, t, sc, None, cu_d, None, 0, 1, n,
                                                    fused.CSR_CROSS, 32, config=cfg),
               ref, {"default call (check=False)": default,
@@ -241,6 +297,8 @@ def case_a(dev, smoke, hbm):
                         fused, "FAST_LAUNCH", False, default),
                     "default call, int8 queries quantized by a launch of their own": with_attr(
                         fused, "QUANT_IN_KERNEL_WORK", 0, default),
+                    "default call, int8 queries quantized by every program (no sharing)": with_attr(
+                        fused, "QCACHE_MAX_TOKENS", -1, default),
                     "max_seqlen_q=32": lambda t=t, sc=sc: maxsim_varlen(q, cu_q, t, cu_d, d_scales=sc, max_seqlen_q=32,
                                                                         check=False)},
               nbytes / hbm * 1e3)
@@ -273,11 +331,14 @@ def case_c(dev, smoke, hbm):
     for label, (t, sc) in (("c-1M", (tok, None)), ("c-1M-int8", quantize_int8(tok))):
         nbytes = gathered * (128 + 4 if sc is not None else 256) + nq * k * 8 * 3
         out = torch.empty(nq, k, device=dev)
-        sweep(label, configs_short(smoke),
+        sweep(label, configs_short(smoke, sc is not None),
               lambda cfg, t=t, sc=sc, out=out: fused.launch(out, q, None, cu_q, 0, t, sc, None, off, cand, 0, nq, k,
                                                    fused.CSR_CAND, 32, config=cfg),
               ref, {"default call (check=False)": lambda t=t, sc=sc: maxsim_candidates(q, cu_q, t, off, cand, sc,
                                                                                        check=False),
+                    "default call, int8 queries quantized in the kernel (shared)": with_attr(
+                        fused, "QUANT_IN_KERNEL_WORK", 1 << 40,
+                        lambda t=t, sc=sc: maxsim_candidates(q, cu_q, t, off, cand, sc, check=False)),
                     "max_seqlen_q=32": lambda t=t, sc=sc: maxsim_candidates(q, cu_q, t, off, cand, sc, max_seqlen_q=32,
                                                                             check=False)},
               nbytes / hbm * 1e3)
@@ -289,11 +350,13 @@ def main():
     ap.add_argument("--cases", default="a,c,b")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--int8", action="store_true", help="cases a and c: the int8 configs (queries quantized apart)")
+    ap.add_argument("--regs", action="store_true", help="cases a and c: configs under register caps (maxnreg)")
+    ap.add_argument("--qcache", action="store_true", help="int8 cases: where the query blocks are quantized")
     ap.add_argument("--labels", default="", help="only these case labels (comma-separated), e.g. a-10k-int8")
     ap.add_argument("--out", default=os.environ.get("OUT", str(HERE / "results")))
     args = ap.parse_args()
-    global INT8_SWEEP
-    INT8_SWEEP = args.int8
+    global INT8_SWEEP, REGS_SWEEP, QCACHE_SWEEP
+    INT8_SWEEP, REGS_SWEEP, QCACHE_SWEEP = args.int8, args.regs, args.qcache
     LABELS.extend(x for x in args.labels.split(",") if x)
     dev = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     hbm = 3.35e12
@@ -315,8 +378,9 @@ def main():
                "torch": torch.__version__, "triton": __import__("triton").__version__, "seconds": time.time() - t0,
                "cases": args.cases, "rows": ROWS}
         name = "variants-smoke.json" if args.smoke else f"variants-{res['device'].replace(' ', '_')}.json"
-        if args.int8:
-            name = name.replace("variants-", "variants-int8-")
+        for flag in ("int8", "regs", "qcache"):
+            if getattr(args, flag):
+                name = name.replace("variants-", f"variants-{flag}-")
         (out / name).write_text(json.dumps(res, indent=1))
         print(f"wrote {out / name}")
 

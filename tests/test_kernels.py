@@ -244,7 +244,7 @@ def test_query_quantization_kernel_matches_quantize_int8(device):
 def test_query_quantization_inside_the_kernel_is_bit_identical(device):
     """Each program's own quantization of its query block (a reciprocal and two FMAs instead of a
     division per element) gives the scores of the quantization launch bit for bit, including
-    exact .5 ties, an all-zero token and tiny and large magnitudes."""
+    exact .5 ties, an all-zero token and tiny and large magnitudes, for fp32, fp16 and bf16 queries."""
     from mvdb.kernels.maxsim import fused
 
     g = _gen("qk")
@@ -268,9 +268,12 @@ def test_query_quantization_inside_the_kernel_is_bit_identical(device):
     d, cu_d = _packed([5, 16, 37, 1], 64, g, device)
     tok, sc = quantize_int8(d)
     config = {"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": 1, "num_warps": 4}
-    got = [fused.launch(_poison((3, 4), device), q, None, cu_q, 0, tok, sc, None, cu_d.long(), None, 0, 3, 4,
-                        fused.CSR_CROSS, 16, config={**config, "QUANT": quant}) for quant in (False, True)]
-    assert torch.equal(got[0], got[1])
+    # float32, and the fp16 and bf16 blocks (fp16 skips the tiny-row scaling: its scales are >= 2^-24 / 127)
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        qd = q.to(dt)
+        got = [fused.launch(_poison((3, 4), device), qd, None, cu_q, 0, tok, sc, None, cu_d.long(), None, 0, 3, 4,
+                            fused.CSR_CROSS, 16, config={**config, "QUANT": quant}) for quant in (False, True)]
+        assert torch.equal(got[0], got[1]), dt
 
 
 def test_int8_query_quantization_placement_follows_the_measurements():
@@ -679,3 +682,112 @@ def test_replayed_launches_match_triton_launches(monkeypatch):
     for qq in (q, qm, q, qm):
         got = run(qq)
         assert all(torch.equal(a, b) for a, b in zip(got, want)) and len(fused._REPLAY) <= 2
+
+
+@pytest.mark.gpu
+def test_shared_query_quantization_matches_the_quantization_launch():
+    """Programs that load the query blocks another program quantized and published (QCACHE, the
+    default for small int8 launches): the published rows and scales are quantize_int8's bit for
+    bit, and the scores those of the query-quantization launch (to the order of the row sums,
+    which the compiler may lay out otherwise): fp32 / fp16 / bf16 queries, one query over many
+    documents, several of different lengths (an empty one, one longer than a query block),
+    candidate lists whose first entries are padding, queries changed in place between calls (a
+    flag from an earlier launch never counts), a poisoned buffer under every warp count, and
+    launches on two streams at once."""
+    from mvdb.kernels.maxsim import fused
+
+    g = _gen("qcache")
+    d, cu_d = _packed([64, 300, 5, 180, 0, 33] * 300, 128, g, "cuda", torch.float16)
+    tok, sc = quantize_int8(d)
+    n = cu_d.numel() - 1
+    off = cu_d.long()
+    cfg = {"BLOCK_Q": 32, "BLOCK_D": 32, "RUNMAX": 1, "num_warps": 2, "num_stages": 3}
+
+    def close(a, b):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=0)
+
+    def published(q):
+        """The shared buffer's rows and scales for q (the launch that just ran on this stream)."""
+        (buf, _), = fused._QCACHE.values()
+        width = q.numel()
+        at = -(-width // 16) * 16
+        r8, rs = quantize_int8(q)
+        assert torch.equal(buf[:width].view(q.shape), r8)
+        assert torch.equal(buf[at : at + 4 * q.shape[0]].view(torch.float32), rs)
+
+    def both(q, cu_q, layout=fused.CSR_CROSS, cand=None, warps=2):
+        """(separate quantization launch, shared in-kernel quantization) scores."""
+        nq = cu_q.numel() - 1
+        k = n if cand is None else cand.shape[1]
+        fused._QCACHE.clear()
+        fused._query_cache(q, nq, force=True)
+        (buf, _), = fused._QCACHE.values()
+        buf.fill_(127)  # int8 127s and scales of 3e38: a row read before it was published shows
+        out = []
+        for c in ({"QUANT": 0}, {"QUANT": 1, "QCACHE": 1}):
+            out.append(fused.launch(_poison((nq, k), "cuda"), q, None, cu_q, 0, tok, sc, None, off, cand, 0, nq, k,
+                                    layout, 64, config={**cfg, "num_warps": warps, **c}))
+        torch.cuda.synchronize()
+        published(q)
+        return out
+
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        q, cu_q = _packed([32], 128, g, "cuda", dt)
+        a, b = both(q, cu_q)
+        close(b, a)
+        q.mul_(-0.5)  # same tensor, new values: the next launch must not take the earlier rows
+        a2, b2 = both(q, cu_q)
+        close(b2, a2)
+        assert not torch.equal(b2, b), dt
+    q, cu_q = _packed([7, 0, 70, 32], 128, g, "cuda", torch.float16)
+    close(*reversed(both(q, cu_q)))
+
+    # candidate lists: each query's first candidates are padding (-1, whose programs write nothing)
+    cand = torch.randint(0, n, (4, 200), generator=g).cuda()
+    cand[:, :40] = -1
+    close(*reversed(both(q, cu_q, fused.CSR_CAND, cand)))
+
+    # many programs per query on short documents, every warp count
+    cand = torch.randint(0, n, (32, 1000), generator=g).cuda()
+    q32, cu32 = _packed([32] * 32, 128, g, "cuda", torch.float16)
+    for warps in (1, 2, 4, 2, 2):
+        close(*reversed(both(q32, cu32, fused.CSR_CAND, cand, warps)))
+
+    # the default call takes the shared path for this launch size, on two streams at once
+    q1, cu1 = _packed([32], 128, g, "cuda", torch.float16)
+    want = [maxsim_varlen(x, cu1, tok, cu_d, d_scales=sc, check=False) for x in (q1, -q1)]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    torch.cuda.synchronize()
+    fused._QCACHE.clear()
+    outs = [[], []]
+    for _ in range(20):
+        for i, (s, x) in enumerate(zip(streams, (q1, -q1))):
+            with torch.cuda.stream(s):
+                outs[i].append(maxsim_varlen(x, cu1, tok, cu_d, d_scales=sc, check=False))
+    torch.cuda.synchronize()
+    assert len(fused._QCACHE) == 2, "the default call did not share the quantized query on each stream"
+    assert all(torch.equal(o, want[i]) for i in (0, 1) for o in outs[i])
+
+
+@pytest.mark.gpu
+def test_shared_query_quantization_is_off_under_graph_capture():
+    """A captured launch would replay its launch number: while a CUDA graph is captured, every
+    program quantizes for itself, and replays after the query changes in place stay right."""
+    g = _gen("qcache-graph")
+    d, cu_d = _packed([64, 300, 5, 180] * 100, 128, g, "cuda", torch.float16)
+    tok, sc = quantize_int8(d)
+    q, cu_q = _packed([32], 128, g, "cuda", torch.float16)
+    maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False)
+        with torch.cuda.graph(graph, stream=s):
+            out = maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False)
+    torch.cuda.current_stream().wait_stream(s)
+    for scale in (1.0, -0.5, 2.0):
+        q.mul_(scale)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False))

@@ -9,6 +9,7 @@ reads documents straight from where they lie, so no padded copy is ever made.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 
@@ -201,20 +202,36 @@ def _quantize_block(x):
     magnitude are scaled by 2^64 first) at a fraction of its cost:
     on the H100 the in-kernel quantization added 25 us to 1 query x 10k documents this way, 45 us
     with div_rn (benchmarks/results/int8-call-H100-quant-placement.json)."""
+    # the row maxima in the block's own dtype (exact: |x| and max only pick values), so that no
+    # float32 copy of the block stays live across the cross-lane reduction: 128 registers per
+    # thread instead of 157 on the H100 (2 warps), 1 x 10k documents 0.125 -> 0.116 ms
+    amax = tl.max(tl.abs(x), axis=1).to(tl.float32)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), 1.0)
     xf = x.to(tl.float32)
-    scale = _int8_scales(xf)
-    # rows of tiny magnitude (scale below 2^-60, subnormal ones included): x * 2^64 / (scale * 2^64),
-    # exact power-of-two scalings of the same quotient, so that 1 / scale stays finite
-    k = tl.where(scale < 8.673617379884035e-19, 18446744073709551616.0, 1.0)
-    sk = scale * k
-    xk = xf * k[:, None]
+    if x.dtype == tl.float16:  # fp16 rows: scale >= 2^-24 / 127, 1 / scale is finite
+        sk = scale
+        xk = xf
+    else:
+        # rows of tiny magnitude (scale below 2^-60, subnormal ones included): x * 2^64 / (scale * 2^64),
+        # exact power-of-two scalings of the same quotient, so that 1 / scale stays finite
+        k = tl.where(scale < 8.673617379884035e-19, 18446744073709551616.0, 1.0)
+        sk = scale * k
+        xk = xf * k[:, None]
     r = tl.math.div_rn(tl.full(sk.shape, 1.0, tl.float32), sk)[:, None]
     y0 = xk * r
     y = tl.math.fma(tl.math.fma(-y0, sk[:, None], xk), r, y0)
     return _round_half_away(y), scale
 
 
-@triton.jit(do_not_specialize=["n_q", "n_k", "q_len", "d_len"])
+@triton.jit
+def _fence_gpu():
+    """fence.acq_rel.gpu in every thread: its earlier writes are ordered, at GPU scope, before its
+    later ones (a barrier alone orders the block's threads only within the block)."""
+    tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, $1;", "=r,r", [tl.zeros([1], tl.int32)],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit(do_not_specialize=["n_q", "n_k", "q_len", "d_len", "gen"])
 def _maxsim_fwd_kernel(
     Q,  # [Tq, DIM] query tokens (any float dtype; int8 when INT8 and not QUANT, by _quantize_rows_kernel)
     QS,  # [Tq] float32 query-token scales (INT8 and not QUANT) or None
@@ -228,10 +245,14 @@ def _maxsim_fwd_kernel(
     STARTS,  # [n_docs] int64 token rows of the documents, counted from D (PAGED) or None
     SC_STARTS,  # [n_docs] int64 scale rows of the documents, counted from DS (PAGED and INT8) or None
     Out,  # [Nq, K] float32
+    QC,  # [Tq, DIM] int8: the launch's shared quantized query tokens (QCACHE) or None
+    QCS,  # [Tq] float32: their scales (QCACHE) or None
+    QFLAG,  # [>= Nq] int64: QFLAG[i] == gen once query i's rows of QC / QCS are written (QCACHE) or None
     n_q,
     n_k,
     q_len,  # padded query length (not Q_VARLEN)
     d_len,  # padded doc length (PADDED_* layouts)
+    gen,  # this launch's number (QCACHE): unique per launch, never 0
     LQ_BUCKET: tl.constexpr,
     DIM: tl.constexpr,
     BLOCK_DIM: tl.constexpr,
@@ -244,6 +265,8 @@ def _maxsim_fwd_kernel(
     UPCAST: tl.constexpr,
     PAGED: tl.constexpr,
     QUANT: tl.constexpr,  # INT8 with float queries: each program quantizes its query block itself
+    QCACHE: tl.constexpr,  # QUANT sharing the quantized blocks: a program that finds its query's flag
+    # set loads them (int8 + scales, from L2); one that does not quantizes and publishes them
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
     RUNMAX: tl.constexpr,
@@ -293,23 +316,40 @@ def _maxsim_fwd_kernel(
     c_ok = offs_c < DIM  # [BDIM]; all True when DIM is a power of two
 
     total = tl.zeros([1], dtype=tl.float32)
+    cached = False
+    if QCACHE:
+        # one thread's acquire, broadcast to the block (a scalar atomic): every thread of the program
+        # must take the same branch (a per-thread load let the warps of a program disagree, and the
+        # quantizing branch's cross-warp reductions then read the other branch's shared memory)
+        cached = tl.atomic_add(QFLAG + qi, 0, sem="acquire", scope="gpu") == gen
     # Long queries are scored BLOCK_Q tokens at a time and summed: exact, bounded registers.
     for qb in range(0, q_n, BLOCK_Q):
         rows = qb + offs_q
         r_ok = rows < q_n
         q_ptrs = Q + (q_start + rows)[:, None] * DIM + offs_c[None, :]
         if BLOCK_DIM == DIM:
-            q = tl.load(q_ptrs, mask=r_ok[:, None], other=0.0)  # [BQ, BDIM]
+            ld_ok = r_ok[:, None]
         else:
-            q = tl.load(q_ptrs, mask=r_ok[:, None] & c_ok[None, :], other=0.0)
+            ld_ok = r_ok[:, None] & c_ok[None, :]
+        if INT8 and QUANT and QCACHE:
+            qc_ptrs = QC + (q_start + rows)[:, None] * DIM + offs_c[None, :]
+            if cached:
+                qk = tl.load(qc_ptrs, mask=ld_ok, other=0)
+                q_scale = tl.load(QCS + q_start + rows, mask=r_ok, other=1.0)
+            else:
+                qk, q_scale = _quantize_block(tl.load(q_ptrs, mask=ld_ok, other=0.0))
+                tl.store(qc_ptrs, qk, mask=ld_ok)
+                tl.store(QCS + q_start + rows, q_scale, mask=r_ok)
+        else:
+            q = tl.load(q_ptrs, mask=ld_ok, other=0.0)  # [BQ, BDIM]
+            if INT8 and QUANT:
+                qk, q_scale = _quantize_block(q)
+            elif INT8:
+                qk = q  # int8, quantized once per launch
+            else:
+                qk = q.to(D.dtype.element_ty)
         if HAS_QMASK:
             r_ok = r_ok & (tl.load(QM + q_start + rows, mask=r_ok, other=0) != 0)
-        if INT8 and QUANT:
-            qk, q_scale = _quantize_block(q)
-        elif INT8:
-            qk = q  # int8, quantized once per launch
-        else:
-            qk = q.to(D.dtype.element_ty)
         best = _doc_max(qk, D, DS, DM, d_start, s_start, d_n, offs_d, offs_c, DIM, BLOCK_DIM, HAS_DMASK, INT8, IEEE,
                         UPCAST, LQ_BUCKET, RUNMAX, BLOCK_Q, BLOCK_D)
         if INT8 and QUANT:
@@ -319,6 +359,15 @@ def _maxsim_fwd_kernel(
         # A row with no valid doc token (empty or fully masked doc) adds 0, as do masked rows.
         best = tl.where(r_ok & (best > float("-inf")), best, 0.0)
         total += tl.sum(best, axis=0)
+    if QCACHE:
+        # every row of the query written (not a padding candidate, whose q_n is 0): publish them.
+        # Each thread fences its own stores at GPU scope, the barrier waits for all of them, then
+        # one release of the flag (measured on the H100: with the barrier alone, 2-warp programs
+        # read rows that were not yet visible on 32 queries x 1,000 candidates)
+        if not cached and q_n > 0:
+            _fence_gpu()
+            tl.debug_barrier()
+            tl.atomic_xchg(QFLAG + qi, gen, sem="release", scope="gpu")
     if D_LAYOUT == CSR_CAND:
         total = tl.where(is_pad, float("-inf"), total)
     tl.store(Out + qi * n_k + k + tl.arange(0, 1), total)
@@ -383,7 +432,55 @@ def quantize_queries(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # per call (135 vs 231 us on that machine); at 16k pairs the device cost (+50 us) matched a
 # launch's host time, at 32k and 50k pairs the launch was faster; one ColPali query of 1,024
 # tokens x 1,000 documents (compute-bound, 0.36 ms) took 0.58 ms with it (kernels.py case b).
+# With the blocks shared between programs (QCACHE below) the single-query call measured 0.110 ms
+# against 0.118 without sharing (kernel-variants-H100-qcache.json); 32 queries x 1,000 candidates
+# still lose in the kernel (0.47 ms shared, 0.25 not, 0.174 with the launch), so the rule stands.
 QUANT_IN_KERNEL_WORK = 12288 * 32
+
+
+# Programs that quantize their query blocks themselves (QUANT) share the result: the first ones to
+# run for a query quantize it and publish the int8 rows and scales (a release of the query's flag
+# set to the launch's number, ``gen``); the later ones, most of a launch, find the flag and load
+# them (half the bytes of the float rows, no arithmetic). The buffers are kept per device and
+# stream: launches on one stream run one after the other, each with a number of its own (from
+# one counter), so a flag left by an earlier launch never matches. Not used while a CUDA graph is
+# being captured (a replayed launch would reuse its number and read the rows of the captured
+# run) nor for more than QCACHE_MAX_TOKENS query tokens; there every program quantizes.
+# Measured on the H100 (1 query x 10k documents, benchmarks/kernel_variants.py --qcache):
+# 0.110 ms against 0.118 with every program quantizing; on 32 queries x 1,000 candidates of short
+# documents nearly every program runs before its query's flag is set and it is slower (not used:
+# that launch size quantizes in a launch of its own, QUANT_IN_KERNEL_WORK).
+QCACHE_MAX_TOKENS = 8192
+_QCACHE: dict[tuple, tuple] = {}  # (device index, stream) -> (int8 rows + scales buffer, flags)
+_QCACHE_LOCK = threading.Lock()
+_GEN = itertools.count(2**32)  # launch numbers: int64 (2**32 on), unique, next() is atomic under the GIL
+
+
+def _query_cache(q: torch.Tensor, n_q: int, force: bool = False):
+    """(QC, QCS, QFLAG, gen) for a QUANT launch, or (None, None, None, 0) where it is not used."""
+    rows = q.numel() // q.shape[-1] if q.shape[-1] else 0
+    if interpreting() or not q.is_cuda or rows > QCACHE_MAX_TOKENS and not force \
+            or torch.cuda.is_current_stream_capturing():
+        return None, None, None, 0
+    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    key = (dev, torch.cuda.current_stream(dev).cuda_stream)
+    width = rows * q.shape[-1]
+    at = -(-width // 16) * 16  # the scales start 16-byte aligned behind the int8 rows
+    hit = _QCACHE.get(key)
+    if hit is None or hit[0].numel() < at + 4 * rows or hit[1].numel() < n_q:
+        with _QCACHE_LOCK:
+            hit = _QCACHE.get(key)
+            if hit is None or hit[0].numel() < at + 4 * rows or hit[1].numel() < n_q:
+                # a replaced buffer is freed to the stream it was used on: reused only after its launches
+                buf = torch.empty(max(0 if hit is None else hit[0].numel(), 2 * (at + 4 * rows)), dtype=torch.int8,
+                                  device=q.device)
+                flags = torch.zeros(max(0 if hit is None else hit[1].numel(), 2 * n_q, 64), dtype=torch.int64,
+                                    device=q.device)
+                if len(_QCACHE) >= 64 and key not in _QCACHE:  # streams come and go: keep the recent ones
+                    _QCACHE.pop(next(iter(_QCACHE)))
+                hit = _QCACHE[key] = (buf, flags)
+    buf, flags = hit
+    return buf[:width].view(q.shape), buf[at : at + 4 * rows].view(torch.float32), flags, next(_GEN)
 
 
 def quantize_in_kernel(pairs: int, max_lq: int) -> bool:
@@ -443,9 +540,14 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
     config = dict(config) if config is not None else None
     forced = config.pop("QUANT", None) if config is not None else None
     quant = int8 and (quantize_in_kernel(n_q * n_k, max_lq) if forced is None else bool(forced))
+    shared = config.pop("QCACHE", None) if config is not None else None
+    qc = qcs = qflag = None
+    gen = 0
     if int8 and not quant:
         with launch_guard():
             q, q_scales = quantize_queries(q)
+    elif quant and (shared is None or shared):
+        qc, qcs, qflag, gen = _query_cache(q, n_q, force=bool(shared))
     args = (
         q,
         q_scales,
@@ -459,10 +561,14 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
         starts,
         scale_starts,
         out,
+        qc,
+        qcs,
+        qflag,
         n_q,
         n_k,
         q_len,
         d_len,
+        gen,
     )
     meta = dict(
         LQ_BUCKET=lq_bucket(max_lq),
@@ -478,6 +584,7 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
         UPCAST=d.dtype == torch.bfloat16 and interpreting(),
         PAGED=starts is not None,
         QUANT=quant,
+        QCACHE=qc is not None,
     )
     grid = (n_q * n_k,)
     if config is not None:
