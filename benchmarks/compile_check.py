@@ -1,5 +1,5 @@
 """Compile fused MaxSim forward variants for sm_90 on a machine without a GPU (Triton AOT) and report
-registers per thread, spills, shared memory and the MMA instructions used. Catches compile errors,
+registers per thread, stack bytes (spills), shared memory and the MMA instructions used. Catches compile errors,
 and register growth (fewer programs per SM), before GPU time.
 
     python benchmarks/compile_check.py            # the variants below
@@ -25,13 +25,14 @@ LAYOUTS = {"padded": 0, "per-query": 1, "varlen": 2, "candidates": 3}
 
 
 def compile_variant(dtype: str, layout: str, bq: int, bd: int, warps: int, stages: int, runmax: int = 1,
-                    quant: bool = False, qcache: bool = False, lq: int = 32, dim: int = 128) -> dict:
+                    quant: bool = False, qcache: bool = False, lq: int = 32, dim: int = 128,
+                    maxnreg: int | None = None) -> dict:
     """Compile one variant; pointer arguments that the variant does not use are None (constexpr)."""
     fn = fused._maxsim_fwd_kernel
     int8 = dtype == "int8"
     lay = LAYOUTS[layout]
     varlen = lay >= 2
-    ptrs = dict(Q=("fp16" if quant or not int8 else "i8"), QS="fp32" if int8 and not quant else None, QM=None,
+    ptrs = dict(Q=("fp16" if quant else "i8") if int8 else TYPES[dtype], QS="fp32" if int8 and not quant else None, QM=None,
                 CU_Q="i32" if varlen else None, D=TYPES[dtype], DS="fp32" if int8 else None, DM=None,
                 OFF=("i32" if lay == 2 else "i64") if varlen else None, CAND="i64" if lay == 3 else None,
                 STARTS=None, SC_STARTS=None, Out="fp32", QC="i8" if qcache else None,
@@ -54,17 +55,18 @@ def compile_variant(dtype: str, layout: str, bq: int, bd: int, warps: int, stage
             sig[name] = "i32"
     # The JIT marks 16-byte-aligned pointers (tt.divisibility); without it nothing is pipelined.
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if sig[name].startswith("*")}
-    k = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 64),
-                       options=dict(num_warps=warps, num_stages=stages))
+    k = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=warps, num_stages=stages,
+                                    **({} if maxnreg is None else {"maxnreg": maxnreg})))
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(k.asm["cubin"])
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
     os.unlink(f.name)
     regs = re.search(r"REG:(\d+)", usage)
-    local = re.search(r"LOCAL:(\d+)", usage)
+    stack = re.search(r"STACK:(\d+)", usage)  # ptxas puts spilled registers on the stack frame
     mma = sorted(set(re.findall(r"(wgmma\.mma_async[.\w]*|mma\.sync[.\w]*)", k.asm["ptx"])))
-    return {"regs": int(regs[1]) if regs else None, "spill_bytes": int(local[1]) if local else None,
+    return {"regs": int(regs[1]) if regs else None, "stack_bytes": int(stack[1]) if stack else None,
             "shared": k.metadata.shared, "mma": [m[:40] for m in mma][:2]}
 
 

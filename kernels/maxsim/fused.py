@@ -451,7 +451,7 @@ QUANT_IN_KERNEL_WORK = 12288 * 32
 # documents nearly every program runs before its query's flag is set and it is slower (not used:
 # that launch size quantizes in a launch of its own, QUANT_IN_KERNEL_WORK).
 QCACHE_MAX_TOKENS = 8192
-_QCACHE: dict[tuple, tuple] = {}  # (device index, stream) -> (int8 rows + scales buffer, flags)
+_QCACHE: dict[tuple, tuple] = {}  # (device index, stream, thread) -> (int8 rows + scales buffer, flags)
 _QCACHE_LOCK = threading.Lock()
 _GEN = itertools.count(2**32)  # launch numbers: int64 (2**32 on), unique, next() is atomic under the GIL
 
@@ -463,7 +463,12 @@ def _query_cache(q: torch.Tensor, n_q: int, force: bool = False):
             or torch.cuda.is_current_stream_capturing():
         return None, None, None, 0
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    key = (dev, torch.cuda.current_stream(dev).cuda_stream)
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    # a default stream may be per thread (builds with per-thread default streams report the same
+    # handle on every thread): one buffer per thread there. Other handles name one stream (an
+    # external stream destroyed while its launches run must not be recreated under the same handle
+    # and used from elsewhere meanwhile).
+    key = (dev, stream, threading.get_ident() if stream in (0, 1, 2) else 0)
     width = rows * q.shape[-1]
     at = -(-width // 16) * 16  # the scales start 16-byte aligned behind the int8 rows
     hit = _QCACHE.get(key)
