@@ -828,3 +828,26 @@ def test_shared_query_quantization_is_off_under_graph_capture():
         torch.cuda.synchronize()
         # the eager call shares the rows (another build: the row sums may be ordered otherwise)
         torch.testing.assert_close(out, maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False), rtol=1e-6, atol=0)
+
+
+@pytest.mark.gpu
+def test_shared_query_quantization_on_padded_layouts_with_masks():
+    """The shared rows on the padded layouts (query i's rows at i * Lq) with query and document
+    masks and a dim that is not a power of two (masked columns): the separate launch's scores."""
+    from mvdb.kernels.maxsim import fused
+
+    g = _gen("qcache-padded")
+    Q = torch.randn(3, 20, 96, generator=g).half().cuda()
+    qm = torch.rand(3, 20, generator=g).cuda() > 0.3
+    D = torch.randn(40, 50, 96, generator=g).cuda()
+    dm = torch.rand(40, 50, generator=g).cuda() > 0.2
+    D8, ds = quantize_int8(D)
+    cfg = {"BLOCK_Q": 32, "BLOCK_D": 32, "RUNMAX": 1, "num_warps": 2, "num_stages": 3}
+    per_query = [x[:30].reshape(3, 10, *x.shape[1:]).contiguous() for x in (D8, ds, dm)]
+    for layout, (DD, SS, MM), nk in ((fused.PADDED_CROSS, (D8, ds, dm), 40), (fused.PADDED_PER_QUERY, per_query, 10)):
+        fused._QCACHE.clear()
+        got = [fused.launch(_poison((3, nk), "cuda"), Q, qm, None, 20, DD, SS, MM,
+                            None, None, 50, 3, nk, layout, 20, config={**cfg, **c})
+               for c in ({"QUANT": 0}, {"QUANT": 1, "QCACHE": 1})]
+        torch.testing.assert_close(got[1], got[0], rtol=1e-6, atol=0)
+        assert len(fused._QCACHE) == 1
