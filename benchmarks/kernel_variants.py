@@ -110,7 +110,7 @@ def sweep(case: str, configs, launch, ref, default_calls: dict, floor_ms: float)
         print(f"== {case}: best {best['ms']:.4f} ms {best['config']} ({best['pct_of_floor']:.0f}% of floor)", flush=True)
 
 
-INT8_SWEEP = False
+SWEEP = ""  # which config list cases a and c time: "" (short_configs), "int8", "regs" or "qcache"
 LABELS: list[str] = []  # only the cases whose label is listed (all when empty)
 
 
@@ -121,9 +121,6 @@ def int8_configs(smoke: bool):
         return [{"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": 1, "num_warps": 4, "QUANT": 0}]
     return [{"BLOCK_Q": 32, "BLOCK_D": bd, "RUNMAX": r, "num_warps": w, "num_stages": st, "QUANT": 0}
             for bd, w, st, r in itertools.product((32, 64, 128), (1, 2, 4), (2, 3, 4, 5), (0, 1))]
-
-
-REGS_SWEEP = False
 
 
 def regs_configs(smoke: bool, int8: bool):
@@ -138,8 +135,6 @@ def regs_configs(smoke: bool, int8: bool):
     out = []
     for quant in ((1, 0) if int8 else (None,)):
         for w, st, r in bases:
-            if w == 1 and not int8:
-                continue
             for cap in caps[w]:
                 cfg = {"BLOCK_Q": 32, "BLOCK_D": 32, "RUNMAX": r, "num_warps": w, "num_stages": st}
                 if quant is not None:
@@ -148,9 +143,6 @@ def regs_configs(smoke: bool, int8: bool):
                     cfg["maxnreg"] = cap
                 out.append(cfg)
     return out
-
-
-QCACHE_SWEEP = False
 
 
 def qcache_configs(smoke: bool, int8: bool):
@@ -169,11 +161,11 @@ def qcache_configs(smoke: bool, int8: bool):
 
 
 def configs_short(smoke: bool, int8: bool = False):
-    if QCACHE_SWEEP:
+    if SWEEP == "qcache":
         return qcache_configs(smoke, int8)
-    if REGS_SWEEP:
+    if SWEEP == "regs":
         return regs_configs(smoke, int8)
-    return int8_configs(smoke) if INT8_SWEEP else short_configs(smoke)
+    return int8_configs(smoke) if SWEEP == "int8" else short_configs(smoke)
 
 
 def case_h(dev, smoke, hbm):
@@ -355,8 +347,8 @@ def main():
     ap.add_argument("--labels", default="", help="only these case labels (comma-separated), e.g. a-10k-int8")
     ap.add_argument("--out", default=os.environ.get("OUT", str(HERE / "results")))
     args = ap.parse_args()
-    global INT8_SWEEP, REGS_SWEEP, QCACHE_SWEEP
-    INT8_SWEEP, REGS_SWEEP, QCACHE_SWEEP = args.int8, args.regs, args.qcache
+    global SWEEP
+    SWEEP = next((flag for flag in ("qcache", "regs", "int8") if getattr(args, flag)), "")
     LABELS.extend(x for x in args.labels.split(",") if x)
     dev = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     hbm = 3.35e12
@@ -378,9 +370,8 @@ def main():
                "torch": torch.__version__, "triton": __import__("triton").__version__, "seconds": time.time() - t0,
                "cases": args.cases, "rows": ROWS}
         name = "variants-smoke.json" if args.smoke else f"variants-{res['device'].replace(' ', '_')}.json"
-        for flag in ("int8", "regs", "qcache"):
-            if getattr(args, flag):
-                name = name.replace("variants-", f"variants-{flag}-")
+        if SWEEP:
+            name = name.replace("variants-", f"variants-{SWEEP}-")
         (out / name).write_text(json.dumps(res, indent=1))
         print(f"wrote {out / name}")
 

@@ -180,10 +180,12 @@ def _doc_max(qk, D, DS, DM, d_start, s_start, d_n, offs_d, offs_c, DIM: tl.const
 
 
 @triton.jit
-def _int8_scales(xf):
-    """mvdb.kernels.quant's per-row scales of an fp32 block: absmax / 127 (an IEEE division,
-    div_rn, as torch divides: the plain '/' is approximate on the GPU), 1 for a zero row."""
-    amax = tl.max(tl.abs(xf), axis=1)
+def _int8_scales(x):
+    """mvdb.kernels.quant's per-row scales of a float block: absmax / 127 (an IEEE division,
+    div_rn, as torch divides: the plain '/' is approximate on the GPU), 1 for a zero row. The row
+    maxima are taken in the block's own dtype (exact: |x| and max only pick values), so that no
+    float32 copy of a half-precision block stays live across the cross-lane reduction."""
+    amax = tl.max(tl.abs(x), axis=1).to(tl.float32)
     return tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), 1.0)
 
 
@@ -202,11 +204,9 @@ def _quantize_block(x):
     magnitude are scaled by 2^64 first) at a fraction of its cost:
     on the H100 the in-kernel quantization added 25 us to 1 query x 10k documents this way, 45 us
     with div_rn (benchmarks/results/int8-call-H100-quant-placement.json)."""
-    # the row maxima in the block's own dtype (exact: |x| and max only pick values), so that no
-    # float32 copy of the block stays live across the cross-lane reduction: 128 registers per
-    # thread instead of 157 on the H100 (2 warps), 1 x 10k documents 0.125 -> 0.116 ms
-    amax = tl.max(tl.abs(x), axis=1).to(tl.float32)
-    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), 1.0)
+    # scales from the block as given (not its float32 copy): 128 registers per thread instead of
+    # 157 on the H100 (2 warps), 1 x 10k documents 0.125 -> 0.116 ms
+    scale = _int8_scales(x)
     xf = x.to(tl.float32)
     if x.dtype == tl.float16:  # fp16 rows: scale >= 2^-24 / 127, 1 / scale is finite
         sk = scale
@@ -362,8 +362,10 @@ def _maxsim_fwd_kernel(
     if QCACHE:
         # every row of the query written (not a padding candidate, whose q_n is 0): publish them.
         # Each thread fences its own stores at GPU scope, the barrier waits for all of them, then
-        # one release of the flag (measured on the H100: with the barrier alone, 2-warp programs
-        # read rows that were not yet visible on 32 queries x 1,000 candidates)
+        # one release of the flag. (The barrier and the cumulative release already order the
+        # block's stores in the PTX memory model; the fence is kept as belt and braces, it costs
+        # only the publishing programs. The wrong scores once seen on 32 queries x 1,000
+        # candidates came from the per-thread flag read above, not from a missing fence.)
         if not cached and q_n > 0:
             _fence_gpu()
             tl.debug_barrier()
@@ -405,16 +407,25 @@ def _quantize_rows_kernel(X, Q8, QS, n_rows, DIM: tl.constexpr, BLOCK_DIM: tl.co
     tl.store(QS + rows, scale, mask=rows < n_rows)
 
 
+def _int8_layout(q: torch.Tensor) -> tuple[int, int]:
+    """(rows, bytes) of q's int8 tokens followed by their float32 scales in one int8 buffer (the
+    scales start 16-byte aligned behind the tokens): one allocation for both."""
+    rows = q.numel() // q.shape[-1] if q.shape[-1] else 0
+    return rows, -(-q.numel() // 16) * 16 + 4 * rows
+
+
+def _int8_views(buf: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int8 tokens (q's shape) and float32 scales [rows] in ``buf`` (_int8_layout)."""
+    rows, size = _int8_layout(q)
+    return buf[: q.numel()].view(q.shape), buf[size - 4 * rows : size].view(torch.float32)
+
+
 def quantize_queries(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Query tokens [..., dim] (contiguous) -> (int8 of the same shape, float32 scales [rows]),
     bit-identical to mvdb.kernels.quantize_int8, in one launch."""
     dim = q.shape[-1]
-    n = q.numel() // dim if dim else 0
-    # one allocation for both (host time: this runs before every int8 launch of any size)
-    at = -(-q.numel() // 16) * 16  # the scales start 16-byte aligned behind the int8 tokens
-    buf = torch.empty(at + n * 4, dtype=torch.int8, device=q.device)
-    q8 = buf[: q.numel()].view(q.shape)
-    qs = buf[at:].view(torch.float32)
+    n, size = _int8_layout(q)  # one allocation (host time: this runs before every int8 launch of any size)
+    q8, qs = _int8_views(torch.empty(size, dtype=torch.int8, device=q.device), q)
     if n:
         block_dim = max(16, triton.next_power_of_2(dim))
         block_t = max(1, min(64, 4096 // block_dim))
@@ -458,7 +469,7 @@ _GEN = itertools.count(2**32)  # launch numbers: int64 (2**32 on), unique, next(
 
 def _query_cache(q: torch.Tensor, n_q: int, force: bool = False):
     """(QC, QCS, QFLAG, gen) for a QUANT launch, or (None, None, None, 0) where it is not used."""
-    rows = q.numel() // q.shape[-1] if q.shape[-1] else 0
+    rows, size = _int8_layout(q)
     if interpreting() or not q.is_cuda or rows > QCACHE_MAX_TOKENS and not force \
             or torch.cuda.is_current_stream_capturing():
         return None, None, None, 0
@@ -469,15 +480,16 @@ def _query_cache(q: torch.Tensor, n_q: int, force: bool = False):
     # external stream destroyed while its launches run must not be recreated under the same handle
     # and used from elsewhere meanwhile).
     key = (dev, stream, threading.get_ident() if stream in (0, 1, 2) else 0)
-    width = rows * q.shape[-1]
-    at = -(-width // 16) * 16  # the scales start 16-byte aligned behind the int8 rows
+    def fits(entry):
+        return entry is not None and entry[0].numel() >= size and entry[1].numel() >= n_q
+
     hit = _QCACHE.get(key)
-    if hit is None or hit[0].numel() < at + 4 * rows or hit[1].numel() < n_q:
+    if not fits(hit):
         with _QCACHE_LOCK:
             hit = _QCACHE.get(key)
-            if hit is None or hit[0].numel() < at + 4 * rows or hit[1].numel() < n_q:
+            if not fits(hit):
                 # a replaced buffer is freed to the stream it was used on: reused only after its launches
-                buf = torch.empty(max(0 if hit is None else hit[0].numel(), 2 * (at + 4 * rows)), dtype=torch.int8,
+                buf = torch.empty(max(0 if hit is None else hit[0].numel(), 2 * size), dtype=torch.int8,
                                   device=q.device)
                 flags = torch.zeros(max(0 if hit is None else hit[1].numel(), 2 * n_q, 64), dtype=torch.int64,
                                     device=q.device)
@@ -485,7 +497,7 @@ def _query_cache(q: torch.Tensor, n_q: int, force: bool = False):
                     _QCACHE.pop(next(iter(_QCACHE)))
                 hit = _QCACHE[key] = (buf, flags)
     buf, flags = hit
-    return buf[:width].view(q.shape), buf[at : at + 4 * rows].view(torch.float32), flags, next(_GEN)
+    return *_int8_views(buf, q), flags, next(_GEN)
 
 
 def quantize_in_kernel(pairs: int, max_lq: int) -> bool:
