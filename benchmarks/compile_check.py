@@ -26,7 +26,7 @@ LAYOUTS = {"padded": 0, "per-query": 1, "varlen": 2, "candidates": 3}
 
 def compile_variant(dtype: str, layout: str, bq: int, bd: int, warps: int, stages: int, runmax: int = 1,
                     quant: bool = False, qcache: bool = False, lq: int = 32, dim: int = 128,
-                    maxnreg: int | None = None) -> dict:
+                    maxnreg: int | None = None, qchunk: int = 0) -> dict:
     """Compile one variant; pointer arguments that the variant does not use are None (constexpr)."""
     fn = fused._maxsim_fwd_kernel
     int8 = dtype == "int8"
@@ -39,7 +39,7 @@ def compile_variant(dtype: str, layout: str, bq: int, bd: int, warps: int, stage
                 QCS="fp32" if qcache else None, QFLAG="i64" if qcache else None)
     meta = dict(LQ_BUCKET=lq, DIM=dim, BLOCK_DIM=max(32, triton.next_power_of_2(dim)), Q_VARLEN=varlen, D_LAYOUT=lay,
                 HAS_QMASK=False, HAS_DMASK=False, INT8=int8, IEEE=dtype == "fp32", UPCAST=False, PAGED=False,
-                QUANT=quant, QCACHE=qcache, BLOCK_Q=bq, BLOCK_D=bd, RUNMAX=runmax)
+                QUANT=quant, QCACHE=qcache, QCHUNK=qchunk, BLOCK_Q=bq, BLOCK_D=bd, RUNMAX=runmax)
     sig, consts = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in ptrs:
@@ -82,6 +82,7 @@ def variants(quick: bool):
     for dtype in ("bf16", "int8"):
         yield dict(dtype=dtype, layout="padded", bq=128, bd=128, warps=4, stages=3, runmax=0, lq=1024)
         yield dict(dtype=dtype, layout="padded", bq=128, bd=128, warps=8, stages=3, runmax=0, lq=1024)
+        yield dict(dtype=dtype, layout="padded", bq=128, bd=128, warps=4, stages=3, runmax=0, lq=1024, qchunk=256)
 
 
 def main():

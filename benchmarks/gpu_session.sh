@@ -54,6 +54,7 @@ print('mvdb.engine.index_backend():', mvdb.engine.index_backend(), '| db.stats()
                    2>&1 | tee "$OUT/tests.log" | tail -15 ;;
         ktests) (cd "$TESTROOT" && MVDB_AUTOTUNE=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels.py) 2>&1 \
                     | tee "$OUT/ktests.log" | tail -8 ;;
+        longq) timeout ${LONGQ_TIMEOUT:-400} python3 benchmarks/long_query.py --out "$OUT" ${LONGQ_ARGS:-} 2>&1 | tee -a "$OUT/longq.log" | grep -v '^{' ;;
         bench:*) timeout 480 python3 benchmarks/kernels.py --cases "${step#bench:}" --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
         variants:*) timeout ${VARIANTS_TIMEOUT:-480} python3 benchmarks/kernel_variants.py --cases "${step#variants:}" ${VARIANTS_ARGS:-} \
                         --out "$OUT" 2>&1 | tee -a "$OUT/variants.log" | grep -v '^{' ;;

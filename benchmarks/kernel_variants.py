@@ -58,6 +58,8 @@ def short_configs(smoke: bool):
 
 
 def long_configs(smoke: bool):
+    if SWEEP == "qchunk":
+        return qchunk_configs(smoke)
     if smoke:
         return [{"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": r, "num_warps": 4} for r in (0, 1)]
     out = []
@@ -110,7 +112,7 @@ def sweep(case: str, configs, launch, ref, default_calls: dict, floor_ms: float)
         print(f"== {case}: best {best['ms']:.4f} ms {best['config']} ({best['pct_of_floor']:.0f}% of floor)", flush=True)
 
 
-SWEEP = ""  # which config list cases a and c time: "" (short_configs), "int8", "regs" or "qcache"
+SWEEP = ""  # which config list cases a and c time: "" (short_configs), "int8", "regs" or "qcache"; "qchunk": case b
 LABELS: list[str] = []  # only the cases whose label is listed (all when empty)
 
 
@@ -160,6 +162,21 @@ def qcache_configs(smoke: bool, int8: bool):
     return out
 
 
+def qchunk_configs(smoke: bool):
+    """Long queries split across programs (QCHUNK rows each, 0 = one program per pair) on the
+    configs best unsplit (kernel-variants-H100.json) and around the best split ones: 4 warps,
+    BLOCK_D 64, two programs per SM. (The second sweep, kernel-variants-qchunk-H100-2.json, also
+    timed an int8 score conversion that was dropped: its rows carry an "INT8" key.)"""
+    if smoke:
+        return [{"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": 1, "num_warps": 4, "QCHUNK": c} for c in (0, 16)]
+    bases = [(128, 128, 4, 3, 0, 0), (128, 128, 4, 3, 0, 256), (128, 128, 4, 2, 0, 256), (128, 128, 8, 3, 0, 256),
+             (256, 64, 4, 3, 0, 0), (256, 64, 4, 3, 0, 256), (256, 64, 4, 2, 0, 256), (256, 64, 4, 4, 0, 256),
+             (256, 64, 8, 3, 1, 256), (256, 128, 8, 3, 0, 256), (128, 64, 4, 3, 0, 0), (128, 64, 4, 3, 0, 128),
+             (128, 64, 4, 3, 0, 256), (128, 64, 4, 4, 0, 256)]
+    return [{"BLOCK_Q": bq, "BLOCK_D": bd, "RUNMAX": r, "num_warps": w, "num_stages": st, "QCHUNK": rows}
+            for bq, bd, w, st, r, rows in bases]
+
+
 def configs_short(smoke: bool, int8: bool = False):
     if SWEEP == "qcache":
         return qcache_configs(smoke, int8)
@@ -189,9 +206,9 @@ def case_h(dev, smoke, hbm):
     out = torch.empty(1, n, device=dev)
     cfg = fused.default_config(32)
     grid = (n,)
-    args = (q, None, None, cu_q, tok, None, None, cu_d, None, None, None, out, None, None, None, 1, n, 0, 0, 0)
+    args = (q, None, None, cu_q, tok, None, None, cu_d, None, None, None, out, None, None, None, 1, n, 0, 0, 0, 1)
     meta = dict(LQ_BUCKET=32, DIM=128, BLOCK_DIM=128, Q_VARLEN=True, D_LAYOUT=2, HAS_QMASK=False, HAS_DMASK=False,
-                INT8=False, IEEE=False, UPCAST=False, PAGED=False, QUANT=False, QCACHE=False, **cfg)
+                INT8=False, IEEE=False, UPCAST=False, PAGED=False, QUANT=False, QCACHE=False, QCHUNK=0, **cfg)
 
     def python_only(fn):  # the call with its kernel launches left out
         return with_attr(fused, "launch_kernel", lambda *a, **k: None, fn)
@@ -344,11 +361,12 @@ def main():
     ap.add_argument("--int8", action="store_true", help="cases a and c: the int8 configs (queries quantized apart)")
     ap.add_argument("--regs", action="store_true", help="cases a and c: configs under register caps (maxnreg)")
     ap.add_argument("--qcache", action="store_true", help="int8 cases: where the query blocks are quantized")
+    ap.add_argument("--qchunk", action="store_true", help="case b: long queries split across programs or not")
     ap.add_argument("--labels", default="", help="only these case labels (comma-separated), e.g. a-10k-int8")
     ap.add_argument("--out", default=os.environ.get("OUT", str(HERE / "results")))
     args = ap.parse_args()
     global SWEEP
-    SWEEP = next((flag for flag in ("qcache", "regs", "int8") if getattr(args, flag)), "")
+    SWEEP = next((flag for flag in ("qcache", "regs", "int8", "qchunk") if getattr(args, flag)), "")
     LABELS.extend(x for x in args.labels.split(",") if x)
     dev = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     hbm = 3.35e12

@@ -188,6 +188,101 @@ def test_long_query_is_chunked_exactly(device):
 
 @pytest.mark.parametrize("device", TRITON_DEVICES)
 @pytest.mark.parametrize("dtype", ["fp16", "int8", "int8-quant-in-kernel"])
+def test_long_queries_split_across_programs(device, dtype, monkeypatch):
+    """Long queries split into chunks of QCHUNK_ROWS rows, one program each (chunk sums added after
+    the launch), score as the unsplit launch and the reference: on the cross and the candidate
+    layout (a -1 candidate stays -inf), with query and document masks on the padded one, for a
+    longest-query estimate below the real longest (the last chunk runs to the query's end) and
+    chunks that end inside a BLOCK_Q block. The grid has one program per pair and chunk."""
+    from mvdb.kernels.maxsim import fused
+
+    quant = dtype == "int8-quant-in-kernel"
+    dtype = "int8" if quant else dtype
+    g = _gen("qchunk", dtype)
+    dim = 32
+    lengths = [5, 16, 37, 0, 48, 1]
+    q, cu_q = _packed([70, 3, 33], dim, g, device, torch.float16)
+    d, cu_d = _packed(lengths, dim, g, device)
+    tok, sc = quantize_int8(d) if dtype == "int8" else (d.half(), None)
+    cand = torch.tensor([[5, 0, 2, -1], [4, 1, 3, 2], [2, 2, 0, 1]], device=device)
+    grids = []
+    real = fused.launch_kernel
+
+    def spy(fn, grid, args, consts):
+        if fn is fused._maxsim_fwd_kernel:
+            grids.append((grid[0], consts["QCHUNK"]))
+        real(fn, grid, args, consts)
+
+    monkeypatch.setattr(fused, "launch_kernel", spy)
+    config = {"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": 1, "num_warps": 4, "QUANT": quant}
+
+    def both(layout, n_k, offsets, cnd, max_lq, rows):
+        return fused.launch(_poison((3, n_k), device), q, None, cu_q, 0, tok, sc, None, offsets, cnd, 0, 3, n_k,
+                            layout, max_lq, config={**config, "QCHUNK": rows})
+
+    for layout, n_k, offsets, cnd, ref in (
+        (fused.CSR_CROSS, len(lengths), cu_d, None, None),
+        (fused.CSR_CAND, 4, cu_d.long(), cand, None),
+    ):
+        if dtype == "int8":
+            ref = naive.maxsim_csr(q.cpu(), cu_q.cpu(), tok.cpu(), cu_d.cpu().long(), None if cnd is None else cnd.cpu(),
+                                   sc.cpu(), dtype=torch.float64)
+        else:
+            ref = naive.maxsim_csr(q.double().cpu(), cu_q.cpu(), tok.double().cpu(), cu_d.cpu().long(),
+                                   None if cnd is None else cnd.cpu())
+        whole = both(layout, n_k, offsets, cnd, 70, 0)
+        # 24-row chunks end inside 16-row blocks; an estimate of 36 gives 2 chunks for a 70-token query
+        for max_lq, rows, chunks in ((70, 32, 3), (70, 24, 3), (36, 32, 2)):
+            grids.clear()
+            got = both(layout, n_k, offsets, cnd, max_lq, rows)
+            assert grids == [(3 * n_k * chunks, rows)], grids
+            _check_close(got, ref, rtol=1e-6 if dtype == "int8" else 1e-6)
+            torch.testing.assert_close(got, whole, rtol=1e-6, atol=1e-4)
+            assert torch.equal(torch.isinf(got), torch.isinf(whole))
+    # padded layout with masks, through the public call and the module's rule
+    Q = torch.randn(2, 40, dim, generator=g).to(device)
+    D = torch.randn(3, 20, dim, generator=g).to(device)
+    qm = torch.rand(2, 40, generator=g) > 0.3
+    dm = torch.rand(3, 20, generator=g) > 0.3
+    dm[1] = False  # a document with no valid token scores 0
+    DD, ds = quantize_int8(D) if dtype == "int8" else (D, None)
+    monkeypatch.setattr(fused, "QCHUNK_ROWS", 16)
+    monkeypatch.setattr(fused, "QCHUNK_MIN_LQ", 17)
+    monkeypatch.setattr(fused, "QCHUNK_MIN_LD", 21)
+    maxsim(Q, DD, qm.to(device), dm.to(device), d_scales=ds)
+    assert grids[-1] == (2 * 3, 0), "documents of 20 tokens, below QCHUNK_MIN_LD: one program per pair"
+    monkeypatch.setattr(fused, "QCHUNK_MIN_LD", 20)
+    grids.clear()
+    got = maxsim(Q, DD, qm.to(device), dm.to(device), d_scales=ds)
+    assert grids[-1] == (2 * 3 * 3, 16), grids
+    monkeypatch.setattr(fused, "QCHUNK_ROWS", 0)
+    whole = maxsim(Q, DD, qm.to(device), dm.to(device), d_scales=ds)
+    assert grids[-1][1] == 0
+    torch.testing.assert_close(got, whole, rtol=1e-6, atol=1e-4)
+    assert torch.all(got[:, 1] == 0)
+
+
+def test_query_chunk_rule():
+    """Queries of QCHUNK_MIN_LQ tokens and more against documents of QCHUNK_MIN_LD tokens on average
+    are split into QCHUNK_ROWS-row chunks (measured: faster on 1,024-token documents, slower on
+    64-300); the rest run one program per pair. The mean document length comes from the shapes:
+    the padded length, or a CSR store's tokens / documents; a paged store is not split."""
+    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim.fused import QCHUNK_MIN_LD, QCHUNK_MIN_LQ, QCHUNK_ROWS, query_chunks
+
+    assert (QCHUNK_ROWS, QCHUNK_MIN_LQ, QCHUNK_MIN_LD) == (256, 512, 512)
+    assert query_chunks(32, 1024) == query_chunks(300, 1024) == query_chunks(511, 1024) == 1
+    assert query_chunks(512, 1024) == 2 and query_chunks(1024, 1024) == 4 and query_chunks(1030, 512) == 5
+    assert query_chunks(1024, 182) == query_chunks(1024, 511.9) == 1
+    d = torch.empty(3000, 8)
+    offsets = torch.zeros(4, dtype=torch.int64)
+    assert fused._mean_doc_len(int(fused.CSR_CROSS.value), d, offsets, 0, None) == 1000
+    assert fused._mean_doc_len(int(fused.CSR_CAND.value), d, offsets, 0, torch.zeros(3)) == 0
+    assert fused._mean_doc_len(int(fused.PADDED_CROSS.value), d, None, 700, None) == 700
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("dtype", ["fp16", "int8", "int8-quant-in-kernel"])
 @pytest.mark.parametrize("runmax", [0, 1], ids=["reduce-per-tile", "running-max"])
 @pytest.mark.parametrize("lq_bucket", [16, 128], ids=["short-path", "full-tiles-then-tail"])
 def test_every_launch_variant_is_exact(device, dtype, runmax, lq_bucket):

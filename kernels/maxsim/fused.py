@@ -117,8 +117,12 @@ def _tile_scores(qk, D, DS, DM, d_start, s_start, cols, d_n, offs_c, DIM: tl.con
         acc = tl.dot(qk, dt, out_dtype=tl.int32)  # [BQ, BD]
         if DIM * 127 * 127 < 4194304:
             # |acc| < 2**22: int -> float by adding 1.5 * 2**23's bit pattern (an integer add and a
-            # float subtract, exact) instead of the slow I2F conversion. (Folding the subtract
-            # into an FMA with -12582912 * scale loses about half an int8 unit per score: no.)
+            # float subtract, exact). (Folding the subtract into an FMA with -12582912 * scale loses
+            # about half an int8 unit per score: no. sm_90's I2FP conversion instead, one instruction
+            # for two, measured no faster on the compute-bound ColPali case: best of ten configs
+            # 0.355 against 0.353 ms, faster on six, up to 17% slower on the others
+            # (kernel-variants-qchunk-H100-2.json). The bit pattern as the MMA's accumulator input
+            # compiles to the same integer add.)
             s = ((acc + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0) * scale[None, :]
         else:
             s = acc.to(tl.float32) * scale[None, :]
@@ -231,7 +235,7 @@ def _fence_gpu():
                               dtype=tl.int32, is_pure=False, pack=1)
 
 
-@triton.jit(do_not_specialize=["n_q", "n_k", "q_len", "d_len", "gen"])
+@triton.jit(do_not_specialize=["n_q", "n_k", "q_len", "d_len", "gen", "n_chunks"])
 def _maxsim_fwd_kernel(
     Q,  # [Tq, DIM] query tokens (any float dtype; int8 when INT8 and not QUANT, by _quantize_rows_kernel)
     QS,  # [Tq] float32 query-token scales (INT8 and not QUANT) or None
@@ -244,7 +248,7 @@ def _maxsim_fwd_kernel(
     CAND,  # [Nq, K] int64 candidate doc indices (CSR_CAND) or None
     STARTS,  # [n_docs] int64 token rows of the documents, counted from D (PAGED) or None
     SC_STARTS,  # [n_docs] int64 scale rows of the documents, counted from DS (PAGED and INT8) or None
-    Out,  # [Nq, K] float32
+    Out,  # [Nq, K] float32, or [n_chunks, Nq, K] (QCHUNK): each chunk's sum, added up after the launch
     QC,  # [Tq, DIM] int8: the launch's shared quantized query tokens (QCACHE) or None
     QCS,  # [Tq] float32: their scales (QCACHE) or None
     QFLAG,  # [>= Nq] int64: QFLAG[i] == gen once query i's rows of QC / QCS are written (QCACHE) or None
@@ -253,6 +257,7 @@ def _maxsim_fwd_kernel(
     q_len,  # padded query length (not Q_VARLEN)
     d_len,  # padded doc length (PADDED_* layouts)
     gen,  # this launch's number (QCACHE): unique per launch, never 0
+    n_chunks,  # query chunks per pair (QCHUNK): the last one runs to the query's end
     LQ_BUCKET: tl.constexpr,
     DIM: tl.constexpr,
     BLOCK_DIM: tl.constexpr,
@@ -267,11 +272,18 @@ def _maxsim_fwd_kernel(
     QUANT: tl.constexpr,  # INT8 with float queries: each program quantizes its query block itself
     QCACHE: tl.constexpr,  # QUANT sharing the quantized blocks: a program that finds its query's flag
     # set loads them (int8 + scales, from L2); one that does not quantizes and publishes them
+    QCHUNK: tl.constexpr,  # 0, or query rows per program: a pair's chunks are programs side by side
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
     RUNMAX: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
+    if QCHUNK:
+        # a pair's chunks vary fastest: the programs reading one document run at the same time, so
+        # it comes from HBM once and from L2 for the others (one program per pair streams it from
+        # HBM once per query block: the blocks' passes are a whole document apart)
+        chunk = pid % n_chunks
+        pid = pid // n_chunks
     if D_LAYOUT == PADDED_CROSS or D_LAYOUT == CSR_CROSS:
         # Queries vary fastest: the programs sharing a document run together and hit L2.
         qi = pid % n_q
@@ -315,6 +327,11 @@ def _maxsim_fwd_kernel(
     offs_c = tl.arange(0, BLOCK_DIM)
     c_ok = offs_c < DIM  # [BDIM]; all True when DIM is a power of two
 
+    q_lo = 0
+    q_hi = q_n
+    if QCHUNK:
+        q_lo = chunk * QCHUNK
+        q_hi = tl.where(chunk == n_chunks - 1, q_n, tl.minimum(q_n, q_lo + QCHUNK))
     total = tl.zeros([1], dtype=tl.float32)
     cached = False
     if QCACHE:
@@ -323,9 +340,9 @@ def _maxsim_fwd_kernel(
         # quantizing branch's cross-warp reductions then read the other branch's shared memory)
         cached = tl.atomic_add(QFLAG + qi, 0, sem="acquire", scope="gpu") == gen
     # Long queries are scored BLOCK_Q tokens at a time and summed: exact, bounded registers.
-    for qb in range(0, q_n, BLOCK_Q):
+    for qb in range(q_lo, q_hi, BLOCK_Q):
         rows = qb + offs_q
-        r_ok = rows < q_n
+        r_ok = rows < q_hi
         q_ptrs = Q + (q_start + rows)[:, None] * DIM + offs_c[None, :]
         if BLOCK_DIM == DIM:
             ld_ok = r_ok[:, None]
@@ -372,10 +389,13 @@ def _maxsim_fwd_kernel(
             tl.atomic_xchg(QFLAG + qi, gen, sem="release", scope="gpu")
     if D_LAYOUT == CSR_CAND:
         total = tl.where(is_pad, float("-inf"), total)
-    tl.store(Out + qi * n_k + k + tl.arange(0, 1), total)
+    o = qi * n_k + k
+    if QCHUNK:
+        o += chunk * n_q * n_k
+    tl.store(Out + o + tl.arange(0, 1), total)
 
 
-_KEY = ["LQ_BUCKET", "DIM", "Q_VARLEN", "D_LAYOUT", "HAS_QMASK", "HAS_DMASK", "INT8", "PAGED", "QUANT"]
+_KEY = ["LQ_BUCKET", "DIM", "Q_VARLEN", "D_LAYOUT", "HAS_QMASK", "HAS_DMASK", "INT8", "PAGED", "QUANT", "QCHUNK"]
 _tuned = triton.autotune(configs=_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune})(
     _maxsim_fwd_kernel
 )
@@ -388,7 +408,10 @@ def default_config(lq_bucket_: int) -> dict:
         return {"BLOCK_Q": 16, "BLOCK_D": 16, "num_warps": 4, "RUNMAX": 1}
     if lq_bucket_ <= 64:
         return {"BLOCK_Q": max(32, lq_bucket_), "BLOCK_D": 32, "num_warps": 2, "num_stages": 3, "RUNMAX": 1}
-    return {"BLOCK_Q": 128, "BLOCK_D": 128, "num_warps": 4, "num_stages": 3, "RUNMAX": 0}
+    # long queries, split in QCHUNK_ROWS chunks: BLOCK_D 64 (two programs per SM) took the ColPali case
+    # from 0.58-0.61 ms (BLOCK_D 128) to 0.49-0.50 in bf16, int8 unchanged at 0.35-0.36
+    # (kernel-variants-qchunk-H100*.json)
+    return {"BLOCK_Q": 128, "BLOCK_D": 64, "num_warps": 4, "num_stages": 3, "RUNMAX": 0}
 
 
 @triton.jit
@@ -500,6 +523,39 @@ def _query_cache(q: torch.Tensor, n_q: int, force: bool = False):
     return *_int8_views(buf, q), flags, next(_GEN)
 
 
+# Long queries against long documents are split across programs, QCHUNK_ROWS query rows each:
+# from QCHUNK_MIN_LQ query tokens (the launch's longest query, or its estimate: the last chunk runs
+# to the query's end, so an underestimate costs speed, not correctness) and QCHUNK_MIN_LD document
+# tokens on average (the padded length, or tokens / documents of a CSR store; paged stores, whose
+# shapes do not tell, are not split). One program per pair loops over its query blocks and streams
+# the whole document once per block; at ColPali's size (1,024 x 1,024 tokens, 1,000 documents)
+# those passes are a document apart on every SM, tens of MB, and come back from HBM. Chunk programs
+# of one document run side by side instead and share its tiles through L2. The chunks' sums land in
+# an [n_chunks, Nq, K] buffer, added up in chunk order after the launch. Measured on the H100
+# (benchmarks/long_query.py, long-query-H100.json): 2-14% faster on documents of 1,024-1,030
+# tokens, 6% slower on 64-300 (one program's passes over such a document stay in L2); the
+# threshold between them is not measured.
+QCHUNK_ROWS = 256
+QCHUNK_MIN_LQ = 512
+QCHUNK_MIN_LD = 512
+
+
+def query_chunks(max_lq: int, mean_ld: float) -> int:
+    """Programs per (query, document) pair: 1, or one per QCHUNK_ROWS rows of long queries."""
+    if QCHUNK_ROWS <= 0 or max_lq < max(QCHUNK_MIN_LQ, QCHUNK_ROWS + 1) or mean_ld < QCHUNK_MIN_LD:
+        return 1
+    return -(-max_lq // QCHUNK_ROWS)
+
+
+def _mean_doc_len(layout: int, d: torch.Tensor, offsets, d_len: int, starts) -> float:
+    """The documents' mean length from the shapes alone (0 where they do not tell: paged stores)."""
+    if layout in (int(PADDED_CROSS.value), int(PADDED_PER_QUERY.value)):
+        return d_len
+    if starts is None and offsets is not None:
+        return d.shape[0] / max(1, offsets.numel() - 1)
+    return 0
+
+
 def quantize_in_kernel(pairs: int, max_lq: int) -> bool:
     return pairs * max(1, max_lq) <= QUANT_IN_KERNEL_WORK
 
@@ -532,24 +588,29 @@ def launch(
     ``starts`` / ``scale_starts`` (CSR_CAND only): a paged store's document rows (see PAGED).
     ``config`` (tests, benchmarks): launch with these BLOCK_Q/BLOCK_D/RUNMAX/num_warps/num_stages
     instead of the autotuned or default ones (and QUANT, to force where int8 queries are
-    quantized). INT8 documents: the query tokens are quantized once per launch by a kernel of
+    quantized; QCACHE, whether they are shared; QCHUNK, query rows per program, 0 for one program
+    per pair, instead of :func:`query_chunks`' rule). INT8 documents: the query tokens are quantized once per launch by a kernel of
     their own, or, for small launches (:func:`quantize_in_kernel`), by each program."""
     n = n_q * n_k
     if starts is not None and int(getattr(layout, "value", layout)) != int(CSR_CAND.value):
         raise ValueError("starts: only the candidate layout (CSR_CAND) reads a paged store")
     if n == 0:
         return out
-    if n >= 2**31:
-        raise ValueError(f"too many (query, document) pairs in one call: {n} (at most 2**31 - 1); split the batch")
+    chunks = query_chunks(max_lq, _mean_doc_len(int(getattr(layout, "value", layout)), d, offsets, d_len, starts))
+    if config is not None and "QCHUNK" in config:  # benchmarks: force the split (0: off)
+        chunks = -(-max_lq // config["QCHUNK"]) if config["QCHUNK"] else 1
+    if n * chunks >= 2**31:
+        raise ValueError(f"too many (query, document) pairs in one call: {n} x {chunks} query chunks "
+                         "(at most 2**31 - 1 programs); split the batch")
     other_gpu = out.is_cuda and out.device.index != torch.cuda.current_device()
     with torch.cuda.device(out.device) if other_gpu else contextlib.nullcontext():
         _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_len, n_q, n_k, layout, max_lq,
-                starts, scale_starts, config)
+                starts, scale_starts, config, chunks)
     return out
 
 
 def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_len, n_q, n_k, layout, max_lq,
-            starts, scale_starts, config) -> None:
+            starts, scale_starts, config, chunks) -> None:
     q_dtype = q.dtype  # the autotune key names the caller's query dtype
     dim = q.shape[-1]
     int8 = d.dtype == torch.int8
@@ -558,13 +619,16 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
     forced = config.pop("QUANT", None) if config is not None else None
     quant = int8 and (quantize_in_kernel(n_q * n_k, max_lq) if forced is None else bool(forced))
     shared = config.pop("QCACHE", None) if config is not None else None
+    rows = config.pop("QCHUNK", None) if config is not None else None
+    rows = (QCHUNK_ROWS if rows is None else rows) if chunks > 1 else 0
     qc = qcs = qflag = None
     gen = 0
     if int8 and not quant:
         with launch_guard():
             q, q_scales = quantize_queries(q)
-    elif quant and (shared is None or shared):
+    elif quant and (shared is None or shared) and not rows:  # a chunk quantizes its own rows
         qc, qcs, qflag, gen = _query_cache(q, n_q, force=bool(shared))
+    part = out if not rows else torch.empty((chunks, n_q, n_k), dtype=torch.float32, device=out.device)
     args = (
         q,
         q_scales,
@@ -577,7 +641,7 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
         cand,
         starts,
         scale_starts,
-        out,
+        part,
         qc,
         qcs,
         qflag,
@@ -586,6 +650,7 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
         q_len,
         d_len,
         gen,
+        chunks,
     )
     meta = dict(
         LQ_BUCKET=lq_bucket(max_lq),
@@ -602,13 +667,16 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
         PAGED=starts is not None,
         QUANT=quant,
         QCACHE=qc is not None,
+        QCHUNK=rows,
     )
-    grid = (n_q * n_k,)
+    grid = (n_q * n_k * chunks,)
     if config is not None:
         with launch_guard():
             launch_kernel(_maxsim_fwd_kernel, grid, args, {**meta, **config})
     else:
         _run(grid, args, meta, out.device, q_dtype, d.dtype)
+    if rows:
+        torch.sum(part, 0, out=out.view(n_q, n_k))
 
 
 _BEST: dict[tuple, dict] = {}  # autotune winners, launched directly (skips the autotuner's per-call work)
