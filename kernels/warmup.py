@@ -21,7 +21,12 @@ def warmup(
     """Run every (dim, dtype, query length) combination through both CSR layouts on
     representative synthetic data, so that autotuning and compilation happen now. ``torch.int8``
     in ``dtypes`` warms the INT8 path, with its queries quantized inside the kernel (small
-    launches) and before it (large ones). Returns the seconds spent; a no-op without CUDA."""
+    launches) and before it (large ones). ``doc_length``: your documents' typical length; queries
+    of 512 tokens and more against documents of 512 tokens and more on average run a split launch
+    with an autotune entry of its own (``fused.query_chunks``), so long queries against long pages
+    warm that entry only with a doc_length of 512 or more. (The padded ``maxsim`` layouts and
+    paged stores, which are never split, are not warmed here.)
+    Returns the seconds spent; a no-op without CUDA."""
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return 0.0

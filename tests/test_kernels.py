@@ -190,10 +190,12 @@ def test_long_query_is_chunked_exactly(device):
 @pytest.mark.parametrize("dtype", ["fp16", "int8", "int8-quant-in-kernel"])
 def test_long_queries_split_across_programs(device, dtype, monkeypatch):
     """Long queries split into chunks of QCHUNK_ROWS rows, one program each (chunk sums added after
-    the launch), score as the unsplit launch and the reference: on the cross and the candidate
-    layout (a -1 candidate stays -inf), with query and document masks on the padded one, for a
-    longest-query estimate below the real longest (the last chunk runs to the query's end) and
-    chunks that end inside a BLOCK_Q block. The grid has one program per pair and chunk."""
+    the launch), score as the unsplit launch and the reference: on the cross, the candidate (a -1
+    candidate stays -inf) and the paged candidate layout, for a longest-query estimate below the
+    real longest (the last chunk runs to the query's end), a far too large one (no more chunks than
+    the query tokens fill), 0, and chunks that end inside a BLOCK_Q block; through the public calls
+    on both padded layouts, with query and document masks on the cross product. The grid has one
+    program per pair and chunk. (Autotuning off, so that every launch passes the spy.)"""
     from mvdb.kernels.maxsim import fused
 
     quant = dtype == "int8-quant-in-kernel"
@@ -205,6 +207,7 @@ def test_long_queries_split_across_programs(device, dtype, monkeypatch):
     d, cu_d = _packed(lengths, dim, g, device)
     tok, sc = quantize_int8(d) if dtype == "int8" else (d.half(), None)
     cand = torch.tensor([[5, 0, 2, -1], [4, 1, 3, 2], [2, 2, 0, 1]], device=device)
+    starts = cu_d[:-1].long().contiguous()
     grids = []
     real = fused.launch_kernel
 
@@ -214,51 +217,63 @@ def test_long_queries_split_across_programs(device, dtype, monkeypatch):
         real(fn, grid, args, consts)
 
     monkeypatch.setattr(fused, "launch_kernel", spy)
+    monkeypatch.setattr(fused, "autotuning", lambda: False)
     config = {"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": 1, "num_warps": 4, "QUANT": quant}
 
-    def both(layout, n_k, offsets, cnd, max_lq, rows):
+    def run(layout, n_k, offsets, cnd, paged, max_lq, rows):
         return fused.launch(_poison((3, n_k), device), q, None, cu_q, 0, tok, sc, None, offsets, cnd, 0, 3, n_k,
-                            layout, max_lq, config={**config, "QCHUNK": rows})
+                            layout, max_lq, starts=starts if paged else None,
+                            scale_starts=starts if paged and sc is not None else None,
+                            config={**config, "QCHUNK": rows})
 
-    for layout, n_k, offsets, cnd, ref in (
-        (fused.CSR_CROSS, len(lengths), cu_d, None, None),
-        (fused.CSR_CAND, 4, cu_d.long(), cand, None),
+    for layout, n_k, offsets, cnd, paged in (
+        (fused.CSR_CROSS, len(lengths), cu_d, None, False),
+        (fused.CSR_CAND, 4, cu_d.long(), cand, False),
+        (fused.CSR_CAND, 4, cu_d.long(), cand, True),
     ):
+        ccpu = None if cnd is None else cnd.cpu()
         if dtype == "int8":
-            ref = naive.maxsim_csr(q.cpu(), cu_q.cpu(), tok.cpu(), cu_d.cpu().long(), None if cnd is None else cnd.cpu(),
-                                   sc.cpu(), dtype=torch.float64)
+            ref = naive.maxsim_csr(q.cpu(), cu_q.cpu(), tok.cpu(), cu_d.cpu().long(), ccpu, sc.cpu(), dtype=torch.float64)
+            same = None
         else:
-            ref = naive.maxsim_csr(q.double().cpu(), cu_q.cpu(), tok.double().cpu(), cu_d.cpu().long(),
-                                   None if cnd is None else cnd.cpu())
-        whole = both(layout, n_k, offsets, cnd, 70, 0)
-        # 24-row chunks end inside 16-row blocks; an estimate of 36 gives 2 chunks for a 70-token query
-        for max_lq, rows, chunks in ((70, 32, 3), (70, 24, 3), (36, 32, 2)):
+            ref = naive.maxsim_csr(q.double().cpu(), cu_q.cpu(), tok.double().cpu(), cu_d.cpu().long(), ccpu)
+            same = _torch_same_dtype_csr(q, cu_q, tok, cu_d.long(), cnd)
+        whole = run(layout, n_k, offsets, cnd, paged, 70, 0)
+        # 24-row chunks end inside 16-row blocks; an estimate of 36 gives 2 chunks for a 70-token query;
+        # an estimate of 10**6 no more than the 106 query tokens fill (4 chunks of 32); 0: one program
+        for max_lq, rows, chunks in ((70, 32, 3), (70, 24, 3), (36, 32, 2), (10**6, 32, 4), (0, 32, 1)):
             grids.clear()
-            got = both(layout, n_k, offsets, cnd, max_lq, rows)
-            assert grids == [(3 * n_k * chunks, rows)], grids
-            _check_close(got, ref, rtol=1e-6 if dtype == "int8" else 1e-6)
+            got = run(layout, n_k, offsets, cnd, paged, max_lq, rows)
+            assert grids == [(3 * n_k * chunks, rows if chunks > 1 else 0)], grids
+            _check_close(got, ref, same, rtol=1e-6 if dtype == "int8" else 0.0)
             torch.testing.assert_close(got, whole, rtol=1e-6, atol=1e-4)
             assert torch.equal(torch.isinf(got), torch.isinf(whole))
-    # padded layout with masks, through the public call and the module's rule
+    # padded layouts through the public call and the module's rule
     Q = torch.randn(2, 40, dim, generator=g).to(device)
     D = torch.randn(3, 20, dim, generator=g).to(device)
-    qm = torch.rand(2, 40, generator=g) > 0.3
+    D4 = torch.randn(2, 3, 20, dim, generator=g).to(device)  # per-query candidates
+    qm = (torch.rand(2, 40, generator=g) > 0.3).to(device)
     dm = torch.rand(3, 20, generator=g) > 0.3
     dm[1] = False  # a document with no valid token scores 0
+    dm = dm.to(device)
     DD, ds = quantize_int8(D) if dtype == "int8" else (D, None)
+    DD4, ds4 = quantize_int8(D4) if dtype == "int8" else (D4, None)
     monkeypatch.setattr(fused, "QCHUNK_ROWS", 16)
     monkeypatch.setattr(fused, "QCHUNK_MIN_LQ", 17)
     monkeypatch.setattr(fused, "QCHUNK_MIN_LD", 21)
-    maxsim(Q, DD, qm.to(device), dm.to(device), d_scales=ds)
+    maxsim(Q, DD, qm, dm, d_scales=ds)
     assert grids[-1] == (2 * 3, 0), "documents of 20 tokens, below QCHUNK_MIN_LD: one program per pair"
     monkeypatch.setattr(fused, "QCHUNK_MIN_LD", 20)
     grids.clear()
-    got = maxsim(Q, DD, qm.to(device), dm.to(device), d_scales=ds)
-    assert grids[-1] == (2 * 3 * 3, 16), grids
+    got = maxsim(Q, DD, qm, dm, d_scales=ds)
+    got4 = maxsim(Q, DD4, d_scales=ds4)
+    assert grids == [(2 * 3 * 3, 16), (2 * 3 * 3, 16)], grids
     monkeypatch.setattr(fused, "QCHUNK_ROWS", 0)
-    whole = maxsim(Q, DD, qm.to(device), dm.to(device), d_scales=ds)
-    assert grids[-1][1] == 0
+    whole = maxsim(Q, DD, qm, dm, d_scales=ds)
+    whole4 = maxsim(Q, DD4, d_scales=ds4)
+    assert grids[-2:] == [(2 * 3, 0), (2 * 3, 0)], grids
     torch.testing.assert_close(got, whole, rtol=1e-6, atol=1e-4)
+    torch.testing.assert_close(got4, whole4, rtol=1e-6, atol=1e-4)
     assert torch.all(got[:, 1] == 0)
 
 

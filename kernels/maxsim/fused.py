@@ -408,9 +408,9 @@ def default_config(lq_bucket_: int) -> dict:
         return {"BLOCK_Q": 16, "BLOCK_D": 16, "num_warps": 4, "RUNMAX": 1}
     if lq_bucket_ <= 64:
         return {"BLOCK_Q": max(32, lq_bucket_), "BLOCK_D": 32, "num_warps": 2, "num_stages": 3, "RUNMAX": 1}
-    # long queries, split in QCHUNK_ROWS chunks: BLOCK_D 64 (two programs per SM) took the ColPali case
-    # from 0.58-0.61 ms (BLOCK_D 128) to 0.49-0.50 in bf16, int8 unchanged at 0.35-0.36
-    # (kernel-variants-qchunk-H100*.json)
+    # every query bucket above 64 tokens, measured on the ColPali case only (split in QCHUNK_ROWS
+    # chunks): BLOCK_D 64 (two programs per SM) took it from 0.58-0.61 ms (BLOCK_D 128) to 0.49-0.50
+    # in bf16, int8 unchanged at 0.35-0.36 (kernel-variants-qchunk-H100*.json)
     return {"BLOCK_Q": 128, "BLOCK_D": 64, "num_warps": 4, "num_stages": 3, "RUNMAX": 0}
 
 
@@ -525,7 +525,8 @@ def _query_cache(q: torch.Tensor, n_q: int, force: bool = False):
 
 # Long queries against long documents are split across programs, QCHUNK_ROWS query rows each:
 # from QCHUNK_MIN_LQ query tokens (the launch's longest query, or its estimate: the last chunk runs
-# to the query's end, so an underestimate costs speed, not correctness) and QCHUNK_MIN_LD document
+# to the query's end, so an underestimate costs speed, not correctness; an overestimate is capped at
+# the query tokens of the launch, and a grid past 2**31 - 1 programs is not split) and QCHUNK_MIN_LD document
 # tokens on average (the padded length, or tokens / documents of a CSR store; paged stores, whose
 # shapes do not tell, are not split). One program per pair loops over its query blocks and streams
 # the whole document once per block; at ColPali's size (1,024 x 1,024 tokens, 1,000 documents)
@@ -589,19 +590,23 @@ def launch(
     ``config`` (tests, benchmarks): launch with these BLOCK_Q/BLOCK_D/RUNMAX/num_warps/num_stages
     instead of the autotuned or default ones (and QUANT, to force where int8 queries are
     quantized; QCACHE, whether they are shared; QCHUNK, query rows per program, 0 for one program
-    per pair, instead of :func:`query_chunks`' rule). INT8 documents: the query tokens are quantized once per launch by a kernel of
-    their own, or, for small launches (:func:`quantize_in_kernel`), by each program."""
+    per pair, instead of :func:`query_chunks`' rule). INT8 documents: the query tokens are
+    quantized once per launch by a kernel of their own, or, for small launches
+    (:func:`quantize_in_kernel`), by each program."""
     n = n_q * n_k
     if starts is not None and int(getattr(layout, "value", layout)) != int(CSR_CAND.value):
         raise ValueError("starts: only the candidate layout (CSR_CAND) reads a paged store")
     if n == 0:
         return out
-    chunks = query_chunks(max_lq, _mean_doc_len(int(getattr(layout, "value", layout)), d, offsets, d_len, starts))
+    if n >= 2**31:
+        raise ValueError(f"too many (query, document) pairs in one call: {n} (at most 2**31 - 1); split the batch")
+    # no query is longer than all the query tokens: a generous max_seqlen_q adds no empty chunks
+    lq = min(max_lq, q.shape[0] if cu_q is not None else q_len)
+    chunks = query_chunks(lq, _mean_doc_len(int(getattr(layout, "value", layout)), d, offsets, d_len, starts))
     if config is not None and "QCHUNK" in config:  # benchmarks: force the split (0: off)
-        chunks = -(-max_lq // config["QCHUNK"]) if config["QCHUNK"] else 1
-    if n * chunks >= 2**31:
-        raise ValueError(f"too many (query, document) pairs in one call: {n} x {chunks} query chunks "
-                         "(at most 2**31 - 1 programs); split the batch")
+        chunks = max(1, -(-lq // config["QCHUNK"])) if config["QCHUNK"] else 1
+    if n * chunks >= 2**31:  # the split is a speed-up only: one program per pair instead
+        chunks = 1
     other_gpu = out.is_cuda and out.device.index != torch.cuda.current_device()
     with torch.cuda.device(out.device) if other_gpu else contextlib.nullcontext():
         _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_len, n_q, n_k, layout, max_lq,
