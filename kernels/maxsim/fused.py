@@ -602,20 +602,23 @@ def launch(
         raise ValueError(f"too many (query, document) pairs in one call: {n} (at most 2**31 - 1); split the batch")
     # no query is longer than all the query tokens: a generous max_seqlen_q adds no empty chunks
     lq = min(max_lq, q.shape[0] if cu_q is not None else q_len)
-    chunks = query_chunks(lq, _mean_doc_len(int(getattr(layout, "value", layout)), d, offsets, d_len, starts))
-    if config is not None and "QCHUNK" in config:  # benchmarks: force the split (0: off)
-        chunks = max(1, -(-lq // config["QCHUNK"])) if config["QCHUNK"] else 1
-    if n * chunks >= 2**31:  # the split is a speed-up only: one program per pair instead
-        chunks = 1
+    forced = None if config is None else config.get("QCHUNK")  # benchmarks: force the split (0: off)
+    if forced is None:
+        chunks, rows = query_chunks(lq, _mean_doc_len(int(getattr(layout, "value", layout)), d, offsets, d_len,
+                                                      starts)), QCHUNK_ROWS
+    else:
+        chunks, rows = (-(-lq // forced) if forced else 1), forced
+    if chunks <= 1 or n * chunks >= 2**31:  # the split is a speed-up only: one program per pair instead
+        chunks, rows = 1, 0
     other_gpu = out.is_cuda and out.device.index != torch.cuda.current_device()
     with torch.cuda.device(out.device) if other_gpu else contextlib.nullcontext():
         _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_len, n_q, n_k, layout, max_lq,
-                starts, scale_starts, config, chunks)
+                starts, scale_starts, config, chunks, rows)
     return out
 
 
 def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_len, n_q, n_k, layout, max_lq,
-            starts, scale_starts, config, chunks) -> None:
+            starts, scale_starts, config, chunks, rows) -> None:
     q_dtype = q.dtype  # the autotune key names the caller's query dtype
     dim = q.shape[-1]
     int8 = d.dtype == torch.int8
@@ -624,8 +627,8 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
     forced = config.pop("QUANT", None) if config is not None else None
     quant = int8 and (quantize_in_kernel(n_q * n_k, max_lq) if forced is None else bool(forced))
     shared = config.pop("QCACHE", None) if config is not None else None
-    rows = config.pop("QCHUNK", None) if config is not None else None
-    rows = (QCHUNK_ROWS if rows is None else rows) if chunks > 1 else 0
+    if config is not None:
+        config.pop("QCHUNK", None)  # decided by launch: ``chunks`` programs of ``rows`` query rows per pair
     qc = qcs = qflag = None
     gen = 0
     if int8 and not quant:
