@@ -6,8 +6,9 @@ Times the default call (``check=False``, no ``max_seqlen_q``) and the call with 
 in both orders with triton.testing.do_bench (L2 flushed between runs), the host's time per call
 (1,000 calls without waiting, then one wait), and each kernel's device time from torch.profiler,
 so a call whose time is the host's launch work shows up as such; then, over varlen and candidate
-launches of several sizes, the int8 queries quantized inside the MaxSim kernel against a
-quantization launch of their own (scores bit-identical; fused.QUANT_IN_KERNEL_WORK picks).
+launches of several sizes, the three placements of the int8 query quantization: every program
+for itself, shared (one program per query quantizes), a launch of its own (scores equal to float32
+rounding; fused.SHARE_MIN_WORK and fused.QUANT_IN_KERNEL_WORK pick).
 """
 
 from __future__ import annotations
@@ -49,12 +50,16 @@ def kernels_us(fn, n: int = 20) -> dict:
     return {e.key[:60]: e.device_time_total / n for e in prof.key_averages() if e.device_time_total > 0}
 
 
-def _at(threshold: int, fn):
-    """fn run with fused.QUANT_IN_KERNEL_WORK = threshold (-1: the query-quantization launch)."""
-    return with_attr(fused, "QUANT_IN_KERNEL_WORK", threshold, fn)
+def _at(placement: str, fn):
+    """fn run with the query quantization placed: "shared" (one program per query quantizes, the
+    others load its rows, fused.QCACHE), "every_program" (each program quantizes its own query
+    block) or "launch" (a quantization launch of its own before the MaxSim kernel); the default
+    call picks by the launch's work (fused.SHARE_MIN_WORK, fused.QUANT_IN_KERNEL_WORK)."""
+    share_min, in_kernel = {"shared": (0, 1 << 40), "every_program": (1 << 40, 1 << 40), "launch": (0, -1)}[placement]
+    return with_attr(fused, "SHARE_MIN_WORK", share_min, with_attr(fused, "QUANT_IN_KERNEL_WORK", in_kernel, fn))
 
 
-INKERNEL, LAUNCH = 1 << 40, -1
+PLACEMENTS = ("shared", "every_program", "launch")
 
 
 def _sweep(res: dict) -> None:
@@ -79,22 +84,22 @@ def _sweep(res: dict) -> None:
         cases.append((f"candidates {nq} x 1000 of 1M", nq * 1000, lambda q=q, cu_q=cu_q, cand=cand:
                       maxsim_candidates(q, cu_q, t8, corpus.offsets, cand, sc, check=False)))
     for name, pairs, fn in cases:
-        a, b = _at(INKERNEL, fn), _at(LAUNCH, fn)
+        fns = {p: _at(p, fn) for p in PLACEMENTS}
         # the quantized queries are bit-identical (tests/test_kernels.py checks it under one
         # config); the autotuner may pick another warp count for each placement, which sums the
         # query tokens' maxima in another order: equal to float32 rounding
-        sa, sb = a(), b()
-        same = torch.equal(sa, sb)
-        rel = float(((sa - sb).abs() / sb.abs().clamp_min(1e-30)).nan_to_num(0.0).max())
-        row = {"case": name, "pairs": pairs, "bit_identical": same, "max_rel_diff": rel}
-        for label, f in (("in_kernel", a), ("launch", b)):
+        scores = {p: f() for p, f in fns.items()}
+        ref = scores["launch"]
+        rel = max(float(((s - ref).abs() / ref.abs().clamp_min(1e-30)).nan_to_num(0.0).max()) for s in scores.values())
+        row = {"case": name, "pairs": pairs, "bit_identical": all(torch.equal(s, ref) for s in scores.values()),
+               "max_rel_diff": rel}
+        for label, f in fns.items():
             f()
             row[label] = {"do_bench_ms": median_ms(f, warmup=10, rep=100), "host_us_per_call": host_us(f, 300),
                           "kernels_us": kernels_us(f)}
-        row["rule"] = "in_kernel" if fused.quantize_in_kernel(pairs, 32) else "launch"
         res["sweep"].append(row)
         print(json.dumps(row), flush=True)
-        assert rel <= 1e-6, f"{name}: the two placements of the query quantization disagree ({rel:.2e})"
+        assert rel <= 1e-6, f"{name}: the placements of the query quantization disagree ({rel:.2e})"
 
 
 def main():
@@ -110,8 +115,10 @@ def main():
         "fp16 default": lambda: maxsim_varlen(q, cu_q, tok, cu_d, check=False),
         "int8 default": lambda: maxsim_varlen(q, cu_q, t8, cu_d, d_scales=sc, check=False),
         "int8 max_seqlen_q=32": lambda: maxsim_varlen(q, cu_q, t8, cu_d, d_scales=sc, max_seqlen_q=32, check=False),
-        "int8 default, quantization launch": _at(LAUNCH, lambda: maxsim_varlen(q, cu_q, t8, cu_d, d_scales=sc,
-                                                                               check=False)),
+        "int8 default, quantization launch": _at("launch", lambda: maxsim_varlen(q, cu_q, t8, cu_d, d_scales=sc,
+                                                                                 check=False)),
+        "int8 default, every program quantizes": _at("every_program", lambda: maxsim_varlen(
+            q, cu_q, t8, cu_d, d_scales=sc, check=False)),
     }
     for fn in calls.values():
         fn()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -20,8 +21,9 @@ def warmup(
 ) -> float:
     """Run every (dim, dtype, query length) combination through both CSR layouts on
     representative synthetic data, so that autotuning and compilation happen now. ``torch.int8``
-    in ``dtypes`` warms the INT8 path, with its queries quantized inside the kernel (small
-    launches) and before it (large ones). ``doc_length``: your documents' typical length; queries
+    in ``dtypes`` warms the INT8 path with each placement of the query quantization: by every
+    program (small launches), once per query inside the kernel and shared (mid-sized ones), by a
+    launch of its own before the kernel (large ones). ``doc_length``: your documents' typical length; queries
     of 512 tokens and more against documents of 512 tokens and more on average run a split launch
     with an autotune entry of its own (``fused.query_chunks``), so long queries against long pages
     warm that entry only with a doc_length of 512 or more. (The padded ``maxsim`` layouts and
@@ -48,16 +50,24 @@ def warmup(
                 maxsim_candidates(q, cu_q, tokens, offsets, cand, scales, max_seqlen_q=lq, check=False)
                 maxsim_varlen(q[:lq], cu_q[:2], tokens, offsets.int(), d_scales=scales, max_seqlen_q=lq, check=False)
                 if dtype == torch.int8:
-                    # both placements of the query quantization (fused.quantize_in_kernel), each
-                    # layout: small launches quantize inside the MaxSim kernel, large ones before it
-                    small = max(1, min(n_docs, fused.QUANT_IN_KERNEL_WORK // lq))
-                    big = torch.randint(0, n_docs, (nq, max(512, fused.QUANT_IN_KERNEL_WORK // (nq * lq) + 1)),
-                                        device=device, generator=g)
-                    maxsim_candidates(q[:lq], cu_q[:2], tokens, offsets, cand[:1, :small], scales, max_seqlen_q=lq,
-                                      check=False)
-                    maxsim_candidates(q, cu_q, tokens, offsets, big, scales, max_seqlen_q=lq, check=False)
-                    maxsim_varlen(q[:lq], cu_q[:2], tokens, offsets[: small + 1].int(), d_scales=scales,
-                                  max_seqlen_q=lq, check=False)
-                    maxsim_varlen(q, cu_q, tokens, offsets.int(), d_scales=scales, max_seqlen_q=lq, check=False)
+                    # each placement of the query quantization (fused._launch) for each layout:
+                    # every program for itself, shared rows, a launch of its own
+                    for share_min, in_kernel in ((1 << 40, 1 << 40), (0, 1 << 40), (0, -1)):
+                        with _placement(share_min, in_kernel):
+                            maxsim_candidates(q, cu_q, tokens, offsets, cand, scales, max_seqlen_q=lq, check=False)
+                            maxsim_varlen(q[:lq], cu_q[:2], tokens, offsets.int(), d_scales=scales, max_seqlen_q=lq,
+                                          check=False)
     torch.cuda.synchronize(device)
     return time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def _placement(share_min: int, in_kernel: int):
+    """fused's placement thresholds set meanwhile (launches of other threads too: their scores do
+    not change, only where their query quantization runs)."""
+    saved = fused.SHARE_MIN_WORK, fused.QUANT_IN_KERNEL_WORK
+    fused.SHARE_MIN_WORK, fused.QUANT_IN_KERNEL_WORK = share_min, in_kernel
+    try:
+        yield
+    finally:
+        fused.SHARE_MIN_WORK, fused.QUANT_IN_KERNEL_WORK = saved

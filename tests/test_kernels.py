@@ -630,7 +630,10 @@ def test_warmup_compiles_ahead(monkeypatch):
     maxsim_candidates(q, cu_q, d, cu_d.long(), torch.tensor([[0, 1], [2, -1]], device="cuda"))
     tok, sc = quantize_int8(d)
     maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc)
-    # a large int8 launch: its queries are quantized before the MaxSim kernel, not inside it
+    # a mid-sized int8 launch (one program per query quantizes, the others share its rows) and a
+    # large one (its queries are quantized before the MaxSim kernel, not inside it)
+    mid = torch.randint(0, 3, (2, fused.SHARE_MIN_WORK // 64 + 1), device="cuda")
+    maxsim_candidates(q, cu_q, tok, cu_d.long(), mid, sc)
     many = torch.randint(0, 3, (2, fused.QUANT_IN_KERNEL_WORK // 64 + 1), device="cuda")
     maxsim_candidates(q, cu_q, tok, cu_d.long(), many, sc)
     torch.cuda.synchronize()
@@ -776,6 +779,7 @@ def test_replayed_launches_match_triton_launches(monkeypatch):
         got = [maxsim_varlen(qq, cu_q, t, cu_d, d_scales=s, check=False).clone() for t, s in ((d, None), (tok, sc))]
         with monkeypatch.context() as m:  # int8 queries quantized by a launch of their own: two kernels
             m.setattr(fused, "QUANT_IN_KERNEL_WORK", 0)
+            m.setattr(fused, "QCACHE_MAX_TOKENS", -1)
             got.append(maxsim_varlen(qq, cu_q, tok, cu_d, d_scales=sc, check=False).clone())
         return got
 
@@ -795,9 +799,9 @@ def test_replayed_launches_match_triton_launches(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_shared_query_quantization_matches_the_quantization_launch():
+def test_shared_query_quantization_matches_the_quantization_launch(monkeypatch):
     """Programs that load the query blocks another program quantized and published (QCACHE, the
-    default for small int8 launches): the published rows and scales are quantize_int8's bit for
+    default for int8 launches): the published rows and scales are quantize_int8's bit for
     bit, and the scores those of the query-quantization launch (to the order of the row sums,
     which the compiler may lay out otherwise): fp32 / fp16 / bf16 queries, one query over many
     documents, several of different lengths (an empty one, one longer than a query block),
@@ -818,7 +822,7 @@ def test_shared_query_quantization_matches_the_quantization_launch():
 
     def published(q):
         """The shared buffer's rows and scales for q (the launch that just ran on this stream)."""
-        (buf, _), = fused._QCACHE.values()
+        (buf, *_), = fused._QCACHE.values()
         rows8, scales8 = fused._int8_views(buf, q)
         r8, rs = quantize_int8(q)
         assert torch.equal(rows8, r8) and torch.equal(scales8, rs)
@@ -829,7 +833,7 @@ def test_shared_query_quantization_matches_the_quantization_launch():
         k = n if cand is None else cand.shape[1]
         fused._QCACHE.clear()
         fused._query_cache(q, nq, force=True)
-        (buf, _), = fused._QCACHE.values()
+        (buf, *_), = fused._QCACHE.values()
         buf.fill_(127)  # int8 127s and scales of 3e38: a row read before it was published shows
         out = []
         for c in ({"QUANT": 0}, {"QUANT": 1, "QCACHE": 1}):
@@ -852,24 +856,25 @@ def test_shared_query_quantization_matches_the_quantization_launch():
         assert not torch.equal(b2, b), dt
 
     # the programs that find the flag take the published rows: flags set to the coming launch's
-    # number over sentinel rows (all 1, scale 1) give the sentinel's scores, not the query's
+    # "published" state (2 * its number + 1) over sentinel rows (all 1, scale 1) give the
+    # sentinel's scores, not the query's
     q, cu_q = _packed([32], 128, g, "cuda", torch.float16)
     fused._QCACHE.clear()
     rows8, scales8 = fused._query_cache(q, 1, force=True)[:2]
-    (buf, flags), = fused._QCACHE.values()
+    (buf, flags, *_), = fused._QCACHE.values()
     rows8.fill_(1)
     scales8.fill_(1.0)
-    flags.fill_(next(fused._GEN) + 1)
+    flags.fill_(2 * (next(fused._GEN) + 1) + 1)
     got = fused.launch(_poison((1, n), "cuda"), q, None, cu_q, 0, tok, sc, None, off, None, 0, 1, n,
                        fused.CSR_CROSS, 64, config={**cfg, "QUANT": 1, "QCACHE": 1})
     # (the sentinel is the quantization of a query of ones up to the scale: 127 with scale 1 / 127)
     sentinel = fused.launch(_poison((1, n), "cuda"), torch.ones_like(q), None, cu_q, 0, tok, sc, None, off, None, 0, 1,
                             n, fused.CSR_CROSS, 64, config={**cfg, "QUANT": 0})
     close(got, sentinel)
-    # and a launch publishes: its flag holds its own number afterwards
+    # and a launch publishes: its flag holds its own "published" state afterwards
     fused.launch(_poison((1, n), "cuda"), q, None, cu_q, 0, tok, sc, None, off, None, 0, 1, n,
                  fused.CSR_CROSS, 64, config={**cfg, "QUANT": 1, "QCACHE": 1})
-    assert int(flags[0]) == next(fused._GEN) - 1
+    assert int(flags[0]) == 2 * (next(fused._GEN) - 1) + 1
     q, cu_q = _packed([7, 0, 70, 32], 128, g, "cuda", torch.float16)
     close(*reversed(both(q, cu_q)))
 
@@ -884,8 +889,9 @@ def test_shared_query_quantization_matches_the_quantization_launch():
     for warps in (1, 2, 4, 2, 2):
         close(*reversed(both(q32, cu32, fused.CSR_CAND, cand, warps)))
 
-    # the default call takes the shared path for this launch size, on two streams at once, each
-    # alternating between two queries (a stream's launch must not read the other query's rows)
+    # the default call takes the shared path (here from any launch size), on two streams at once,
+    # each alternating between two queries (a stream's launch must not read the other query's rows)
+    monkeypatch.setattr(fused, "SHARE_MIN_WORK", 0)
     q1, cu1 = _packed([32], 128, g, "cuda", torch.float16)
     queries = (q1, -q1, q1 * 0.5)
     cfg0 = {"BLOCK_Q": 32, "BLOCK_D": 32, "RUNMAX": 1, "num_warps": 2, "num_stages": 3, "QUANT": 0}
@@ -907,7 +913,7 @@ def test_shared_query_quantization_matches_the_quantization_launch():
 
 
 @pytest.mark.gpu
-def test_shared_query_quantization_is_off_under_graph_capture():
+def test_shared_query_quantization_is_off_under_graph_capture(monkeypatch):
     """A captured launch would replay its launch number: while a CUDA graph is captured, every
     program quantizes for itself, and replays after the query changes in place stay right."""
     from mvdb.kernels.maxsim import fused
@@ -916,8 +922,11 @@ def test_shared_query_quantization_is_off_under_graph_capture():
     d, cu_d = _packed([64, 300, 5, 180] * 100, 128, g, "cuda", torch.float16)
     tok, sc = quantize_int8(d)
     q, cu_q = _packed([32], 128, g, "cuda", torch.float16)
+    monkeypatch.setattr(fused, "SHARE_MIN_WORK", 0)  # eager calls of this size share the rows
     # compile both builds (shared and not) outside the capture
+    fused._QCACHE.clear()
     maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False)
+    assert fused._QCACHE, "the eager call did not share the quantized query"
     monkey = pytest.MonkeyPatch()
     monkey.setattr(fused, "QCACHE_MAX_TOKENS", -1)
     maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False)
@@ -936,6 +945,35 @@ def test_shared_query_quantization_is_off_under_graph_capture():
         torch.cuda.synchronize()
         # the eager call shares the rows (another build: the row sums may be ordered otherwise)
         torch.testing.assert_close(out, maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False), rtol=1e-6, atol=0)
+
+
+@pytest.mark.gpu
+def test_int8_query_quantization_placement_rule(monkeypatch):
+    """Where the default call quantizes int8 queries: every program for itself in a small launch
+    (nothing shared), shared rows from fused.SHARE_MIN_WORK on, a launch of its own past
+    fused.QUANT_IN_KERNEL_WORK (nothing shared); the same scores each way."""
+    from mvdb.kernels.maxsim import fused
+
+    g = _gen("placement")
+    d, cu_d = _packed([64, 300, 5, 180] * 200, 128, g, "cuda", torch.float16)
+    tok, sc = quantize_int8(d)
+    q, cu_q = _packed([32], 128, g, "cuda", torch.float16)
+    n = cu_d.numel() - 1
+    work = n * 32
+    calls = []
+    real = fused.quantize_queries
+    monkeypatch.setattr(fused, "quantize_queries", lambda x: calls.append(1) or real(x))
+    got = []
+    for share_min, in_kernel, shared, launched in ((work, work, False, False), (work - 1, work, True, False),
+                                                   (0, work - 1, False, True)):
+        monkeypatch.setattr(fused, "SHARE_MIN_WORK", share_min)
+        monkeypatch.setattr(fused, "QUANT_IN_KERNEL_WORK", in_kernel)
+        fused._QCACHE.clear()
+        calls.clear()
+        got.append(maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False))
+        assert bool(fused._QCACHE) == shared and bool(calls) == launched, (share_min, in_kernel)
+    for x in got[1:]:
+        torch.testing.assert_close(x, got[0], rtol=1e-6, atol=0)
 
 
 @pytest.mark.gpu

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 # Doc layouts (constexpr D_LAYOUT; globals a kernel reads must be tl.constexpr).
+QCACHE_ROWS = tl.constexpr(8)  # query rows a claimant quantizes at a time (few registers: any warp count)
 PADDED_CROSS = tl.constexpr(0)  # D [Nd, Ld, d]: doc k starts at k * Ld
 PADDED_PER_QUERY = tl.constexpr(1)  # D [Nq, K, Ld, d]: doc (i, k) starts at (i * K + k) * Ld
 CSR_CROSS = tl.constexpr(2)  # tokens [T, d] + offsets: every doc for every query
@@ -79,7 +80,10 @@ def _prune(configs, nargs, **kwargs):
             # (kernel-variants-H100-int8.json). Not with QUANT: one warp quantizing each program's
             # query block took 1 x 10k documents from 0.125 to 0.158 ms (picked by the autotuner
             # on a host-noisy first call, kernels-H100-20261124-oneWarpQuant.json).
-            one_warp = kwargs.get("INT8") and not kwargs.get("QUANT") and c.num_warps == 1 and c.num_stages == 3
+            # With the rows shared (QCACHE) one program per query quantizes, the others load int8
+            # rows as they do after the launch: the same list.
+            one_warp = (kwargs.get("INT8") and (not kwargs.get("QUANT") or kwargs.get("QCACHE")) and c.num_warps == 1
+                        and c.num_stages == 3)
             if lq <= 32 and not (bq == 32 and bd == 32 and (c.num_warps == 2 and c.num_stages in (2, 3) or one_warp)):
                 continue
             if 32 < lq <= 64 and not (bq == max(32, lq) and bd in (32, 64) and c.num_warps in (2, 4)
@@ -251,7 +255,8 @@ def _maxsim_fwd_kernel(
     Out,  # [Nq, K] float32, or [n_chunks, Nq, K] (QCHUNK): each chunk's sum, added up after the launch
     QC,  # [Tq, DIM] int8: the launch's shared quantized query tokens (QCACHE) or None
     QCS,  # [Tq] float32: their scales (QCACHE) or None
-    QFLAG,  # [>= Nq] int64: QFLAG[i] == gen once query i's rows of QC / QCS are written (QCACHE) or None
+    QFLAG,  # [>= Nq] int64: query i's state in this launch (QCACHE) or None: 2 * gen once a program
+    # claimed it, 2 * gen + 1 once its rows of QC / QCS are written; anything smaller, not yet
     n_q,
     n_k,
     q_len,  # padded query length (not Q_VARLEN)
@@ -270,8 +275,8 @@ def _maxsim_fwd_kernel(
     UPCAST: tl.constexpr,
     PAGED: tl.constexpr,
     QUANT: tl.constexpr,  # INT8 with float queries: each program quantizes its query block itself
-    QCACHE: tl.constexpr,  # QUANT sharing the quantized blocks: a program that finds its query's flag
-    # set loads them (int8 + scales, from L2); one that does not quantizes and publishes them
+    QCACHE: tl.constexpr,  # QUANT with one program per query quantizing its rows into QC / QCS, the
+    # others loading them from there (int8 + scales, from L2) once published
     QCHUNK: tl.constexpr,  # 0, or query rows per program: a pair's chunks are programs side by side
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -284,8 +289,11 @@ def _maxsim_fwd_kernel(
         # HBM once per query block: the blocks' passes are a whole document apart)
         chunk = pid % n_chunks
         pid = pid // n_chunks
-    if D_LAYOUT == PADDED_CROSS or D_LAYOUT == CSR_CROSS:
-        # Queries vary fastest: the programs sharing a document run together and hit L2.
+    if D_LAYOUT == PADDED_CROSS or D_LAYOUT == CSR_CROSS or QCACHE:
+        # Queries vary fastest: the programs sharing a document run together and hit L2; with
+        # the query rows shared (QCACHE) the first programs claim every query at once, instead of
+        # each query's first program stalling the programs after it (all the GPU's, at 1,000
+        # candidates per query) until its rows are published.
         qi = pid % n_q
         k = pid // n_q
     else:
@@ -333,12 +341,36 @@ def _maxsim_fwd_kernel(
         q_lo = chunk * QCHUNK
         q_hi = tl.where(chunk == n_chunks - 1, q_n, tl.minimum(q_n, q_lo + QCHUNK))
     total = tl.zeros([1], dtype=tl.float32)
-    cached = False
     if QCACHE:
-        # one thread's acquire, broadcast to the block (a scalar atomic): every thread of the program
-        # must take the same branch (a per-thread load let the warps of a program disagree, and the
-        # quantizing branch's cross-warp reductions then read the other branch's shared memory)
-        cached = tl.atomic_add(QFLAG + qi, 0, sem="acquire", scope="gpu") == gen
+        # The first program of the launch to reach query i claims it (an atomic max of its flag to
+        # 2 * gen: every earlier launch left a smaller number), quantizes its rows into QC / QCS and
+        # publishes them (flag 2 * gen + 1); the others wait for that. The claimant is running when
+        # anyone waits on it, and waits on nothing itself: no deadlock. A scalar atomic is one
+        # thread's, broadcast to the program, so its warps all take the same branch (a per-thread
+        # read once let them disagree, and the quantizing branch's cross-warp reductions then read
+        # the other branch's shared memory). Padding candidates (q_n 0) neither claim nor wait.
+        if q_n > 0:
+            claim = 2 * gen
+            seen = tl.atomic_max(QFLAG + qi, claim, sem="acq_rel", scope="gpu")
+            if seen < claim:
+                for rb in range(0, q_n, QCACHE_ROWS):
+                    qr = rb + tl.arange(0, QCACHE_ROWS)
+                    qr_ok = qr < q_n
+                    x = tl.load(Q + (q_start + qr)[:, None] * DIM + offs_c[None, :],
+                                mask=qr_ok[:, None] & c_ok[None, :], other=0.0)
+                    x8, xs = _quantize_block(x)
+                    tl.store(QC + (q_start + qr)[:, None] * DIM + offs_c[None, :], x8,
+                             mask=qr_ok[:, None] & c_ok[None, :])
+                    tl.store(QCS + q_start + qr, xs, mask=qr_ok)
+                # Each thread fences its own stores at GPU scope, the barrier waits for all of them,
+                # then one release of the flag (the barrier also orders them before this program's
+                # own loads of the rows below).
+                _fence_gpu()
+                tl.debug_barrier()
+                tl.atomic_cas(QFLAG + qi, claim, claim + 1, sem="release", scope="gpu")
+            else:
+                while seen == claim:
+                    seen = tl.atomic_add(QFLAG + qi, 0, sem="acquire", scope="gpu")
     # Long queries are scored BLOCK_Q tokens at a time and summed: exact, bounded registers.
     for qb in range(q_lo, q_hi, BLOCK_Q):
         rows = qb + offs_q
@@ -349,14 +381,7 @@ def _maxsim_fwd_kernel(
         else:
             ld_ok = r_ok[:, None] & c_ok[None, :]
         if INT8 and QUANT and QCACHE:
-            qc_ptrs = QC + (q_start + rows)[:, None] * DIM + offs_c[None, :]
-            if cached:
-                qk = tl.load(qc_ptrs, mask=ld_ok, other=0)
-                q_scale = tl.load(QCS + q_start + rows, mask=r_ok, other=1.0)
-            else:
-                qk, q_scale = _quantize_block(tl.load(q_ptrs, mask=ld_ok, other=0.0))
-                tl.store(qc_ptrs, qk, mask=ld_ok)
-                tl.store(QCS + q_start + rows, q_scale, mask=r_ok)
+            qk = tl.load(QC + (q_start + rows)[:, None] * DIM + offs_c[None, :], mask=ld_ok, other=0)
         else:
             q = tl.load(q_ptrs, mask=ld_ok, other=0.0)  # [BQ, BDIM]
             if INT8 and QUANT:
@@ -369,24 +394,17 @@ def _maxsim_fwd_kernel(
             r_ok = r_ok & (tl.load(QM + q_start + rows, mask=r_ok, other=0) != 0)
         best = _doc_max(qk, D, DS, DM, d_start, s_start, d_n, offs_d, offs_c, DIM, BLOCK_DIM, HAS_DMASK, INT8, IEEE,
                         UPCAST, LQ_BUCKET, RUNMAX, BLOCK_Q, BLOCK_D)
-        if INT8 and QUANT:
+        if INT8 and QUANT and QCACHE:
+            # loaded after the document loop, not beside the rows: the scales held across it took
+            # 36-44 more registers per thread at one warp (sm_90 compile, 168 -> 212 on varlen)
+            best = best * tl.load(QCS + q_start + rows, mask=r_ok, other=1.0)
+        elif INT8 and QUANT:
             best = best * q_scale
         elif INT8:
             best = best * tl.load(QS + q_start + rows, mask=r_ok, other=1.0)
         # A row with no valid doc token (empty or fully masked doc) adds 0, as do masked rows.
         best = tl.where(r_ok & (best > float("-inf")), best, 0.0)
         total += tl.sum(best, axis=0)
-    if QCACHE:
-        # every row of the query written (not a padding candidate, whose q_n is 0): publish them.
-        # Each thread fences its own stores at GPU scope, the barrier waits for all of them, then
-        # one release of the flag. (The barrier and the cumulative release already order the
-        # block's stores in the PTX memory model; the fence is kept as belt and braces, it costs
-        # only the publishing programs. The wrong scores once seen on 32 queries x 1,000
-        # candidates came from the per-thread flag read above, not from a missing fence.)
-        if not cached and q_n > 0:
-            _fence_gpu()
-            tl.debug_barrier()
-            tl.atomic_xchg(QFLAG + qi, gen, sem="release", scope="gpu")
     if D_LAYOUT == CSR_CAND:
         total = tl.where(is_pad, float("-inf"), total)
     o = qi * n_k + k
@@ -395,7 +413,8 @@ def _maxsim_fwd_kernel(
     tl.store(Out + o + tl.arange(0, 1), total)
 
 
-_KEY = ["LQ_BUCKET", "DIM", "Q_VARLEN", "D_LAYOUT", "HAS_QMASK", "HAS_DMASK", "INT8", "PAGED", "QUANT", "QCHUNK"]
+_KEY = ["LQ_BUCKET", "DIM", "Q_VARLEN", "D_LAYOUT", "HAS_QMASK", "HAS_DMASK", "INT8", "PAGED", "QUANT", "QCACHE",
+        "QCHUNK"]
 _tuned = triton.autotune(configs=_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune})(
     _maxsim_fwd_kernel
 )
@@ -466,38 +485,61 @@ def quantize_queries(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # per call (135 vs 231 us on that machine); at 16k pairs the device cost (+50 us) matched a
 # launch's host time, at 32k and 50k pairs the launch was faster; one ColPali query of 1,024
 # tokens x 1,000 documents (compute-bound, 0.36 ms) took 0.58 ms with it (kernels.py case b).
-# With the blocks shared between programs (QCACHE below) the single-query call measured 0.110 ms
-# against 0.118 without sharing (kernel-variants-H100-qcache.json); 32 queries x 1,000 candidates
-# still lose in the kernel (0.47 ms shared, 0.25 not, 0.174 with the launch), so the rule stands.
+# With the blocks shared between programs (QCACHE below, one program per query quantizing) the
+# single-query call measured 0.106-0.107 ms against 0.116-0.117 with every program quantizing and
+# 0.104 with the launch on a fast host (int8-call-H100-20261125-claim.json; 0.18-0.24 on a slow one,
+# int8-call-H100-20261125-rule.json, where its two launches' host work outlasted do_bench's cache flush); 32 queries x 1,000
+# candidates still lose in the kernel (202 us of device time shared, 255 not, 163 with the
+# launch), so the rule stands.
 QUANT_IN_KERNEL_WORK = 12288 * 32
+# In-kernel launches share the quantized rows from this much work on; below it every program
+# quantizes its own block. Small launches wait on the host, where sharing costs its buffer lookup
+# and three more launch arguments: in two runs 1 query x 1,000 documents took 0.022 / 0.048 ms
+# (host 71 / 95 us per call) with every program quantizing against 0.052 / 0.094 (102 / 114 us)
+# shared, 4 x 1,000 candidates 34-37 us of device time either way, 1 x 10k documents 94 us
+# shared against 107 (int8-call-H100-20261125-claim.json, int8-call-H100-20261125-rule.json).
+SHARE_MIN_WORK = 4096 * 32
 
 
-# Programs that quantize their query blocks themselves (QUANT) share the result: the first ones to
-# run for a query quantize it and publish the int8 rows and scales (a release of the query's flag
-# set to the launch's number, ``gen``); the later ones, most of a launch, find the flag and load
-# them (half the bytes of the float rows, no arithmetic). The buffers are kept per device and
-# stream: launches on one stream run one after the other, each with a number of its own (from
-# one counter), so a flag left by an earlier launch never matches. Not used while a CUDA graph is
-# being captured (a replayed launch would reuse its number and read the rows of the captured
-# run) nor for more than QCACHE_MAX_TOKENS query tokens; there every program quantizes.
-# Measured on the H100 (1 query x 10k documents, benchmarks/kernel_variants.py --qcache):
-# 0.110 ms against 0.118 with every program quantizing; on 32 queries x 1,000 candidates of short
-# documents nearly every program runs before its query's flag is set and it is slower (not used:
-# that launch size quantizes in a launch of its own, QUANT_IN_KERNEL_WORK).
+# Programs that quantize their query blocks themselves (QUANT) can share the result (QCACHE): the
+# first program of a launch to reach query i claims it (an atomic max of the query's flag to 2 *
+# the launch's number, ``gen``), quantizes its rows into a buffer and publishes them (the flag to
+# 2 * gen + 1, a release after every thread's GPU-scope fence and a barrier); the others wait for
+# that and load the rows (half the bytes of the float rows, no arithmetic). The buffers are kept
+# per device and stream; launches on one stream run one after the other, each with a larger
+# number than the last (drawn, and the launch enqueued, under the buffer's lock), so a flag left
+# by an earlier launch never matches. With queries varying fastest in the grid every query is
+# claimed by the first programs. Not used while a CUDA graph is being captured (a replayed
+# launch would reuse its number and read the rows of the captured run) nor for more than
+# QCACHE_MAX_TOKENS query tokens; there every program quantizes. Measured on the H100
+# (benchmarks/int8_call.py, int8-call-H100-20261125-claim.json), 1 query x 10k documents: 94 us
+# of device time against 107 with every program quantizing and 113-115 with the earlier scheme
+# (every program that ran before the flag was set quantized and published;
+# int8-call-H100-20261124-relaunch.json).
 QCACHE_MAX_TOKENS = 8192
-_QCACHE: dict[tuple, tuple] = {}  # (device index, stream, thread) -> (int8 rows + scales buffer, flags)
+_QCACHE: dict[tuple, tuple] = {}  # (device, stream, thread) -> (int8 rows + scales buffer, flags, lock, views)
 _QCACHE_LOCK = threading.Lock()
 _GEN = itertools.count(2**32)  # launch numbers: int64 (2**32 on), unique, next() is atomic under the GIL
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # the current stream's handle, no Stream object
+
+
+def _stream_handle(dev: int) -> int:
+    return _RAW_STREAM(dev) if _RAW_STREAM is not None else torch.cuda.current_stream(dev).cuda_stream
+
+
 def _query_cache(q: torch.Tensor, n_q: int, force: bool = False):
-    """(QC, QCS, QFLAG, gen) for a QUANT launch, or (None, None, None, 0) where it is not used."""
+    """(QC, QCS, QFLAG, lock) for a QUANT launch, or (None, None, None, None) where it is not used.
+    The launch draws its number (``next(_GEN)``) and is enqueued with ``lock`` held, so that the
+    launches using one buffer run in the order of their numbers. (Host time counts here: a small
+    call waits on it. The stream comes as a raw handle, the views of a query shape are kept.)"""
     rows, size = _int8_layout(q)
     if interpreting() or not q.is_cuda or rows > QCACHE_MAX_TOKENS and not force \
             or torch.cuda.is_current_stream_capturing():
-        return None, None, None, 0
+        return None, None, None, None
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    stream = torch.cuda.current_stream(dev).cuda_stream
+    stream = _stream_handle(dev)
     # a default stream may be per thread (builds with per-thread default streams report the same
     # handle on every thread): one buffer per thread there. Other handles name one stream (an
     # external stream destroyed while its launches run must not be recreated under the same handle
@@ -518,9 +560,14 @@ def _query_cache(q: torch.Tensor, n_q: int, force: bool = False):
                                     device=q.device)
                 if len(_QCACHE) >= 64 and key not in _QCACHE:  # streams come and go: keep the recent ones
                     _QCACHE.pop(next(iter(_QCACHE)))
-                hit = _QCACHE[key] = (buf, flags)
-    buf, flags = hit
-    return *_int8_views(buf, q), flags, next(_GEN)
+                hit = _QCACHE[key] = (buf, flags, threading.Lock() if hit is None else hit[2], {})
+    buf, flags, lock, views = hit
+    view = views.get(q.shape)
+    if view is None:
+        if len(views) >= 16:
+            views.clear()
+        view = views[q.shape] = _int8_views(buf, q)
+    return *view, flags, lock
 
 
 # Long queries against long documents are split across programs, QCHUNK_ROWS query rows each:
@@ -625,17 +672,17 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
     q_scales = None
     config = dict(config) if config is not None else None
     forced = config.pop("QUANT", None) if config is not None else None
-    quant = int8 and (quantize_in_kernel(n_q * n_k, max_lq) if forced is None else bool(forced))
     shared = config.pop("QCACHE", None) if config is not None else None
     if config is not None:
         config.pop("QCHUNK", None)  # decided by launch: ``chunks`` programs of ``rows`` query rows per pair
-    qc = qcs = qflag = None
-    gen = 0
+    quant = int8 and (quantize_in_kernel(n_q * n_k, max_lq) if forced is None else bool(forced))
+    qc = qcs = qflag = lock = None
+    # shared where forced, or by default from SHARE_MIN_WORK on; a chunk quantizes its own rows
+    if quant and not rows and (shared or shared is None and n_q * n_k * max(1, max_lq) > SHARE_MIN_WORK):
+        qc, qcs, qflag, lock = _query_cache(q, n_q, force=bool(shared))
     if int8 and not quant:
         with launch_guard():
             q, q_scales = quantize_queries(q)
-    elif quant and (shared is None or shared) and not rows:  # a chunk quantizes its own rows
-        qc, qcs, qflag, gen = _query_cache(q, n_q, force=bool(shared))
     part = out if not rows else torch.empty((chunks, n_q, n_k), dtype=torch.float32, device=out.device)
     args = (
         q,
@@ -657,7 +704,7 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
         n_k,
         q_len,
         d_len,
-        gen,
+        0,  # gen: drawn below
         chunks,
     )
     meta = dict(
@@ -678,11 +725,14 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
         QCHUNK=rows,
     )
     grid = (n_q * n_k * chunks,)
-    if config is not None:
-        with launch_guard():
-            launch_kernel(_maxsim_fwd_kernel, grid, args, {**meta, **config})
-    else:
-        _run(grid, args, meta, out.device, q_dtype, d.dtype)
+    with lock if lock is not None else contextlib.nullcontext():
+        if lock is not None:  # this buffer's launches are enqueued in the order of their numbers
+            args = (*args[:19], next(_GEN), *args[20:])
+        if config is not None:
+            with launch_guard():
+                launch_kernel(_maxsim_fwd_kernel, grid, args, {**meta, **config})
+        else:
+            _run(grid, args, meta, out.device, q_dtype, d.dtype)
     if rows:
         torch.sum(part, 0, out=out.view(n_q, n_k))
 
