@@ -97,6 +97,9 @@ def _sweep(res: dict) -> None:
             f()
             row[label] = {"do_bench_ms": median_ms(f, warmup=10, rep=100), "host_us_per_call": host_us(f, 300),
                           "kernels_us": kernels_us(f)}
+        in_kernel = fused.quantize_in_kernel(pairs, 32)
+        row["rule"] = ("launch" if not in_kernel else "shared" if pairs * 32 > fused.SHARE_MIN_WORK
+                       else "every_program")
         res["sweep"].append(row)
         print(json.dumps(row), flush=True)
         assert rel <= 1e-6, f"{name}: the placements of the query quantization disagree ({rel:.2e})"

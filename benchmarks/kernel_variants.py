@@ -149,7 +149,7 @@ def regs_configs(smoke: bool, int8: bool):
 
 def qcache_configs(smoke: bool, int8: bool):
     """int8 by where the query blocks are quantized: a launch of their own (QUANT 0), every program
-    (QUANT 1, QCACHE 0), or the first programs of each query, shared with the later ones (QCACHE 1)."""
+    (QUANT 1, QCACHE 0), or one program per query, shared with the others (QCACHE 1)."""
     if not int8:
         return []
     if smoke:

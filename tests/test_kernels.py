@@ -779,7 +779,6 @@ def test_replayed_launches_match_triton_launches(monkeypatch):
         got = [maxsim_varlen(qq, cu_q, t, cu_d, d_scales=s, check=False).clone() for t, s in ((d, None), (tok, sc))]
         with monkeypatch.context() as m:  # int8 queries quantized by a launch of their own: two kernels
             m.setattr(fused, "QUANT_IN_KERNEL_WORK", 0)
-            m.setattr(fused, "QCACHE_MAX_TOKENS", -1)
             got.append(maxsim_varlen(qq, cu_q, tok, cu_d, d_scales=sc, check=False).clone())
         return got
 
@@ -950,7 +949,7 @@ def test_shared_query_quantization_is_off_under_graph_capture(monkeypatch):
 @pytest.mark.gpu
 def test_int8_query_quantization_placement_rule(monkeypatch):
     """Where the default call quantizes int8 queries: every program for itself in a small launch
-    (nothing shared), shared rows from fused.SHARE_MIN_WORK on, a launch of its own past
+    (nothing shared), shared rows above fused.SHARE_MIN_WORK, a launch of its own past
     fused.QUANT_IN_KERNEL_WORK (nothing shared); the same scores each way."""
     from mvdb.kernels.maxsim import fused
 

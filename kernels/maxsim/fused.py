@@ -274,7 +274,8 @@ def _maxsim_fwd_kernel(
     IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
     PAGED: tl.constexpr,
-    QUANT: tl.constexpr,  # INT8 with float queries: each program quantizes its query block itself
+    QUANT: tl.constexpr,  # INT8 with float queries quantized in this launch: by each program for its own
+    # query block, or (QCACHE) by one program per query for all
     QCACHE: tl.constexpr,  # QUANT with one program per query quantizing its rows into QC / QCS, the
     # others loading them from there (int8 + scales, from L2) once published
     QCHUNK: tl.constexpr,  # 0, or query rows per program: a pair's chunks are programs side by side
@@ -415,9 +416,17 @@ def _maxsim_fwd_kernel(
 
 _KEY = ["LQ_BUCKET", "DIM", "Q_VARLEN", "D_LAYOUT", "HAS_QMASK", "HAS_DMASK", "INT8", "PAGED", "QUANT", "QCACHE",
         "QCHUNK"]
-_tuned = triton.autotune(configs=_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune})(
-    _maxsim_fwd_kernel
-)
+def _claim_afresh(kwargs, reset_only=False):
+    """Autotuning hook: the launch's query flags zeroed before each timed run (under the buffer's
+    lock, on the launch's stream), so that every run of a shared-quantization config claims,
+    quantizes and waits as a real launch does, instead of finding the first run's rows."""
+    flags = kwargs.get("QFLAG")
+    if flags is not None:
+        flags.zero_()
+
+
+_tuned = triton.autotune(configs=_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune},
+                         pre_hook=_claim_afresh)(_maxsim_fwd_kernel)
 
 
 def default_config(lq_bucket_: int) -> dict:
@@ -486,11 +495,11 @@ def quantize_queries(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # launch's host time, at 32k and 50k pairs the launch was faster; one ColPali query of 1,024
 # tokens x 1,000 documents (compute-bound, 0.36 ms) took 0.58 ms with it (kernels.py case b).
 # With the blocks shared between programs (QCACHE below, one program per query quantizing) the
-# single-query call measured 0.106-0.107 ms against 0.116-0.117 with every program quantizing and
-# 0.104 with the launch on a fast host (int8-call-H100-20261125-claim.json; 0.18-0.24 on a slow one,
-# int8-call-H100-20261125-rule.json, where its two launches' host work outlasted do_bench's cache flush); 32 queries x 1,000
-# candidates still lose in the kernel (202 us of device time shared, 255 not, 163 with the
-# launch), so the rule stands.
+# single-query call measured 0.103-0.107 ms against 0.116-0.117 with every program quantizing and
+# 0.100-0.104 with the launch on fast hosts (int8-call-H100-20261125-claim.json, -tuned.json),
+# 0.18-0.24 on a slow one, where its two launches' host work outlasted do_bench's cache flush
+# (-rule.json); 32 queries x 1,000 candidates still lose in the kernel (202 us of device time
+# shared, 255 not, 163 with the launch), so the rule stands.
 QUANT_IN_KERNEL_WORK = 12288 * 32
 # In-kernel launches share the quantized rows from this much work on; below it every program
 # quantizes its own block. Small launches wait on the host, where sharing costs its buffer lookup
@@ -512,8 +521,8 @@ SHARE_MIN_WORK = 4096 * 32
 # claimed by the first programs. Not used while a CUDA graph is being captured (a replayed
 # launch would reuse its number and read the rows of the captured run) nor for more than
 # QCACHE_MAX_TOKENS query tokens; there every program quantizes. Measured on the H100
-# (benchmarks/int8_call.py, int8-call-H100-20261125-claim.json), 1 query x 10k documents: 94 us
-# of device time against 107 with every program quantizing and 113-115 with the earlier scheme
+# (benchmarks/int8_call.py, int8-call-H100-20261125-claim.json, -tuned.json), 1 query x 10k documents:
+# 91-94 us of device time against 104-107 with every program quantizing and 113-115 with the earlier scheme
 # (every program that ran before the flag was set quantized and published;
 # int8-call-H100-20261124-relaunch.json).
 QCACHE_MAX_TOKENS = 8192
@@ -638,8 +647,9 @@ def launch(
     instead of the autotuned or default ones (and QUANT, to force where int8 queries are
     quantized; QCACHE, whether they are shared; QCHUNK, query rows per program, 0 for one program
     per pair, instead of :func:`query_chunks`' rule). INT8 documents: the query tokens are
-    quantized once per launch by a kernel of their own, or, for small launches
-    (:func:`quantize_in_kernel`), by each program."""
+    quantized by a kernel of their own before the launch, or, for launches of up to
+    QUANT_IN_KERNEL_WORK (:func:`quantize_in_kernel`), inside it: by each program for its own
+    block up to SHARE_MIN_WORK, above that by one program per query for all (QCACHE)."""
     n = n_q * n_k
     if starts is not None and int(getattr(layout, "value", layout)) != int(CSR_CAND.value):
         raise ValueError("starts: only the candidate layout (CSR_CAND) reads a paged store")
@@ -677,7 +687,7 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
         config.pop("QCHUNK", None)  # decided by launch: ``chunks`` programs of ``rows`` query rows per pair
     quant = int8 and (quantize_in_kernel(n_q * n_k, max_lq) if forced is None else bool(forced))
     qc = qcs = qflag = lock = None
-    # shared where forced, or by default from SHARE_MIN_WORK on; a chunk quantizes its own rows
+    # shared where forced, or by default above SHARE_MIN_WORK; a chunk quantizes its own rows
     if quant and not rows and (shared or shared is None and n_q * n_k * max(1, max_lq) > SHARE_MIN_WORK):
         qc, qcs, qflag, lock = _query_cache(q, n_q, force=bool(shared))
     if int8 and not quant:
