@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
-from common import median_ms, with_attr  # noqa: E402
+from common import median_ms  # noqa: E402
 from synthetic import candidate_lists, make_corpus, make_queries  # noqa: E402
 
 from mvdb.kernels import maxsim_candidates, maxsim_varlen, quantize_int8  # noqa: E402
@@ -55,11 +55,11 @@ def _at(placement: str, fn):
     others load its rows, fused.QCACHE), "every_program" (each program quantizes its own query
     block) or "launch" (a quantization launch of its own before the MaxSim kernel); the default
     call picks by the launch's work (fused.SHARE_MIN_WORK, fused.QUANT_IN_KERNEL_WORK)."""
-    share_min, in_kernel = {"shared": (0, 1 << 40), "every_program": (1 << 40, 1 << 40), "launch": (0, -1)}[placement]
-    return with_attr(fused, "SHARE_MIN_WORK", share_min, with_attr(fused, "QUANT_IN_KERNEL_WORK", in_kernel, fn))
+    def call():
+        with fused.placed(placement):
+            return fn()
 
-
-PLACEMENTS = ("shared", "every_program", "launch")
+    return call
 
 
 def _sweep(res: dict) -> None:
@@ -84,7 +84,7 @@ def _sweep(res: dict) -> None:
         cases.append((f"candidates {nq} x 1000 of 1M", nq * 1000, lambda q=q, cu_q=cu_q, cand=cand:
                       maxsim_candidates(q, cu_q, t8, corpus.offsets, cand, sc, check=False)))
     for name, pairs, fn in cases:
-        fns = {p: _at(p, fn) for p in PLACEMENTS}
+        fns = {p: _at(p, fn) for p in fused.PLACEMENTS}
         # the quantized queries are bit-identical (tests/test_kernels.py checks it under one
         # config); the autotuner may pick another warp count for each placement, which sums the
         # query tokens' maxima in another order: equal to float32 rounding
@@ -97,9 +97,7 @@ def _sweep(res: dict) -> None:
             f()
             row[label] = {"do_bench_ms": median_ms(f, warmup=10, rep=100), "host_us_per_call": host_us(f, 300),
                           "kernels_us": kernels_us(f)}
-        in_kernel = fused.quantize_in_kernel(pairs, 32)
-        row["rule"] = ("launch" if not in_kernel else "shared" if pairs * 32 > fused.SHARE_MIN_WORK
-                       else "every_program")
+        row["rule"] = fused.quant_placement(pairs, 32)
         res["sweep"].append(row)
         print(json.dumps(row), flush=True)
         assert rel <= 1e-6, f"{name}: the placements of the query quantization disagree ({rel:.2e})"

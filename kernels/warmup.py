@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 import torch
@@ -52,22 +51,11 @@ def warmup(
                 if dtype == torch.int8:
                     # each placement of the query quantization (fused._launch) for each layout:
                     # every program for itself, shared rows, a launch of its own
-                    for share_min, in_kernel in ((1 << 40, 1 << 40), (0, 1 << 40), (0, -1)):
-                        with _placement(share_min, in_kernel):
+                    for placement in fused.PLACEMENTS:
+                        with fused.placed(placement):
                             maxsim_candidates(q, cu_q, tokens, offsets, cand, scales, max_seqlen_q=lq, check=False)
                             maxsim_varlen(q[:lq], cu_q[:2], tokens, offsets.int(), d_scales=scales, max_seqlen_q=lq,
                                           check=False)
     torch.cuda.synchronize(device)
     return time.perf_counter() - t0
 
-
-@contextlib.contextmanager
-def _placement(share_min: int, in_kernel: int):
-    """fused's placement thresholds set meanwhile (launches of other threads too: their scores do
-    not change, only where their query quantization runs)."""
-    saved = fused.SHARE_MIN_WORK, fused.QUANT_IN_KERNEL_WORK
-    fused.SHARE_MIN_WORK, fused.QUANT_IN_KERNEL_WORK = share_min, in_kernel
-    try:
-        yield
-    finally:
-        fused.SHARE_MIN_WORK, fused.QUANT_IN_KERNEL_WORK = saved

@@ -963,14 +963,19 @@ def test_int8_query_quantization_placement_rule(monkeypatch):
     real = fused.quantize_queries
     monkeypatch.setattr(fused, "quantize_queries", lambda x: calls.append(1) or real(x))
     got = []
-    for share_min, in_kernel, shared, launched in ((work, work, False, False), (work - 1, work, True, False),
-                                                   (0, work - 1, False, True)):
+    for share_min, in_kernel, shared, launched, name in ((work, work, False, False, "every_program"),
+                                                         (work - 1, work, True, False, "shared"),
+                                                         (0, work - 1, False, True, "launch")):
         monkeypatch.setattr(fused, "SHARE_MIN_WORK", share_min)
         monkeypatch.setattr(fused, "QUANT_IN_KERNEL_WORK", in_kernel)
+        assert fused.quant_placement(n, 32) == name  # what int8_call.py reports as the rule
         fused._QCACHE.clear()
         calls.clear()
         got.append(maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False))
         assert bool(fused._QCACHE) == shared and bool(calls) == launched, (share_min, in_kernel)
+    for name in fused.PLACEMENTS:  # the forced placements (warmup, benchmarks) take the same paths
+        with fused.placed(name):
+            assert fused.quant_placement(n, 32) == name
     for x in got[1:]:
         torch.testing.assert_close(x, got[0], rtol=1e-6, atol=0)
 

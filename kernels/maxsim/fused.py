@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 
 # Doc layouts (constexpr D_LAYOUT; globals a kernel reads must be tl.constexpr).
-QCACHE_ROWS = tl.constexpr(8)  # query rows a claimant quantizes at a time (few registers: any warp count)
 PADDED_CROSS = tl.constexpr(0)  # D [Nd, Ld, d]: doc k starts at k * Ld
 PADDED_PER_QUERY = tl.constexpr(1)  # D [Nq, K, Ld, d]: doc (i, k) starts at (i * K + k) * Ld
 CSR_CROSS = tl.constexpr(2)  # tokens [T, d] + offsets: every doc for every query
@@ -416,6 +415,8 @@ def _maxsim_fwd_kernel(
 
 _KEY = ["LQ_BUCKET", "DIM", "Q_VARLEN", "D_LAYOUT", "HAS_QMASK", "HAS_DMASK", "INT8", "PAGED", "QUANT", "QCACHE",
         "QCHUNK"]
+
+
 def _claim_afresh(kwargs, reset_only=False):
     """Autotuning hook: the launch's query flags zeroed before each timed run (under the buffer's
     lock, on the launch's stream), so that every run of a shared-quantization config claims,
@@ -526,6 +527,7 @@ SHARE_MIN_WORK = 4096 * 32
 # (every program that ran before the flag was set quantized and published;
 # int8-call-H100-20261124-relaunch.json).
 QCACHE_MAX_TOKENS = 8192
+QCACHE_ROWS = tl.constexpr(8)  # query rows a claimant quantizes at a time (few registers: any warp count)
 _QCACHE: dict[tuple, tuple] = {}  # (device, stream, thread) -> (int8 rows + scales buffer, flags, lock, views)
 _QCACHE_LOCK = threading.Lock()
 _GEN = itertools.count(2**32)  # launch numbers: int64 (2**32 on), unique, next() is atomic under the GIL
@@ -617,6 +619,35 @@ def quantize_in_kernel(pairs: int, max_lq: int) -> bool:
     return pairs * max(1, max_lq) <= QUANT_IN_KERNEL_WORK
 
 
+def share_in_kernel(pairs: int, max_lq: int) -> bool:
+    """An in-kernel quantization shares the rows (one program per query quantizes)."""
+    return pairs * max(1, max_lq) > SHARE_MIN_WORK
+
+
+def quant_placement(pairs: int, max_lq: int) -> str:
+    """Where the default call quantizes int8 queries: "every_program", "shared" or "launch"."""
+    if not quantize_in_kernel(pairs, max_lq):
+        return "launch"
+    return "shared" if share_in_kernel(pairs, max_lq) else "every_program"
+
+
+# (SHARE_MIN_WORK, QUANT_IN_KERNEL_WORK) that send every launch to one placement (warmup, benchmarks)
+PLACEMENTS = {"every_program": (1 << 40, 1 << 40), "shared": (0, 1 << 40), "launch": (0, -1)}
+
+
+@contextlib.contextmanager
+def placed(placement: str):
+    """Every launch meanwhile quantizes int8 queries at ``placement`` (one of PLACEMENTS). Module-wide:
+    launches of other threads too; their scores do not change, only where the quantization runs."""
+    global SHARE_MIN_WORK, QUANT_IN_KERNEL_WORK
+    saved = SHARE_MIN_WORK, QUANT_IN_KERNEL_WORK
+    SHARE_MIN_WORK, QUANT_IN_KERNEL_WORK = PLACEMENTS[placement]
+    try:
+        yield
+    finally:
+        SHARE_MIN_WORK, QUANT_IN_KERNEL_WORK = saved
+
+
 def autotuning() -> bool:
     return not interpreting() and os.environ.get("MVDB_AUTOTUNE", "1") != "0"
 
@@ -688,35 +719,12 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
     quant = int8 and (quantize_in_kernel(n_q * n_k, max_lq) if forced is None else bool(forced))
     qc = qcs = qflag = lock = None
     # shared where forced, or by default above SHARE_MIN_WORK; a chunk quantizes its own rows
-    if quant and not rows and (shared or shared is None and n_q * n_k * max(1, max_lq) > SHARE_MIN_WORK):
+    if quant and not rows and (shared or shared is None and share_in_kernel(n_q * n_k, max_lq)):
         qc, qcs, qflag, lock = _query_cache(q, n_q, force=bool(shared))
     if int8 and not quant:
         with launch_guard():
             q, q_scales = quantize_queries(q)
     part = out if not rows else torch.empty((chunks, n_q, n_k), dtype=torch.float32, device=out.device)
-    args = (
-        q,
-        q_scales,
-        None if q_mask is None else q_mask.view(torch.uint8),
-        cu_q,
-        d,
-        d_scales,
-        None if d_mask is None else d_mask.view(torch.uint8),
-        offsets,
-        cand,
-        starts,
-        scale_starts,
-        part,
-        qc,
-        qcs,
-        qflag,
-        n_q,
-        n_k,
-        q_len,
-        d_len,
-        0,  # gen: drawn below
-        chunks,
-    )
     meta = dict(
         LQ_BUCKET=lq_bucket(max_lq),
         DIM=dim,
@@ -735,9 +743,32 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
         QCHUNK=rows,
     )
     grid = (n_q * n_k * chunks,)
+    # a shared buffer's launches draw their numbers and are enqueued in one order (under its lock)
     with lock if lock is not None else contextlib.nullcontext():
-        if lock is not None:  # this buffer's launches are enqueued in the order of their numbers
-            args = (*args[:19], next(_GEN), *args[20:])
+        gen = next(_GEN) if lock is not None else 0
+        args = (
+            q,
+            q_scales,
+            None if q_mask is None else q_mask.view(torch.uint8),
+            cu_q,
+            d,
+            d_scales,
+            None if d_mask is None else d_mask.view(torch.uint8),
+            offsets,
+            cand,
+            starts,
+            scale_starts,
+            part,
+            qc,
+            qcs,
+            qflag,
+            n_q,
+            n_k,
+            q_len,
+            d_len,
+            gen,
+            chunks,
+        )
         if config is not None:
             with launch_guard():
                 launch_kernel(_maxsim_fwd_kernel, grid, args, {**meta, **config})
