@@ -299,12 +299,12 @@ def test_query_chunk_rule():
 @pytest.mark.parametrize("device", TRITON_DEVICES)
 @pytest.mark.parametrize("dtype", ["fp16", "int8", "int8-quant-in-kernel"])
 @pytest.mark.parametrize("runmax", [0, 1], ids=["reduce-per-tile", "running-max"])
-@pytest.mark.parametrize("lq_bucket", [16, 128], ids=["short-path", "full-tiles-then-tail"])
+@pytest.mark.parametrize("lq_bucket", [16, 128], ids=["short-query-bucket", "long-query-bucket"])
 def test_every_launch_variant_is_exact(device, dtype, runmax, lq_bucket):
-    """The kernel's tuning choices (per-tile reduction or an elementwise running max; the short
-    and the long-query tile loop; int8 queries quantized by a launch of their own or inside each
-    program) give the same scores as the reference, for both CSR layouts. Documents span several BLOCK_D tiles plus a tail; one
-    query spans two BLOCK_Q blocks; a -1 candidate scores -inf."""
+    """The kernel's tuning choices (per-tile reduction or an elementwise running max; a short and a
+    long query's bucket; int8 queries quantized by a launch of their own or inside each program)
+    give the same scores as the reference, for both CSR layouts. Documents span several BLOCK_D
+    tiles plus a partial one; one query spans two BLOCK_Q blocks; a -1 candidate scores -inf."""
     from mvdb.kernels.maxsim import fused
 
     quant = dtype == "int8-quant-in-kernel"
@@ -332,6 +332,50 @@ def test_every_launch_variant_is_exact(device, dtype, runmax, lq_bucket):
     _check_close(cross, ref_cross, same, rtol=1e-6 if dtype == "int8" else 0.0)
     same = None if dtype == "int8" else _torch_same_dtype_csr(q, cu_q, tok, cu_d.long(), cand)
     _check_close(cands, ref_cand, same, rtol=1e-6 if dtype == "int8" else 0.0)
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("dtype", ["fp16", "int8"])
+@pytest.mark.parametrize("lq_bucket", [16, 128], ids=["short-query-bucket", "long-query-bucket"])
+def test_tiles_past_a_documents_end_never_score(device, dtype, lq_bucket):
+    """The tile loop has no bounds masks: a document's last tile starts BLOCK_D tokens before its
+    end, and a document shorter than a tile repeats its last token. With every score negative, a
+    column that read padding (0) or a neighbour's token would win the max; none may. Lengths
+    around BLOCK_D (16): shorter, one under, one over, two tiles and a bit, empty; the
+    neighbours' tokens score far higher than the document's own."""
+    from mvdb.kernels.maxsim import fused
+
+    g = _gen("tiles-past-end", dtype)
+    dim = 32
+    lengths = [1, 5, 15, 17, 35, 0, 16, 2]
+    q = torch.rand(20, dim, generator=g).half().to(device) + 0.1  # positive
+    d = -(torch.rand(sum(lengths), dim, generator=g) + 0.1)  # negative: every score below 0
+    cu_d = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
+    for i in range(1, len(lengths), 2):  # every other document scores high against the query
+        d[cu_d[i]:cu_d[i + 1]] *= -1
+    d, cu_d = d.to(device), cu_d.to(device)
+    cu_q = torch.tensor([0, 20], dtype=torch.int32, device=device)
+    tok, sc = quantize_int8(d) if dtype == "int8" else (d.half(), None)
+    if dtype == "int8":
+        ref = naive.maxsim_csr(q.cpu(), cu_q.cpu(), tok.cpu(), cu_d.cpu().long(), None, sc.cpu(), dtype=torch.float64)
+    else:
+        ref = naive.maxsim_csr(q.double().cpu(), cu_q.cpu(), tok.double().cpu(), cu_d.cpu().long())
+    assert (ref[0, 0::2][torch.tensor(lengths[0::2]) > 0] < 0).all()
+    config = {"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": 0, "num_warps": 4}
+    got = fused.launch(_poison((1, len(lengths)), device), q, None, cu_q, 0, tok, sc, None, cu_d, None, 0, 1,
+                       len(lengths), fused.CSR_CROSS, lq_bucket, config=config)
+    _check_close(got, ref, rtol=1e-6 if dtype == "int8" else 1e-3)
+    # padded documents of 7 and 13 tokens (shorter than a tile, and one tile minus 3): the same
+    Dp = -(torch.rand(3, 13, dim, generator=g) + 0.1)
+    Dp[1] *= -1
+    for dl in (7, 13):
+        D = Dp[:, :dl].contiguous().to(device)
+        Dk, Ds = quantize_int8(D) if dtype == "int8" else (D.half(), None)
+        want = (naive.maxsim_padded(q[None].cpu(), Dk.cpu(), d_scales=Ds.cpu(), dtype=torch.float64) if Ds is not None
+                else naive.maxsim_padded(q[None].double().cpu(), Dk.double().cpu()))
+        got = fused.launch(_poison((1, 3), device), q, None, None, 20, Dk, Ds, None, None, None, dl, 1, 3,
+                           fused.PADDED_CROSS, lq_bucket, config=config)
+        _check_close(got, want, rtol=1e-6 if dtype == "int8" else 1e-3)
 
 
 @pytest.mark.parametrize("device", TRITON_DEVICES)

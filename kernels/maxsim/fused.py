@@ -95,28 +95,18 @@ def _prune(configs, nargs, **kwargs):
 
 
 @triton.jit
-def _tile_scores(qk, D, DS, DM, d_start, s_start, cols, d_n, offs_c, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr,
-                 HAS_DMASK: tl.constexpr, INT8: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-                 TAIL: tl.constexpr):
-    """[BLOCK_Q, BLOCK_D] scores <q_i, d_j> of the doc tokens in ``cols`` (-inf where j is not a
-    valid token); int8 scores carry the document token's scale, not the query token's."""
-    d_ptrs = D + (d_start + cols)[None, :] * DIM + offs_c[:, None]  # [BDIM, BD]
-    dim_ok = offs_c < DIM
-    if TAIL:
-        d_ok = cols < d_n
-        if BLOCK_DIM == DIM:
-            dt = tl.load(d_ptrs, mask=d_ok[None, :], other=0)
-        else:
-            dt = tl.load(d_ptrs, mask=dim_ok[:, None] & d_ok[None, :], other=0)
-    elif BLOCK_DIM == DIM:
+def _tile_scores(qk, Dd, DSd, DMd, cols, offs_c, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, HAS_DMASK: tl.constexpr,
+                 INT8: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """[BLOCK_Q, BLOCK_D] scores <q_i, d_j> of the document tokens ``cols`` (int32 rows counted from
+    the document's first token ``Dd``, its first scale ``DSd`` and mask entry ``DMd``; -inf where
+    the mask says no); int8 scores carry the document token's scale, not the query token's."""
+    d_ptrs = Dd + cols.to(tl.int64)[None, :] * DIM + offs_c[:, None]  # [BDIM, BD]
+    if BLOCK_DIM == DIM:
         dt = tl.load(d_ptrs)
     else:
-        dt = tl.load(d_ptrs, mask=dim_ok[:, None], other=0)
+        dt = tl.load(d_ptrs, mask=(offs_c < DIM)[:, None], other=0)
     if INT8:
-        if TAIL:
-            scale = tl.load(DS + s_start + cols, mask=d_ok, other=0.0)
-        else:
-            scale = tl.load(DS + s_start + cols)
+        scale = tl.load(DSd + cols)
         acc = tl.dot(qk, dt, out_dtype=tl.int32)  # [BQ, BD]
         if DIM * 127 * 127 < 4194304:
             # |acc| < 2**22: int -> float by adding 1.5 * 2**23's bit pattern (an integer add and a
@@ -136,13 +126,7 @@ def _tile_scores(qk, D, DS, DM, d_start, s_start, cols, d_n, offs_c, DIM: tl.con
     else:
         s = tl.dot(qk, dt)
     if HAS_DMASK:
-        if TAIL:
-            valid = d_ok & (tl.load(DM + d_start + cols, mask=d_ok, other=0) != 0)
-        else:
-            valid = tl.load(DM + d_start + cols) != 0
-        s = tl.where(valid[None, :], s, float("-inf"))
-    elif TAIL:
-        s = tl.where(d_ok[None, :], s, float("-inf"))
+        s = tl.where((tl.load(DMd + cols) != 0)[None, :], s, float("-inf"))
     return s
 
 
@@ -159,26 +143,39 @@ def _fold(acc, s, RUNMAX: tl.constexpr):
 @triton.jit
 def _doc_max(qk, D, DS, DM, d_start, s_start, d_n, offs_d, offs_c, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr,
              HAS_DMASK: tl.constexpr, INT8: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-             LQ_BUCKET: tl.constexpr, RUNMAX: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
+             RUNMAX: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
     """[BLOCK_Q]: each query row's max over the document's valid tokens (-inf if none)."""
     if RUNMAX:
         acc = tl.full([BLOCK_Q, BLOCK_D], float("-inf"), dtype=tl.float32)
     else:
         acc = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
-    # Long queries are compute-bound: whole tiles skip the bounds mask and one masked tail
-    # follows. Short queries are latency-bound on short documents: one pipelined masked loop.
-    if LQ_BUCKET >= 128:
-        n_full = (d_n // BLOCK_D) * BLOCK_D
-        for db in range(0, n_full, BLOCK_D):
-            acc = _fold(acc, _tile_scores(qk, D, DS, DM, d_start, s_start, db + offs_d, d_n, offs_c, DIM, BLOCK_DIM,
-                                          HAS_DMASK, INT8, IEEE, UPCAST, False), RUNMAX)
-        if n_full < d_n:
-            acc = _fold(acc, _tile_scores(qk, D, DS, DM, d_start, s_start, n_full + offs_d, d_n, offs_c, DIM,
-                                          BLOCK_DIM, HAS_DMASK, INT8, IEEE, UPCAST, True), RUNMAX)
-    else:
-        for db in range(0, d_n, BLOCK_D):
-            acc = _fold(acc, _tile_scores(qk, D, DS, DM, d_start, s_start, db + offs_d, d_n, offs_c, DIM, BLOCK_DIM,
-                                          HAS_DMASK, INT8, IEEE, UPCAST, True), RUNMAX)
+    # One loop without bounds masks: the last tile starts BLOCK_D tokens before the document's end
+    # (overlapping the tile before it), and a document shorter than a tile repeats its last token
+    # in the columns past its end. The max is idempotent, so the scores are exact, and no tile
+    # needs a masked load or a -inf select. Before, whole tiles were followed by one masked tail
+    # tile after the loop (long queries) or every tile was masked (short ones): a second dot in the
+    # code took the long-query configs to 255 registers and a stack spill (sm_90 compile, 304
+    # bytes at BLOCK_Q 256 / BLOCK_D 64 / 4 warps, now 217 and none), and the masks cost a select
+    # per score. H100, default calls, old against new in one session (kernel-ab-H100-20261125-orig /
+    # -lim.json): ColPali bf16 0.481 -> 0.434 ms, int8 0.357 -> 0.346; 1 x 10k int8 0.106 -> 0.103;
+    # 32 x 1,000 candidates int8 0.172 -> 0.166. The columns are int32 rows counted from the
+    # document's first token, scale and mask entry (64-bit addresses per column, an int64 clamp,
+    # took the int8 loop from 391 to 528 instructions, sm_90 SASS at 128 x 64 tiles); only the
+    # token rows' byte offsets are widened, so no document length overflows them (that version:
+    # kernels-H100-{a,bc}-20261125-onetileloop.json, ColPali bf16 0.440, int8 0.345).
+    Dd = D + d_start * DIM
+    DSd = DS
+    if INT8:
+        DSd = DS + s_start
+    DMd = DM
+    if HAS_DMASK:
+        DMd = DM + d_start
+    n = d_n.to(tl.int32)
+    lim = tl.minimum(offs_d, n - 1)  # loop-invariant: the columns past a short document's end repeat its last token
+    for db in range(0, n, BLOCK_D):
+        cols = tl.maximum(tl.minimum(db, n - BLOCK_D), 0) + lim
+        acc = _fold(acc, _tile_scores(qk, Dd, DSd, DMd, cols, offs_c, DIM, BLOCK_DIM, HAS_DMASK, INT8, IEEE, UPCAST),
+                    RUNMAX)
     if RUNMAX:
         best = tl.max(acc, axis=1)
     else:
@@ -393,7 +390,7 @@ def _maxsim_fwd_kernel(
         if HAS_QMASK:
             r_ok = r_ok & (tl.load(QM + q_start + rows, mask=r_ok, other=0) != 0)
         best = _doc_max(qk, D, DS, DM, d_start, s_start, d_n, offs_d, offs_c, DIM, BLOCK_DIM, HAS_DMASK, INT8, IEEE,
-                        UPCAST, LQ_BUCKET, RUNMAX, BLOCK_Q, BLOCK_D)
+                        UPCAST, RUNMAX, BLOCK_Q, BLOCK_D)
         if INT8 and QUANT and QCACHE:
             # loaded after the document loop, not beside the rows: the scales held across it took
             # 36-44 more registers per thread at one warp (sm_90 compile, 168 -> 212 on varlen)
