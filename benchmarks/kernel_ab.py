@@ -12,7 +12,11 @@ short ones; the code before 2026-11-25 03:00 UTC), clamp-int64 (one loop, column
 last token in int64), lim (one loop, the last tile shifted back, int32 columns: the version kept,
 later with the token rows' byte offsets widened), two (an unmasked loop over whole tiles and a
 clamped loop for the rest: two dots, 255 registers again), shiftnomask (no clamp at all, exact only
-when no document is shorter than a tile: the bound for what the clamp costs).
+when no document is shorter than a tile: the bound for what the clamp costs). Later A/Bs of the
+patches in benchmarks/ab/ (against fused.py of commit db5c6c8, measured and dropped; ``--readflush``
+also times each call after an L2 flush that only reads): results/kernel-ab-H100-20261125-evictab-*,
+-pfab-* (MVDB_PF_AHEAD / MVDB_PF_WAIT pick the prefetches) and -groupab-* (MVDB_GROUP documents per
+program), each with runs of the unpatched code (orig, orig2) in the same call.
 """
 from __future__ import annotations
 
@@ -41,17 +45,38 @@ def main():
     ap.add_argument("--configs", action="store_true",
                     help="(b) also: fused.launch at fixed configs, and benchmarks/rega_probe.py's plain kernel")
     ap.add_argument("--out", default=".")
+    ap.add_argument("--readflush", action="store_true",
+                    help="also time each call after an L2 flush that only reads (no dirty lines left behind)")
     args = ap.parse_args()
     dev = "cuda"
     rows = []
+    flush = torch.empty(256 << 20, dtype=torch.int8, device=dev).view(torch.int32)
+
+    def readflush_ms(fn, n: int = 200) -> float:
+        """Median ms of fn() after a 256 MB read (do_bench zeroes its 256 MB buffer instead, which
+        leaves the L2 full of dirty lines that the timed call then writes back)."""
+        fn()
+        torch.cuda.synchronize()
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        for a, b in ev:
+            flush.amax()
+            a.record()
+            fn()
+            b.record()
+        torch.cuda.synchronize()
+        return sorted(a.elapsed_time(b) for a, b in ev)[n // 2]
 
     def run(case, fn, ref, int8=False):
         got = fn().float()
         err = float(((got - ref).abs() / ref.abs().clamp_min(1e-3)).max())
         ok = err < (3e-2 if int8 else 2e-3)
         ms = sorted(median_ms(fn) for _ in range(args.reps))[args.reps // 2] if ok else None
-        rows.append(dict(case=case, ms=ms, max_rel_err=err, ok=ok))
-        print(f"{args.label:>8} {case:<10} {ms if ms is None else round(ms, 4)} ms  err {err:.1e}", flush=True)
+        row = dict(case=case, ms=ms, max_rel_err=err, ok=ok)
+        if ok and args.readflush:
+            row["readflush_ms"] = sorted(readflush_ms(fn) for _ in range(args.reps))[args.reps // 2]
+        rows.append(row)
+        print(f"{args.label:>8} {case:<10} {ms if ms is None else round(ms, 4)} ms"
+              f" (read flush {row.get('readflush_ms', float('nan')):.4f})  err {err:.1e}", flush=True)
 
     cases = set(args.cases.split(","))
     if "a" in cases:
