@@ -50,7 +50,7 @@ def main():
     args = ap.parse_args()
     dev = "cuda"
     rows = []
-    flush = torch.empty(256 << 20, dtype=torch.int8, device=dev).view(torch.int32)
+    flush = torch.empty(256 << 20, dtype=torch.int8, device=dev).view(torch.int32) if args.readflush else None
 
     def readflush_ms(fn, n: int = 200) -> float:
         """Median ms of fn() after a 256 MB read (do_bench zeroes its 256 MB buffer instead, which
@@ -66,14 +66,18 @@ def main():
         torch.cuda.synchronize()
         return sorted(a.elapsed_time(b) for a, b in ev)[n // 2]
 
+    def over_reps(timer, fn) -> float:
+        """The median of ``args.reps`` timings of fn."""
+        return sorted(timer(fn) for _ in range(args.reps))[args.reps // 2]
+
     def run(case, fn, ref, int8=False):
         got = fn().float()
         err = float(((got - ref).abs() / ref.abs().clamp_min(1e-3)).max())
         ok = err < (3e-2 if int8 else 2e-3)
-        ms = sorted(median_ms(fn) for _ in range(args.reps))[args.reps // 2] if ok else None
+        ms = over_reps(median_ms, fn) if ok else None
         row = dict(case=case, ms=ms, max_rel_err=err, ok=ok)
         if ok and args.readflush:
-            row["readflush_ms"] = sorted(readflush_ms(fn) for _ in range(args.reps))[args.reps // 2]
+            row["readflush_ms"] = over_reps(readflush_ms, fn)
         rows.append(row)
         print(f"{args.label:>8} {case:<10} {ms if ms is None else round(ms, 4)} ms"
               f" (read flush {row.get('readflush_ms', float('nan')):.4f})  err {err:.1e}", flush=True)

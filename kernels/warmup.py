@@ -58,4 +58,3 @@ def warmup(
                                           check=False)
     torch.cuda.synchronize(device)
     return time.perf_counter() - t0
-
