@@ -16,7 +16,9 @@ when no document is shorter than a tile: the bound for what the clamp costs). La
 patches in benchmarks/ab/ (against fused.py of commit db5c6c8, measured and dropped; ``--readflush``
 also times each call after an L2 flush that only reads): results/kernel-ab-H100-20261125-evictab-*,
 -pfab-* (MVDB_PF_AHEAD / MVDB_PF_WAIT pick the prefetches) and -groupab-* (MVDB_GROUP documents per
-program), each with runs of the unpatched code (orig, orig2) in the same call.
+program), each with runs of the unpatched code (orig, orig2) in the same call. On 2026-11-26,
+results/kernel-ab-H100-20261126-fullfma-*: benchmarks/ab/fullfma.patch applied, MVDB_FULL_TILES /
+MVDB_INT8_FMA 0 0 (orig), 0 1 (fma), 1 0 (full), 1 1 (new), then fulldb.patch on top (fulldb).
 """
 from __future__ import annotations
 
