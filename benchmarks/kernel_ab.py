@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
 from common import median_ms  # noqa: E402
-from synthetic import candidate_lists, make_corpus, make_queries  # noqa: E402
+from synthetic import candidate_lists, make_corpus, make_queries, one_query_inputs  # noqa: E402
 
 from mvdb.kernels import maxsim, maxsim_candidates, maxsim_varlen, quantize_int8  # noqa: E402
 from mvdb.kernels.maxsim import fused, naive  # noqa: E402
@@ -86,11 +86,7 @@ def main():
 
     cases = set(args.cases.split(","))
     if "a" in cases:
-        corpus = make_corpus(10000, 64, 300, 128, device=dev, seed=10000)
-        Q, _ = make_queries(corpus, 1, 32, seed=7)
-        q = Q[0].half()
-        tok, cu_d = corpus.tokens, corpus.offsets.int()
-        cu_q = torch.tensor([0, 32], dtype=torch.int32, device=dev)
+        corpus, q, cu_q, tok, cu_d = one_query_inputs(device=dev)
         ref = naive.maxsim_csr(q.float(), cu_q, tok.float(), corpus.offsets, dtype=torch.float32)[0]
         run("a-fp16", lambda: maxsim_varlen(q, cu_q, tok, cu_d, check=False)[0], ref)
         tok8, sc8 = quantize_int8(tok)

@@ -174,3 +174,12 @@ def candidate_lists(n_docs: int, nq: int, k: int, *, device, lq: int = 32):
     q = Q.half().reshape(nq * lq, Q.shape[-1])
     cu_q = torch.arange(nq + 1, dtype=torch.int32, device=device) * lq
     return corpus, Q, q, cu_q, cand
+
+
+def one_query_inputs(*, device):
+    """Issue #17 case (a): one query of 32 tokens (fp16) against 10k documents of 64-300 tokens.
+    Returns (corpus, q [32, dim] fp16, cu_q int32, tokens, cu_d int32)."""
+    corpus = make_corpus(10000, 64, 300, 128, device=device, seed=10000)
+    Q, _ = make_queries(corpus, 1, 32, seed=7)
+    cu_q = torch.tensor([0, 32], dtype=torch.int32, device=device)
+    return corpus, Q[0].half(), cu_q, corpus.tokens, corpus.offsets.int()
