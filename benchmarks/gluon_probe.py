@@ -20,7 +20,7 @@ exact (same errors as the default call), but slower. Int8, BLOCK_Q 128 / BD 64 /
 block in registers: overlapped 0.393 ms, serial 0.433, MMAs and loads alone 0.243; the default
 call 0.345 in the same run. The overlap hid 0.04 of the epilogue's 0.19 ms. The other eight int8
 configs (both runs) 0.411-0.574 ms, bf16 0.461-0.501 (default 0.446). Floors without any epilogue: 0.198-0.217
-ms in the plain triton loop (256 x 64, 128 x 64, 128 x 128 tiles, 4 warps; 0.307-0.350 with its
+ms in the plain triton loop (rega_probe MODE 2; 256 x 64, 128 x 64, 128 x 128 tiles, 4 warps; 0.307-0.350 with its
 epilogue), 0.208-0.349 in Gluon's. The MMAs and loads alone take two thirds of the issue's 0.30 ms
 target, and the epilogue adds 0.1 ms or more on top of them in every variant measured: dropped.
 """
@@ -32,8 +32,6 @@ import os
 import sys
 
 import torch
-import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
@@ -168,36 +166,6 @@ def _gluon_maxsim(Q, QS, D, DS, Out, n_docs, d_len, q_len, INT8: gl.constexpr, B
     gl.store(Out + c * n_docs + k, gl.sum(m, axis=0))
 
 
-@triton.jit
-def _mma_floor(Q, D, Out, d_len, n_chunks, CHUNK: tl.constexpr, BQ: tl.constexpr, BD: tl.constexpr, DIM: tl.constexpr):
-    """benchmarks/rega_probe.py's plain kernel with the epilogue taken out: each tile's dot accumulated
-    into one accumulator (the MMAs and loads of that loop structure, no conversion, scale or max)."""
-    pid = tl.program_id(0).to(tl.int64)
-    chunk = pid % n_chunks
-    k = pid // n_chunks
-    oq = tl.arange(0, BQ)
-    od = tl.arange(0, BD)
-    oc = tl.arange(0, DIM)
-    total = tl.zeros([1], tl.float32)
-    for qb in range(chunk * CHUNK, chunk * CHUNK + CHUNK, BQ):
-        q = tl.load(Q + (qb + oq)[:, None] * DIM + oc[None, :])
-        mm = tl.zeros([BQ, BD], tl.int32)
-        for db in range(0, d_len, BD):
-            cols = k * d_len + db + od
-            mm = tl.dot(q, tl.load(D + cols[None, :] * DIM + oc[:, None]), mm, out_dtype=tl.int32)
-        total += tl.sum(tl.sum(mm, axis=1).to(tl.float32), axis=0)
-    tl.store(Out + chunk * (tl.num_programs(0) // n_chunks) + k + tl.arange(0, 1), total)
-
-
-def mma_floor(q8, d8, n, L, bq, bd, warps, stages, chunk=256):
-    """_mma_floor's launch (its sums are not scores: timing only)."""
-    n_chunks = q8.shape[0] // chunk
-    out = torch.empty(n_chunks, n, device=q8.device, dtype=torch.float32)
-    _mma_floor[(n * n_chunks,)](q8, d8, out, L, n_chunks, CHUNK=chunk, BQ=bq, BD=bd, DIM=128, num_warps=warps,
-                                num_stages=stages)
-    return out.sum(0)
-
-
 def probe(q, qs, d, ds, n_docs, d_len, bq, bd, warps, nbuf, a_regs, fma, mode):
     """One query's MaxSim against n_docs padded documents by _gluon_maxsim -> [n_docs]."""
     n_qb = q.shape[0] // bq
@@ -218,7 +186,7 @@ def main():
                          "Gluon's at N=128, beside the default call and rega_probe's plain kernel")
     args = ap.parse_args()
     from common import median_ms
-    from synthetic import make_corpus, make_queries
+    from synthetic import colpali_inputs
 
     from mvdb.kernels import maxsim, quantize_int8
     from mvdb.kernels.maxsim import naive
@@ -240,10 +208,7 @@ def main():
         print(f"{name:<28} {kw} err {err:.1e} {ms if ms is None else round(ms, 4)} ms", flush=True)
 
     # correctness on an odd tile count and a query of 2 blocks first (960 = 15 x 64 tokens)
-    small = make_corpus(64, 960, 960, 128, dtype=torch.bfloat16, device=dev, seed=11)
-    Qs, _ = make_queries(small, 1, 256, seed=12)
-    Qs = Qs.bfloat16()
-    Ds = small.tokens.view(64, 960, 128)
+    Qs, Ds = colpali_inputs(64, 960, device=dev, lq=256, seed=11, query_seed=12)
     ref_s = naive.maxsim_padded(Qs.float(), Ds.float(), dtype=torch.float32)[0]
     D8s, s8s = quantize_int8(Ds)
     q8s, qs8s = quantize_int8(Qs[0])
@@ -256,10 +221,7 @@ def main():
           ref_s, False, bq=128, bd=64, warps=4, nbuf=4, a_regs=False, mode=0)
 
     n, L = args.n, args.L
-    corpus = make_corpus(n, L, L, 128, dtype=torch.bfloat16, device=dev, seed=3)
-    Q, _ = make_queries(corpus, 1, L, seed=5)
-    Q = Q.bfloat16()
-    D = corpus.tokens.view(n, L, 128)
+    Q, D = colpali_inputs(n, L, device=dev)
     ref = naive.maxsim_padded(Q.float(), D.float(), dtype=torch.float32, budget=1 << 28)[0]
     D8, s8 = quantize_int8(D)
     q8, qs8 = quantize_int8(Q[0])
@@ -271,8 +233,8 @@ def main():
             cfg = dict(bq=bq, bd=bd, warps=w, stages=st)
             bench("plain int8 (rega_probe)", lambda: rega_probe.probe(q8, qs8, d82, ds2, n, L, 0, bq, bd, w, st), ref,
                   True, **cfg)
-            bench("plain int8 MMAs only", lambda: mma_floor(q8, d82, n, L, bq, bd, w, st), ref, True, check=False,
-                  **cfg)
+            bench("plain int8 MMAs only", lambda: rega_probe.probe(q8, qs8, d82, ds2, n, L, 2, bq, bd, w, st), ref,
+                  True, check=False, **cfg)
         for bq, bd, w, nb, ar, mode in ((64, 128, 4, 4, True, 2), (128, 128, 8, 4, True, 2), (128, 128, 8, 4, False, 2),
                                         (128, 32, 4, 6, True, 0), (128, 32, 4, 6, True, 2), (64, 64, 4, 4, True, 0)):
             bench("gluon int8", lambda: probe(q8, qs8, d82, ds2, n, L, bq, bd, w, nb, ar, True, mode), ref, True,

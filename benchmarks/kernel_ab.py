@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
 from common import median_ms  # noqa: E402
-from synthetic import candidate_lists, make_corpus, make_queries, one_query_inputs  # noqa: E402
+from synthetic import candidate_lists, colpali_inputs, one_query_inputs  # noqa: E402
 
 from mvdb.kernels import maxsim, maxsim_candidates, maxsim_varlen, quantize_int8  # noqa: E402
 from mvdb.kernels.maxsim import fused, naive  # noqa: E402
@@ -93,10 +93,7 @@ def main():
         run("a-int8", lambda: maxsim_varlen(q, cu_q, tok8, cu_d, d_scales=sc8, check=False)[0], ref, True)
         del corpus, tok8, sc8
     if "b" in cases:
-        corpus = make_corpus(1000, 1024, 1024, 128, dtype=torch.bfloat16, device=dev, seed=3)
-        Q, _ = make_queries(corpus, 1, 1024, seed=5)
-        Q = Q.bfloat16()
-        D = corpus.tokens.view(1000, 1024, 128)
+        Q, D = colpali_inputs(1000, 1024, device=dev)
         ref = naive.maxsim_padded(Q.float(), D.float(), dtype=torch.float32, budget=1 << 28)
         run("b-bf16", lambda: maxsim(Q, D), ref)
         D8, s8 = quantize_int8(D)
@@ -117,7 +114,7 @@ def main():
                         Q[0], qs8, D.view(-1, 128), s8.view(-1), 1000, 1024, 0, bq, bd, w, st)[None], ref)
                     run(f"b-int8 probe {bq}/{bd}/{w}w/{st}s", lambda: rega_probe.probe(
                         q8, qs8, D8.view(-1, 128), s8.view(-1), 1000, 1024, 0, bq, bd, w, st)[None], ref, True)
-        del corpus, D, D8, s8
+        del D, D8, s8
     if "c" in cases:
         corpus, Q, q, cu_q, cand = candidate_lists(150000, 32, 1000, device=dev)
         tok, off = corpus.tokens, corpus.offsets

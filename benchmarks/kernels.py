@@ -48,7 +48,7 @@ import torch  # noqa: E402
 
 import peers  # noqa: E402
 from common import median_ms  # noqa: E402
-from synthetic import candidate_lists, make_corpus, make_queries  # noqa: E402
+from synthetic import candidate_lists, colpali_inputs, one_query_inputs  # noqa: E402
 
 from mvdb.kernels import maxsim, maxsim_candidates, maxsim_varlen, quantize_int8  # noqa: E402
 from mvdb.kernels.maxsim import fused, naive  # noqa: E402
@@ -161,12 +161,8 @@ def run(case: str, impl: str, fn, ref: torch.Tensor, *, nbytes: float, flops: fl
 def _varlen_case(n_docs: int, dev, ceil, peers_ok: bool, scale: float):
     """(a) one query of 32 tokens against n_docs docs of 64-300 tokens, fp16 and int8."""
     name = f"a-{n_docs // 1000}k" if n_docs >= 1000 else f"a-{n_docs}"
-    corpus = make_corpus(n_docs, 64, 300, 128, device=dev, seed=n_docs)
-    Q, _ = make_queries(corpus, 1, 32, seed=7)
-    q = Q[0].half()
-    tok, off = corpus.tokens, corpus.offsets
-    cu_d = off.int()
-    cu_q = torch.tensor([0, 32], dtype=torch.int32, device=dev)
+    corpus, q, cu_q, tok, cu_d = one_query_inputs(n_docs, device=dev)
+    off = corpus.offsets
     max_len = int(corpus.lengths.max())
     ref = naive.maxsim_csr(q.float(), cu_q, tok.float(), off, dtype=torch.float32)[0]  # [n]
     T = tok.shape[0]
@@ -204,10 +200,7 @@ def _varlen_case(n_docs: int, dev, ceil, peers_ok: bool, scale: float):
 def _colpali_case(dev, ceil, peers_ok: bool, scale: float):
     """(b) ColPali: one query of 1024 tokens vs 1000 docs of 1024 tokens, bf16 and int8."""
     n, L = max(2, int(1000 * scale)), max(16, int(1024 * scale))
-    corpus = make_corpus(n, L, L, 128, dtype=torch.bfloat16, device=dev, seed=3)
-    Q, _ = make_queries(corpus, 1, L, seed=5)
-    Q = Q.bfloat16()
-    D = corpus.tokens.view(n, L, 128)
+    Q, D = colpali_inputs(n, L, device=dev)
     ref = naive.maxsim_padded(Q.float(), D.float(), dtype=torch.float32, budget=1 << 28)  # [1, n]
     flops = 2 * L * L * 128 * n
     nbytes = D.numel() * 2 + Q.numel() * 2 + 4 * n
@@ -231,7 +224,7 @@ def _colpali_case(dev, ceil, peers_ok: bool, scale: float):
         run("b-colpali-int8", "late-interaction-kernels fp8", lambda: peers.lik_fp8_dense(Q, F8, f8s), ref,
             nbytes=nbytes8, flops=flops, ceil=ceil, int8=True, note="fp8 e4m3 (it has no int8 path)")
         del F8, f8s
-    del corpus, D
+    del D
 
 
 def _candidates_case(n_docs: int, dev, ceil, peers_ok: bool, label: str):

@@ -6,6 +6,8 @@ A standalone kernel of the same shape as fused's long-query path (one program pe
 query chunk), chunks side by side in the grid), timed for bf16 and int8 with the query operand in
 shared memory (MODE 0) or registers (MODE 1: an identity inline-asm move, which triton cannot see
 through, so the operand stays in registers), beside the real default call. Correctness first.
+MODE 2 (int8, shared-memory operand; benchmarks/gluon_probe.py --floors): the tiles' dots
+accumulated and nothing else, the floor of this loop without its conversion, scale and max.
 
     python benchmarks/rega_probe.py --out DIR
     TRITON_INTERPRET=1 python benchmarks/rega_probe.py --n 2 --L 256 --modes 0   # CPU check of the script
@@ -49,23 +51,34 @@ def _probe(Q, QS, D, DS, Out, d_len, n_chunks, MODE: tl.constexpr, INT8: tl.cons
                 q = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [q], dtype=tl.int8, is_pure=True, pack=4)
             else:
                 q = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [q], dtype=q.dtype, is_pure=True, pack=2)
-        acc = tl.full([BQ], float("-inf"), tl.float32)
+        if MODE == 2:
+            mm = tl.zeros([BQ, BD], tl.int32)
+        else:
+            acc = tl.full([BQ], float("-inf"), tl.float32)
         for db in range(0, d_len, BD):
             cols = k * d_len + db + od
             dt = tl.load(D + cols[None, :] * DIM + oc[:, None])
-            if INT8:
-                a = tl.dot(q, dt, out_dtype=tl.int32)
-                s = ((a + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0) * tl.load(DS + cols)[None, :]
+            if MODE == 2:
+                mm = tl.dot(q, dt, mm, out_dtype=tl.int32)
             else:
-                s = tl.dot(q, dt)
-            acc = tl.maximum(acc, tl.max(s, axis=1))
-        if INT8:
-            acc = acc * tl.load(QS + qb + oq)
-        total += tl.sum(acc, axis=0)
+                if INT8:
+                    a = tl.dot(q, dt, out_dtype=tl.int32)
+                    s = ((a + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0) * tl.load(DS + cols)[None, :]
+                else:
+                    s = tl.dot(q, dt)
+                acc = tl.maximum(acc, tl.max(s, axis=1))
+        if MODE == 2:
+            total += tl.sum(tl.sum(mm, axis=1).to(tl.float32), axis=0)
+        else:
+            if INT8:
+                acc = acc * tl.load(QS + qb + oq)
+            total += tl.sum(acc, axis=0)
     tl.store(Out + chunk * (tl.num_programs(0) // n_chunks) + k + tl.arange(0, 1), total)
 
 
 def probe(q, qs, d, ds, n, L, mode, bq, bd, warps, stages, chunk=256):
+    """One query's MaxSim against n padded documents of L tokens -> [n] (mode 2, int8 only: the sum
+    of the dot products instead, for timing)."""
     n_chunks = q.shape[0] // chunk
     out = torch.empty(n_chunks, n, device=q.device, dtype=torch.float32)
     _probe[(n * n_chunks,)](q, qs, d, ds, out, L, n_chunks, MODE=mode, INT8=d.dtype == torch.int8, CHUNK=chunk,
@@ -82,16 +95,13 @@ def main():
     args = ap.parse_args()
     from triton.testing import do_bench
 
-    from synthetic import make_corpus, make_queries
+    from synthetic import colpali_inputs
 
     from mvdb.kernels import maxsim, quantize_int8
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     n, L = args.n, args.L
-    corpus = make_corpus(n, L, L, 128, dtype=torch.bfloat16, device=dev, seed=3)
-    Q, _ = make_queries(corpus, 1, L, seed=5)
-    Q = Q.bfloat16()
-    D = corpus.tokens.view(n, L, 128)
+    Q, D = colpali_inputs(n, L, device=dev)
     ref = torch.einsum("qc,ndc->nqd", Q[0].float(), D.float()).amax(-1).sum(-1)
     D8, s8 = quantize_int8(D)
     q8, qs8 = quantize_int8(Q[0])

@@ -176,10 +176,18 @@ def candidate_lists(n_docs: int, nq: int, k: int, *, device, lq: int = 32):
     return corpus, Q, q, cu_q, cand
 
 
-def one_query_inputs(*, device):
-    """Issue #17 case (a): one query of 32 tokens (fp16) against 10k documents of 64-300 tokens.
-    Returns (corpus, q [32, dim] fp16, cu_q int32, tokens, cu_d int32)."""
-    corpus = make_corpus(10000, 64, 300, 128, device=device, seed=10000)
+def one_query_inputs(n_docs: int = 10000, *, device):
+    """The kernel benchmarks' case (a): one query of 32 tokens (fp16) against n_docs documents of
+    64-300 tokens. Returns (corpus, q [32, dim] fp16, cu_q int32, tokens, cu_d int32)."""
+    corpus = make_corpus(n_docs, 64, 300, 128, device=device, seed=n_docs)
     Q, _ = make_queries(corpus, 1, 32, seed=7)
     cu_q = torch.tensor([0, 32], dtype=torch.int32, device=device)
     return corpus, Q[0].half(), cu_q, corpus.tokens, corpus.offsets.int()
+
+
+def colpali_inputs(n: int, L: int, *, device, lq: int | None = None, seed: int = 3, query_seed: int = 5):
+    """The kernel benchmarks' case (b), ColPali-shaped: one query of lq (default L) tokens against n
+    pages of L tokens, bf16. Returns (Q [1, lq, dim], D [n, L, dim])."""
+    corpus = make_corpus(n, L, L, 128, dtype=torch.bfloat16, device=device, seed=seed)
+    Q, _ = make_queries(corpus, 1, L if lq is None else lq, seed=query_seed)
+    return Q.bfloat16(), corpus.tokens.view(n, L, 128)
