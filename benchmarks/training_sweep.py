@@ -7,8 +7,10 @@ For each case of benchmarks/training.py (bf16): the step (forward, loss, backwar
 defaults, its parts (forward; dQ-only and dD-only lowmem backwards from the saved winners), the
 step with each launch parameter of ``train.TUNE`` changed one at a time (each variant's gradients
 checked against the defaults' first), and normalize=True fused vs F.normalize in torch.
-``--no-variants``: skip the parameter sweep. ``--device``: time by the GPU's kernel time. ``--grid``: unified vs lowmem over a grid of in-batch and per-query shapes. Writes
-training_sweep.json.
+``--no-variants``: skip the parameter sweep. ``--device``: time by the GPU's kernel time.
+``--grid [issue,fit,holdout]``: unified vs lowmem (and what ``auto`` measures and picks) over sets
+of in-batch and per-query shapes (``issue``: the 19 of issue #17; ``fit``: the static rule's data;
+``holdout``: other sizes, other seed). ``--cases ""`` skips the cases. Writes training_sweep.json.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from training import CASES, device_breakdown, loss_of, make  # noqa: E402
 
 from mvdb.kernels import maxsim  # noqa: E402
 from mvdb.kernels.maxsim import train  # noqa: E402
+from mvdb.kernels.maxsim.train.policy import _gpu_ms  # noqa: E402
 
 VARIANTS = {
     "fwd_bd": [32, 128],
@@ -156,9 +159,8 @@ def tune_case(case: str, variants: dict = VARIANTS) -> dict:
     return row
 
 
-def grid() -> list:
-    """unified vs lowmem step time over in-batch (cross product) and per-query shapes, bf16."""
-    rows = []
+def _issue_shapes() -> list:
+    """The 19 shapes of the issue #17 sweep (training-sweep-H100-device.json)."""
     shapes = []
     for b in (16, 64, 256, 1024):
         for lq, ld in ((32, 180), (32, 1024), (256, 256), (1024, 1024)):
@@ -167,19 +169,83 @@ def grid() -> list:
             shapes.append(dict(b=b, lq=lq, ld=ld, neg=0))
     for b, neg, ld in ((32, 16, 1030), (256, 4, 180), (256, 16, 180), (64, 64, 300), (256, 16, 1030)):
         shapes.append(dict(b=b, lq=32, ld=ld, neg=neg))
-    for c in shapes:
-        g = torch.Generator(device="cuda").manual_seed(0)
+    return shapes
+
+
+def _fit_shapes() -> list:
+    """Small and mid-sized batches, where the two backwards are close: the shapes the rule is
+    derived from."""
+    shapes = [dict(b=b, lq=lq, ld=ld, neg=0) for b in (4, 8, 16, 32, 48, 64, 96, 128)
+              for lq, ld in ((32, 64), (32, 128), (32, 180), (32, 300), (32, 512), (64, 180), (64, 300),
+                             (128, 256), (32, 1024), (64, 1024))]
+    shapes += [dict(b=b, lq=32, ld=ld, neg=neg) for b in (4, 16, 64) for neg in (1, 4, 16) for ld in (180, 1030)]
+    return shapes
+
+
+def _holdout_shapes() -> list:
+    """Shapes off the fit grid (other sizes, other seed): the rule is checked here, not tuned."""
+    shapes = [dict(b=b, lq=lq, ld=ld, neg=0) for b in (6, 12, 24, 40, 80, 160)
+              for lq, ld in ((24, 150), (48, 220), (16, 400), (40, 700), (24, 600), (32, 760), (48, 500), (20, 900),
+                             (100, 800), (64, 640))]
+    shapes += [dict(b=b, lq=lq, ld=ld, neg=neg) for b in (8, 48) for neg in (2, 8)
+               for lq, ld in ((32, 240), (24, 800))]
+    return shapes
+
+
+GRIDS = {"issue": _issue_shapes, "fit": _fit_shapes, "holdout": _holdout_shapes}
+
+
+def grid(which: str = "issue", seed: int = 0, variants: tuple = ()) -> list:
+    """unified vs lowmem fwd+bwd step over the shapes of ``which`` (bf16): per backward the median
+    of three alternating measurements (``bench``), the wall time (do_bench) and the kernels per
+    step, and the backward ``auto`` picks: measured (``auto``, its step time ``auto_ms``) and by
+    the static rule used where it cannot measure (``auto_static``). ``variants``: ("key=value",
+    ...) of ``train.TUNE``, each timed as lowmem too (``lowmem[key=value]``)."""
+    rows = []
+    for c in GRIDS[which]():
+        g = torch.Generator(device="cuda").manual_seed(seed)
         Q = torch.nn.functional.normalize(torch.randn(c["b"], c["lq"], 128, device="cuda", generator=g), dim=-1)
         shape = (c["b"], c["neg"], c["ld"], 128) if c["neg"] else (c["b"], c["ld"], 128)
         D = torch.nn.functional.normalize(torch.randn(*shape, device="cuda", generator=g), dim=-1)
         Q, D = Q.bfloat16(), D.bfloat16()
-        r = dict(c)
-        for kind in ("unified", "lowmem"):
-            try:
-                r[kind] = bench(lambda kind=kind, Q=Q, D=D: step(Q, D, kind))
-            except torch.cuda.OutOfMemoryError:
-                r[kind] = None
-        print("grid", r, flush=True)
+        n_k = c["neg"] or c["b"]
+        r = dict(c, auto_static=train.choose_backward("auto", bool(c["neg"]), c["lq"], c["ld"], n_q=c["b"], n_k=n_k))
+        times = {"unified": [], "lowmem": []}
+        try:
+            for _ in range(3):
+                for kind in times:
+                    fn = lambda kind=kind, Q=Q, D=D: step(Q, D, kind)  # noqa: E731
+                    if DEVICE_TIME:
+                        dev = device_breakdown(fn)
+                        times[kind].append(dev["device_ms"])
+                        r[kind + "_kernels"] = dev["top_us"]
+                    else:
+                        times[kind].append(bench(fn))
+            for kind in times:
+                r[kind] = sorted(times[kind])[1]
+                # the GPU's elapsed time (kernels and the gaps between them, not the host's launches):
+                # what auto measures
+                r[kind + "_gpu"] = sorted(_gpu_ms(lambda k, Q=Q, D=D: step(Q, D, k), kind) for _ in range(3))[1]
+                r[kind + "_wall"] = triton.testing.do_bench(lambda kind=kind, Q=Q, D=D: step(Q, D, kind), warmup=5,
+                                                            rep=40, return_mode="median")
+            # auto: measured afresh for this shape (the first call times both), then timed like the others
+            train.AUTO_CHOICES.clear()
+            step(Q, D, "auto")
+            r["auto"] = next(reversed(train.AUTO_CHOICES.values()), r["auto_static"])
+            r["auto_ms"] = bench(lambda Q=Q, D=D: step(Q, D, "auto"))
+            for v in variants:
+                key, val = v.split("=")
+                train.TUNE[key] = int(val)
+                try:
+                    r[f"lowmem[{v}]"] = bench(lambda Q=Q, D=D: step(Q, D, "lowmem"))
+                finally:
+                    train.TUNE.clear()
+        except torch.cuda.OutOfMemoryError:
+            r["oom"] = True
+        if "unified" in r and "lowmem" in r:
+            r["faster"] = "unified" if r["unified"] < r["lowmem"] else "lowmem"
+            r["margin"] = max(r["unified"], r["lowmem"]) / min(r["unified"], r["lowmem"]) - 1
+        print("grid", which, r, flush=True)
         rows.append(r)
         del Q, D
         torch.cuda.empty_cache()
@@ -189,7 +255,9 @@ def grid() -> list:
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", default="colbert,hardneg,colpali")
-    p.add_argument("--grid", action="store_true")
+    p.add_argument("--grid", nargs="?", const="issue", default="",
+                   help="comma-separated shape sets to sweep unified vs lowmem over: " + ", ".join(GRIDS))
+    p.add_argument("--grid-variants", default="", help="comma-separated TUNE key=value, timed as lowmem on the grid")
     p.add_argument("--no-variants", action="store_true", help="parts and normalize only")
     p.add_argument("--only", default="", help="comma-separated TUNE keys to sweep (default: all)")
     p.add_argument("--device", action="store_true", help="time by the GPU's kernel time (torch.profiler), not wall")
@@ -204,8 +272,9 @@ def main():
         variants = {} if args.no_variants else {k: v for k, v in VARIANTS.items() if not only or k in only}
         res["cases"][case] = tune_case(case, variants)
         torch.cuda.empty_cache()
-    if args.grid:
-        res["grid"] = grid()
+    variants = tuple(v for v in args.grid_variants.split(",") if v)
+    for which in [w for w in args.grid.split(",") if w]:
+        res["grid" if which == "issue" else f"grid_{which}"] = grid(which, 1 if which == "holdout" else 0, variants)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "training_sweep.json").write_text(json.dumps(res, indent=1))

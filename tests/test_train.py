@@ -229,20 +229,149 @@ def test_hard_negatives_layout_with_few_hits(device, normalize):
 
 
 def test_auto_picks_the_backward_measured_faster():
-    """The rule from benchmarks/results/training-sweep-H100-device.json (kernel time) for padded
-    batches: lowmem, except a cross product whose documents are at least 16x longer than the
-    queries; varlen keeps the rule measured with the sort."""
+    """The rule from benchmarks/results/training-sweep-H100-20261126-fit.json (kernel time) for padded
+    batches: lowmem, except an in-batch cross product of >= 1,024 pairs with queries of <= 128
+    tokens and documents long enough that lowmem's pass over every 64-row block costs more than
+    unified's atomics; varlen keeps the rule measured with the sort."""
     from mvdb.kernels.maxsim.train import choose_backward
 
-    assert choose_backward("auto", False, 32, 180) == "lowmem"  # ColBERT in-batch
-    assert choose_backward("auto", False, 1024, 1024) == "lowmem"  # ColPali in-batch
-    assert choose_backward("auto", True, 32, 1030) == "lowmem"  # hard negatives
-    assert choose_backward("auto", False, 32, 1024) == "unified"  # short queries, long documents
+    assert choose_backward("auto", False, 32, 180, n_q=256, n_k=256) == "lowmem"  # ColBERT in-batch
+    assert choose_backward("auto", False, 1024, 1024, n_q=64, n_k=64) == "lowmem"  # ColPali in-batch
+    assert choose_backward("auto", True, 32, 1030, n_q=256, n_k=16) == "lowmem"  # hard negatives
+    assert choose_backward("auto", False, 32, 1024, n_q=64, n_k=64) == "unified"  # long documents
+    assert choose_backward("auto", False, 64, 1024, n_q=32, n_k=32) == "unified"
+    assert choose_backward("auto", False, 32, 512, n_q=128, n_k=128) == "lowmem"  # 8 blocks x 32 < 11 x 32
+    assert choose_backward("auto", False, 40, 700, n_q=64, n_k=64) == "unified"  # 11 blocks x 64 slots > 11 x 40
+    assert choose_backward("auto", False, 32, 1024, n_q=16, n_k=16) == "lowmem"  # small batch
+    assert choose_backward("auto", False, 32, 1024) == "lowmem"  # no batch size given: the small-batch side
+    assert choose_backward("auto", False, 256, 4096, n_q=64, n_k=64) == "lowmem"  # long queries: sorted dD
     assert choose_backward("unified", True, 32, 180) == "unified"  # an explicit choice stands
     # varlen: lowmem sorts the winners there; the rule measured with the sort
     assert choose_backward("auto", False, 32, 180, padded=False, n_hits=16 * 16 * 32, doc_elems=16 * 180 * 128) \
         == "unified"
     assert choose_backward("auto", False, 32, 180, padded=False, n_hits=256 * 256 * 32, doc_elems=0) == "lowmem"
+
+
+def test_auto_measures_each_bucket_once(monkeypatch):
+    """``auto`` on a GPU: the first backward of a shape bucket compiles both backwards, times them
+    alternately, keeps the faster (by the smaller of two timings each) and returns its gradients;
+    later calls of the bucket reuse the choice; the cache is bounded; where it cannot measure it
+    takes the static rule and stores nothing; deterministic mode takes lowmem without timing."""
+    from mvdb.kernels.maxsim.train import policy
+
+    monkeypatch.setattr(policy, "AUTO_CHOICES", type(policy.AUTO_CHOICES)())
+    monkeypatch.setattr(policy, "AUTO_CACHE_SIZE", 2)
+    monkeypatch.setattr(policy, "can_measure", lambda device: True)
+    calls = []
+    cost = {"lowmem": [3.0, 2.0], "unified": [2.5, 2.4]}  # ms per timed run: unified's best 2.4 > 2.0
+
+    def run(kind):
+        calls.append(kind)
+        return f"grads of {kind}"
+
+    def timer(run_, kind):
+        run_(kind)
+        return cost[kind][sum(c == kind for c in calls) - 2]  # the warm run is not timed
+
+    dev = torch.device("cpu")
+    assert policy.measured_backward("a", run, "unified", dev, timer) == "grads of lowmem"
+    assert calls == ["lowmem", "unified", "lowmem", "unified", "lowmem", "unified", "lowmem"]
+    assert dict(policy.AUTO_CHOICES) == {"a": "lowmem"}
+    calls.clear()
+    assert policy.measured_backward("a", run, "unified", dev, timer) == "grads of lowmem"
+    assert calls == ["lowmem"]  # cached: no timing
+    cost.update(lowmem=[5.0, 5.0], unified=[1.0, 9.0])
+    for key in ("b", "c"):
+        calls.clear()
+        assert policy.measured_backward(key, run, "lowmem", dev, timer) == "grads of unified"
+    assert list(policy.AUTO_CHOICES) == ["b", "c"]  # bounded: "a" (least recently used) went first
+    cost.update(lowmem=[1.0, 1.0], unified=[1.0, 1.0])  # a tie keeps the static rule's pick
+    calls.clear()
+    assert policy.measured_backward("tie", run, "unified", dev, timer) == "grads of unified"
+
+    def short_of_memory(kind):
+        if kind == "unified":
+            raise torch.cuda.OutOfMemoryError("unified's fp32 buffers")
+        return run(kind)
+
+    assert policy.measured_backward("oom", short_of_memory, "unified", dev, timer) == "grads of lowmem"
+    assert policy.AUTO_CHOICES["oom"] == "lowmem"
+
+    monkeypatch.setattr(policy, "can_measure", lambda device: False)
+    calls.clear()
+    assert policy.measured_backward("d", run, "unified", dev, timer) == "grads of unified"
+    assert calls == ["unified"] and "d" not in policy.AUTO_CHOICES
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    calls.clear()
+    assert policy.measured_backward("tie", run, "unified", dev, timer) == "grads of lowmem"  # even if cached
+    assert calls == ["lowmem"]
+    assert policy.choose_backward("auto", False, 32, 1024, n_q=64, n_k=64) == "lowmem"
+    assert policy.choose_backward("unified", False, 32, 1024) == "unified"  # an explicit choice stands
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+def test_auto_measures_in_batch_products_only(device, monkeypatch):
+    """``auto`` hands in-batch padded products to the measurement (with their shape bucket) and
+    keeps per-query negatives on the static rule (lowmem); the gradients are the same either way."""
+    from mvdb.kernels.maxsim.train import ops
+
+    seen = []
+
+    def spy(key, run, fallback, dev):
+        seen.append((key, fallback))
+        return run(fallback)
+
+    monkeypatch.setattr(ops, "measured_backward", spy)
+    g = torch.Generator().manual_seed(2)
+    Q = torch.randn(3, 5, 16, generator=g)
+    for D in (torch.randn(4, 70, 16, generator=g), torch.randn(3, 2, 70, 16, generator=g)):
+        got = []
+        for kind in ("auto", "lowmem"):
+            Qt, Dt = Q.to(device).requires_grad_(), D.to(device).requires_grad_()
+            maxsim(Qt, Dt, backward=kind, backend="triton").sum().backward()
+            got.append((Qt.grad, Dt.grad))
+        assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+    assert len(seen) == 1  # the in-batch call only
+    key, fallback = seen[0]
+    assert fallback == "lowmem" and key[5:9] == (3, 4, 16, 2)  # 3 x 4 pairs, Lq 5 -> 16, Ld 70 -> 2 blocks
+
+
+def test_auto_cannot_measure_on_cpu_or_when_disabled(monkeypatch):
+    from mvdb.kernels.maxsim.train import policy
+
+    assert not policy.can_measure(torch.device("cpu"))
+    monkeypatch.setenv("MVDB_AUTOTUNE", "0")
+    assert not policy.can_measure(torch.device("cuda"))
+
+
+@pytest.mark.gpu
+def test_auto_on_the_gpu_returns_the_measured_backwards_gradients():
+    """On CUDA the first ``auto`` step of a bucket measures and caches the faster backward; its
+    gradients are that backward's (lowmem's bitwise; unified's to fp32 atomics' rounding), and a
+    second step reuses the choice."""
+    from mvdb.kernels.maxsim import train
+
+    g = torch.Generator(device="cuda").manual_seed(4)
+    Q = torch.randn(24, 32, 64, device="cuda", generator=g).bfloat16()
+    D = torch.randn(24, 700, 64, device="cuda", generator=g).bfloat16()
+
+    def grads(kind):
+        Qg, Dg = Q.clone().requires_grad_(), D.clone().requires_grad_()
+        maxsim(Qg, Dg, backward=kind).logsumexp(1).sum().backward()
+        return Qg.grad, Dg.grad
+
+    train.AUTO_CHOICES.clear()
+    got = grads("auto")
+    assert len(train.AUTO_CHOICES) == 1
+    chosen = next(iter(train.AUTO_CHOICES.values()))
+    want = grads(chosen)
+    if chosen == "lowmem":
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    else:
+        torch.testing.assert_close(got[0].float(), want[0].float(), rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(got[1].float(), want[1].float(), rtol=1e-2, atol=1e-2)
+    grads("auto")
+    assert list(train.AUTO_CHOICES.values()) == [chosen]
 
 
 @pytest.mark.parametrize("device", TRITON_DEVICES)

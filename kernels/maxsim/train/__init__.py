@@ -18,16 +18,20 @@ Backwards (``backward=``):
   atomics, gradients written in the input dtype, bitwise identical run to run.
 
 Layout: ``fused.py`` the Triton kernels, ``ops.py`` the launchers and the autograd Function,
-``policy.py`` the launch tuning table and the ``auto`` backward's choice, ``naive.py`` torch forms
+``policy.py`` the launch tuning table and the ``auto`` backward's choice (measured once per shape
+bucket on a GPU, a static rule elsewhere), ``naive.py`` torch forms
 of the kernels' math (the gradients' reference is autograd through :mod:`mvdb.kernels.maxsim.naive`).
 """
 
 from mvdb.kernels.maxsim.train.ops import backward, forward, padded, varlen
 from mvdb.kernels.maxsim.train.policy import (
+    AUTO_CHOICES,
     BACKWARDS,
     TUNE,
     choose_backward,
     grouped_queries,
+    measured_backward,
 )
 
-__all__ = ["BACKWARDS", "TUNE", "backward", "choose_backward", "forward", "grouped_queries", "padded", "varlen"]
+__all__ = ["AUTO_CHOICES", "BACKWARDS", "TUNE", "backward", "choose_backward", "forward", "grouped_queries",
+           "measured_backward", "padded", "varlen"]

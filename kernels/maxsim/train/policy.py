@@ -3,6 +3,12 @@ the blocks, splits and query groups derived from it, and the ``auto`` backward's
 
 from __future__ import annotations
 
+import os
+import time
+from collections import OrderedDict
+from typing import Callable
+
+import torch
 import triton
 
 from mvdb.kernels.maxsim.fused import interpreting
@@ -39,19 +45,121 @@ def grouped_queries(lq: int, per_query: bool, equal_lengths: bool, n_q: int) -> 
     return max(1, min(n_q, (16 if interpreting() else TUNE.get("fwd_rows", 128)) // lq))
 
 
+# ``auto``'s static rule (where it cannot measure, :func:`measured_backward`) for padded in-batch
+# products, from kernel times per (query, document) pair on the H100
+# (benchmarks/results/training-sweep-H100-20261126-fit.json, B=128): unified's atomics cost ~0.95 ns per
+# query token wherever the document's rows are; lowmem's sort-free dD makes a pass over every
+# 64-row block of every document per query, ~0.08 ns per block and padded query-token slot, and its
+# dQ ~0.07 ns per query token. Unified is cheaper once blocks x slots > (0.95 - 0.07) / 0.08 = 11
+# query tokens; below AUTO_MIN_PAIRS pairs (about 8 unified programs per SM) the kernels are short,
+# and lowmem's (no fp32 zero fills, no casts) measured faster on every such shape of that grid. On
+# held-out shapes the rule missed 16 of 68 (README): the fallback, not the rule a GPU uses.
+AUTO_UNIFIED_RATIO = 11
+AUTO_MIN_PAIRS = 1024
+CROSS_BLOCK = 64  # rows per program of the sort-free cross-product dD (TUNE "cross_bj")
+
+
 def choose_backward(kind: str, per_query: bool, lq: int, ld: float, padded: bool = True, n_hits: int = 0,
-                    doc_elems: int = 0) -> str:
-    """``auto`` for padded batches (where lowmem's dD needs no sort): lowmem, except a cross
-    product whose documents are at least 16 times longer than the queries (``ld`` the documents'
-    length, ``lq`` the queries'), where the picks are sparse in each document's rows and unified's
-    atomics cost less than lowmem's pick-matrix products. Measured by the GPU's kernel time over 19
-    shapes on the H100 (benchmarks/results/training-sweep-H100-device.json): the faster one on 18;
-    the miss is in-batch B=16, Lq 32, Ld 180 (lowmem 47 us against 43). Varlen (``padded=False``:
-    lowmem sorts the winners) keeps the rule measured with the sort
+                    doc_elems: int = 0, n_q: int = 0, n_k: int = 0) -> str:
+    """``auto``'s static pick (padded batches on a GPU measure instead, :func:`measured_backward`;
+    this is their fallback). Deterministic algorithms on: lowmem. Padded batches (where lowmem's
+    dD needs no sort): lowmem, except an in-batch cross product of at least AUTO_MIN_PAIRS pairs
+    (``n_q`` x ``n_k``) with queries of at most 128 tokens (``lq``) whose documents (``ld`` rows)
+    are long enough that lowmem's pass over every 64-row block costs more than unified's atomics
+    per picked row: ceil(ld / 64) x the query's padded length > 11 x lq (the cost model above;
+    about ld >= 700). Per-query negatives, long queries and small batches: lowmem. Varlen
+    (``padded=False``: lowmem sorts the winners) keeps the rule measured with the sort
     (benchmarks/results/training-sweep-H100.json): lowmem from 2^20 winners (``n_hits``) or 2^28
     document elements. ``lowmem`` is also the reproducible one."""
     if kind != "auto":
         return kind
+    if torch.are_deterministic_algorithms_enabled():
+        return "lowmem"
     if not padded:
         return "lowmem" if n_hits >= 1 << 20 or doc_elems >= 1 << 28 else "unified"
-    return "unified" if not per_query and ld >= 16 * max(1, lq) else "lowmem"
+    if per_query or lq > 128 or n_q * n_k < AUTO_MIN_PAIRS:
+        return "lowmem"
+    slots = max(16, triton.next_power_of_2(max(1, lq)))
+    return "unified" if triton.cdiv(int(ld), CROSS_BLOCK) * slots > AUTO_UNIFIED_RATIO * lq else "lowmem"
+
+
+# ``auto`` by measurement: the backward each padded shape bucket measured faster on this GPU
+# (bounded, least recently used first out), keyed by :func:`auto_key`.
+AUTO_CHOICES: OrderedDict = OrderedDict()
+AUTO_CACHE_SIZE = 256
+
+
+def auto_key(device: torch.device, dtype: torch.dtype, dim: int, per_query: bool, normalize: bool, n_q: int,
+             n_k: int, lq: int, ld: int, need_dq: bool, need_dd: bool) -> tuple:
+    """The shape bucket ``auto`` measures once: exact batch sizes, the query length to the next
+    power of two (the kernels' query block), the documents' in 64-row blocks (the sort-free dD's
+    unit; a batch padded to its longest document then varies within a bucket, not between)."""
+    return (str(device), dtype, dim, per_query, normalize, n_q, n_k, max(16, triton.next_power_of_2(max(1, lq))),
+            triton.cdiv(int(ld), CROSS_BLOCK), need_dq, need_dd)
+
+
+def can_measure(device: torch.device) -> bool:
+    """Whether ``auto`` may time the two backwards: a CUDA tensor, compiled kernels, autotuning not
+    disabled (MVDB_AUTOTUNE=0), and no CUDA graph being captured or graph being compiled."""
+    if device.type != "cuda" or interpreting() or os.environ.get("MVDB_AUTOTUNE", "1") == "0":
+        return False
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+    return not torch.cuda.is_current_stream_capturing() and not compiling()
+
+
+_SLEEP_S = [2e-3]  # how long the GPU waits before a timed backward: more than the host takes to queue it
+
+
+def _gpu_ms(run: Callable, kind: str) -> float:
+    """The GPU's time for ``run(kind)``, without the host's: the backward is queued behind a sleep
+    kernel longer than the host takes to queue it, so the events time its kernels back to back
+    (a small batch's step is otherwise the host's launch time, the same for both backwards). The
+    sleep (torch.cuda._sleep) is in cycles; at most 2 GHz, ``_SLEEP_S`` is its shortest duration.
+    A run the host took longer to queue than that is timed again behind a longer sleep."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(4):
+        sleep_s = _SLEEP_S[0]
+        torch.cuda._sleep(int(sleep_s * 2e9))
+        start.record()
+        t0 = time.perf_counter()
+        run(kind)
+        host = time.perf_counter() - t0
+        end.record()
+        end.synchronize()
+        if host < sleep_s:
+            break
+        _SLEEP_S[0] = min(2 * host, 0.1)
+    return start.elapsed_time(end)
+
+
+def measured_backward(key: tuple, run: Callable, fallback: str, device: torch.device, timer: Callable = _gpu_ms):
+    """``run(kind)``'s result for the backward ``key``'s bucket measured faster. The first call of
+    a bucket runs each backward once to compile it, then times them on the GPU (:func:`_gpu_ms`)
+    alternately (lowmem, unified, lowmem, unified; the smaller of each pair), keeps the faster
+    and runs it: the gradients are the chosen backward's own. That first step's peak memory is
+    the larger of the two backwards'; if unified's runs out of memory, lowmem. Where it cannot measure
+    (:func:`can_measure`), ``fallback`` (the static rule, :func:`choose_backward`); with torch's
+    deterministic algorithms on, lowmem (no atomics)."""
+    if torch.are_deterministic_algorithms_enabled():
+        return run("lowmem")
+    kind = AUTO_CHOICES.get(key)
+    if kind is not None:
+        AUTO_CHOICES.move_to_end(key)
+        return run(kind)
+    if not can_measure(device):
+        return run(fallback)
+    ms = {"lowmem": [], "unified": []}
+    try:
+        for kind in ms:  # compile (and warm) both first
+            run(kind)
+        for _ in range(2):
+            for kind in ms:
+                ms[kind].append(timer(run, kind))
+    except torch.cuda.OutOfMemoryError:  # unified's fp32 buffers did not fit: lowmem's (smaller) did
+        torch.cuda.empty_cache()
+        ms = {"lowmem": [0.0], "unified": [float("inf")]}
+    kind = min(ms, key=lambda k: (min(ms[k]), k != fallback))
+    AUTO_CHOICES[key] = kind
+    while len(AUTO_CHOICES) > AUTO_CACHE_SIZE:
+        AUTO_CHOICES.popitem(last=False)
+    return run(kind)
