@@ -294,6 +294,7 @@ def test_auto_measures_each_bucket_once(monkeypatch):
             raise torch.cuda.OutOfMemoryError("unified's fp32 buffers")
         return run(kind)
 
+    calls.clear()
     assert policy.measured_backward("oom", short_of_memory, "unified", dev, timer) == "grads of lowmem"
     assert policy.AUTO_CHOICES["oom"] == "lowmem"
 
@@ -312,35 +313,84 @@ def test_auto_measures_each_bucket_once(monkeypatch):
 @pytest.mark.parametrize("device", TRITON_DEVICES)
 def test_auto_measures_in_batch_products_only(device, monkeypatch):
     """``auto`` hands in-batch padded products to the measurement (with their shape bucket) and
-    keeps per-query negatives on the static rule (lowmem); the gradients are the same either way."""
+    returns the gradients of the backward it runs; per-query negatives keep the static rule
+    (lowmem), as do empty batches."""
     from mvdb.kernels.maxsim.train import ops
 
     seen = []
 
-    def spy(key, run, fallback, dev):
+    def spy(key, run, fallback, dev):  # as if unified had measured faster
         seen.append((key, fallback))
-        return run(fallback)
+        return run("unified")
 
     monkeypatch.setattr(ops, "measured_backward", spy)
     g = torch.Generator().manual_seed(2)
     Q = torch.randn(3, 5, 16, generator=g)
-    for D in (torch.randn(4, 70, 16, generator=g), torch.randn(3, 2, 70, 16, generator=g)):
+    for D, want in ((torch.randn(4, 70, 16, generator=g), "unified"),
+                    (torch.randn(3, 2, 70, 16, generator=g), "lowmem"), (torch.randn(0, 70, 16, generator=g), "lowmem")):
         got = []
-        for kind in ("auto", "lowmem"):
+        for kind in ("auto", want):
             Qt, Dt = Q.to(device).requires_grad_(), D.to(device).requires_grad_()
             maxsim(Qt, Dt, backward=kind, backend="triton").sum().backward()
-            got.append((Qt.grad, Dt.grad))
-        assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+            got.append((Qt.grad.cpu(), Dt.grad.cpu()))
+        torch.testing.assert_close(got[0], got[1], rtol=1e-6, atol=1e-6)
     assert len(seen) == 1  # the in-batch call only
     key, fallback = seen[0]
-    assert fallback == "lowmem" and key[5:9] == (3, 4, 16, 2)  # 3 x 4 pairs, Lq 5 -> 16, Ld 70 -> 2 blocks
+    # 3 x 4 pairs, Lq 5, Ld 70 -> 2 blocks, no masks, no overrides; dQ and dD needed
+    assert fallback == "lowmem" and key[4:] == (3, 4, 5, 2, False, False, (), True, True)
+
+
+def test_auto_key_separates_what_changes_the_faster_backward():
+    from mvdb.kernels.maxsim.train import policy
+
+    def key(**kw):
+        args = dict(device=torch.device("cuda"), dtype=torch.bfloat16, dim=128, normalize=False, n_q=64, n_k=64,
+                    lq=32, ld=700, q_masked=False, d_masked=False)
+        return policy.auto_key(**{**args, **kw})
+
+    assert key(ld=650) == key(ld=700)  # one 64-row block: documents padded to a batch's longest
+    for other in (dict(lq=17), dict(ld=760), dict(n_k=63), dict(q_masked=True), dict(normalize=True),
+                  dict(dtype=torch.float16), dict(device=torch.device("cuda:1"))):
+        assert key(**other) != key(), other
+
+
+def test_auto_cache_is_thread_safe(monkeypatch):
+    """Backwards on several threads (DataParallel's per-device autograd threads) share the bounded
+    cache: no lookup races an eviction."""
+    import threading
+
+    from mvdb.kernels.maxsim.train import policy
+
+    monkeypatch.setattr(policy, "AUTO_CHOICES", type(policy.AUTO_CHOICES)())
+    monkeypatch.setattr(policy, "AUTO_CACHE_SIZE", 2)
+    monkeypatch.setattr(policy, "can_measure", lambda device: True)
+    errors = []
+
+    def work(seed):
+        try:
+            for i in range(400):
+                policy.measured_backward((seed + i) % 7, lambda kind: kind, "lowmem", torch.device("cpu"),
+                                         lambda run, kind: run(kind) and (1.0 if kind == "lowmem" else 2.0))
+        except Exception as e:  # noqa: BLE001 - any failure is the finding
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(policy.AUTO_CHOICES) <= 2
 
 
 def test_auto_cannot_measure_on_cpu_or_when_disabled(monkeypatch):
     from mvdb.kernels.maxsim.train import policy
 
+    monkeypatch.setattr(policy, "interpreting", lambda: False)
     assert not policy.can_measure(torch.device("cpu"))
     monkeypatch.setenv("MVDB_AUTOTUNE", "0")
+    assert not policy.can_measure(torch.device("cuda"))
+    monkeypatch.setenv("MVDB_AUTOTUNE", "1")
+    monkeypatch.setattr(policy, "interpreting", lambda: True)
     assert not policy.can_measure(torch.device("cuda"))
 
 

@@ -163,33 +163,32 @@ def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True,
 class _MaxSimFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, d, q_off, d_off, n_q, n_k, lq_max, per_query, q_mask, d_mask, kind, mask_zero=False,
-                equal_lengths=False, normalize=False, auto_ld=None):
+                equal_lengths=False, normalize=False, auto=None):
         out, arg, nq, nd = forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask, d_mask, mask_zero,
                                    equal_lengths, normalize)
         if normalize:
             ctx.save_for_backward(q, d, q_off, arg, nq, nd)
         else:
             ctx.save_for_backward(q, d, q_off, arg)
-        # padded layouts (equal_lengths) tile q exactly; ``auto_ld``: the documents' length where
-        # ``kind`` is auto's static pick and the backward is to be measured (padded batches)
-        ctx.meta = (n_q, n_k, kind, equal_lengths, per_query, normalize, auto_ld)
+        # padded layouts (equal_lengths) tile q exactly; ``auto``: the shape bucket (policy.auto_key)
+        # where ``kind`` is auto's static pick and the backward is to be measured
+        ctx.meta = (n_q, n_k, kind, equal_lengths, per_query, auto)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         q, d, q_off, arg, *norms = ctx.saved_tensors
-        n_q, n_k, kind, covered, per_query, normalize, auto_ld = ctx.meta
+        n_q, n_k, kind, covered, per_query, auto = ctx.meta
         need = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
 
         def run(kind):
             return backward(kind, grad, q, q_off, d, arg, n_q, n_k, *need, tuple(norms) if norms else None, covered,
                             per_query)
 
-        if auto_ld is None:
+        if auto is None:
             dq, dd = run(kind)
         else:
-            key = auto_key(q.device, q.dtype, q.shape[1], per_query, normalize, n_q, n_k, arg.shape[2], auto_ld, *need)
-            dq, dd = measured_backward(key, run, kind, q.device)
+            dq, dd = measured_backward(auto + need, run, kind, q.device)
         return dq, dd, None, None, None, None, None, None, None, None, None, None, None, None, None
 
 
@@ -217,12 +216,13 @@ def padded(Q, D, q_mask, d_mask, kind: str, mask_zero: bool = False, normalize: 
     # auto, in-batch: measured in the backward (the static rule where it cannot be). Per-query
     # negatives keep the static rule (lowmem): faster on all 31 such shapes measured, by 18% or
     # more (benchmarks/results/training-sweep-H100-20261126-auto.json), with no fp32 gradient of
-    # every document to allocate
-    auto_ld = ld if kind == "auto" and not per_query else None
+    # every document to allocate. Empty batches have nothing to measure.
+    auto = auto_key(dev, Q.dtype, dim, normalize, nq, n_k, lq, ld, q_mask is not None, d_mask is not None) \
+        if kind == "auto" and not per_query and nq * n_k * lq * ld else None
     kind = choose_backward(kind, per_query, lq, ld, n_q=nq, n_k=n_k)
     return _MaxSimFn.apply(Q.reshape(-1, dim).contiguous(), D.reshape(-1, dim).contiguous(), q_off, d_off, nq, n_k,
                            lq, per_query, _flat_mask(q_mask), _flat_mask(d_mask), kind, mask_zero, True, normalize,
-                           auto_ld)
+                           auto)
 
 
 def varlen(q, cu_q, d, cu_d, max_seqlen_q: int, kind: str, normalize: bool = False) -> torch.Tensor:

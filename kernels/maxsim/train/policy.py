@@ -4,14 +4,17 @@ the blocks, splits and query groups derived from it, and the ``auto`` backward's
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import OrderedDict
 from typing import Callable
 
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 
 from mvdb.kernels.maxsim.fused import interpreting
+from mvdb.kernels.maxsim.train.fused import _hold_kernel
 
 BACKWARDS = ("auto", "unified", "lowmem")
 
@@ -83,19 +86,22 @@ def choose_backward(kind: str, per_query: bool, lq: int, ld: float, padded: bool
     return "unified" if triton.cdiv(int(ld), CROSS_BLOCK) * slots > AUTO_UNIFIED_RATIO * lq else "lowmem"
 
 
-# ``auto`` by measurement: the backward each padded shape bucket measured faster on this GPU
-# (bounded, least recently used first out), keyed by :func:`auto_key`.
+# ``auto`` by measurement: the backward each padded in-batch shape bucket measured faster on this
+# GPU (bounded, least recently used first out), keyed by :func:`auto_key` plus which gradients are
+# needed; read it to see (or log) the choices, pass ``backward=`` to pin one.
 AUTO_CHOICES: OrderedDict = OrderedDict()
 AUTO_CACHE_SIZE = 256
+_AUTO_LOCK = threading.Lock()
 
 
-def auto_key(device: torch.device, dtype: torch.dtype, dim: int, per_query: bool, normalize: bool, n_q: int,
-             n_k: int, lq: int, ld: int, need_dq: bool, need_dd: bool) -> tuple:
-    """The shape bucket ``auto`` measures once: exact batch sizes, the query length to the next
-    power of two (the kernels' query block), the documents' in 64-row blocks (the sort-free dD's
-    unit; a batch padded to its longest document then varies within a bucket, not between)."""
-    return (str(device), dtype, dim, per_query, normalize, n_q, n_k, max(16, triton.next_power_of_2(max(1, lq))),
-            triton.cdiv(int(ld), CROSS_BLOCK), need_dq, need_dd)
+def auto_key(device: torch.device, dtype: torch.dtype, dim: int, normalize: bool, n_q: int, n_k: int, lq: int,
+             ld: int, q_masked: bool, d_masked: bool) -> tuple:
+    """The shape bucket ``auto`` measures once: the exact batch sizes and query length, the
+    documents' length in 64-row blocks (the sort-free dD's unit: documents padded to each batch's
+    longest stay in one bucket while that length stays in one block), whether masks are given, and
+    the launch overrides in ``TUNE``."""
+    return (str(device), dtype, dim, normalize, n_q, n_k, lq, triton.cdiv(int(ld), CROSS_BLOCK), q_masked, d_masked,
+            tuple(sorted(TUNE.items())))
 
 
 def can_measure(device: torch.device) -> bool:
@@ -107,59 +113,64 @@ def can_measure(device: torch.device) -> bool:
     return not torch.cuda.is_current_stream_capturing() and not compiling()
 
 
-_SLEEP_S = [2e-3]  # how long the GPU waits before a timed backward: more than the host takes to queue it
-
-
-def _gpu_ms(run: Callable, kind: str) -> float:
-    """The GPU's time for ``run(kind)``, without the host's: the backward is queued behind a sleep
-    kernel longer than the host takes to queue it, so the events time its kernels back to back
-    (a small batch's step is otherwise the host's launch time, the same for both backwards). The
-    sleep (torch.cuda._sleep) is in cycles; at most 2 GHz, ``_SLEEP_S`` is its shortest duration.
-    A run the host took longer to queue than that is timed again behind a longer sleep."""
+def _gpu_ms(run: Callable, kind: str, hold_s: float = 2e-3) -> float:
+    """The GPU's time for ``run(kind)``, without the host's: the backward is queued behind a kernel
+    that holds the stream for ``hold_s`` (its global timer), longer than the host takes to queue the
+    backward, so the events time its kernels and the gaps between them back to back (a small batch's
+    step is otherwise the host's launch time, the same for both backwards). A run the host took
+    longer to queue is timed again behind a hold of twice that (three tries; then the last timing,
+    which includes some of the host's time)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(4):
-        sleep_s = _SLEEP_S[0]
-        torch.cuda._sleep(int(sleep_s * 2e9))
+    for _ in range(3):
+        _hold_kernel[(1,)](int(hold_s * 1e9), num_warps=1)
         start.record()
         t0 = time.perf_counter()
         run(kind)
         host = time.perf_counter() - t0
         end.record()
         end.synchronize()
-        if host < sleep_s:
+        if host < hold_s:
             break
-        _SLEEP_S[0] = min(2 * host, 0.1)
+        hold_s = min(2 * host, 0.1)
     return start.elapsed_time(end)
 
 
 def measured_backward(key: tuple, run: Callable, fallback: str, device: torch.device, timer: Callable = _gpu_ms):
     """``run(kind)``'s result for the backward ``key``'s bucket measured faster. The first call of
-    a bucket runs each backward once to compile it, then times them on the GPU (:func:`_gpu_ms`)
-    alternately (lowmem, unified, lowmem, unified; the smaller of each pair), keeps the faster
-    and runs it: the gradients are the chosen backward's own. That first step's peak memory is
-    the larger of the two backwards'; if unified's runs out of memory, lowmem. Where it cannot measure
-    (:func:`can_measure`), ``fallback`` (the static rule, :func:`choose_backward`); with torch's
-    deterministic algorithms on, lowmem (no atomics)."""
+    a bucket runs each backward once (compiling it if needed), then times them on the GPU
+    (:func:`_gpu_ms`, one synchronisation each) alternately (lowmem, unified, lowmem, unified; the
+    smaller of each pair), keeps the faster and runs it: the gradients are the chosen backward's
+    own, and the first call costs six more backwards. Its peak memory is the larger of the two
+    backwards'; if unified's runs out of memory or of GPU resources, lowmem (kept for the bucket).
+    Where it cannot measure (:func:`can_measure`), ``fallback`` (the static rule,
+    :func:`choose_backward`); with torch's deterministic algorithms on, lowmem (no atomics)."""
     if torch.are_deterministic_algorithms_enabled():
         return run("lowmem")
-    kind = AUTO_CHOICES.get(key)
+    with _AUTO_LOCK:
+        kind = AUTO_CHOICES.get(key)
+        if kind is not None:
+            AUTO_CHOICES.move_to_end(key)
     if kind is not None:
-        AUTO_CHOICES.move_to_end(key)
         return run(kind)
     if not can_measure(device):
         return run(fallback)
     ms = {"lowmem": [], "unified": []}
-    try:
-        for kind in ms:  # compile (and warm) both first
-            run(kind)
-        for _ in range(2):
-            for kind in ms:
-                ms[kind].append(timer(run, kind))
-    except torch.cuda.OutOfMemoryError:  # unified's fp32 buffers did not fit: lowmem's (smaller) did
-        torch.cuda.empty_cache()
-        ms = {"lowmem": [0.0], "unified": [float("inf")]}
+    for step in ("warm", "timed", "timed"):  # compile (and warm) both first
+        for kind in ms:
+            if float("inf") in ms[kind]:
+                continue
+            try:
+                if step == "warm":
+                    run(kind)
+                else:
+                    ms[kind].append(timer(run, kind))
+            except (torch.cuda.OutOfMemoryError, OutOfResources):
+                if kind == "lowmem":  # the backward auto falls back to: nothing to measure against
+                    raise
+                ms[kind] = [float("inf")]  # unified's fp32 buffers (or its kernel) do not fit
     kind = min(ms, key=lambda k: (min(ms[k]), k != fallback))
-    AUTO_CHOICES[key] = kind
-    while len(AUTO_CHOICES) > AUTO_CACHE_SIZE:
-        AUTO_CHOICES.popitem(last=False)
+    with _AUTO_LOCK:
+        AUTO_CHOICES[key] = kind
+        while len(AUTO_CHOICES) > AUTO_CACHE_SIZE:
+            AUTO_CHOICES.popitem(last=False)
     return run(kind)
