@@ -383,14 +383,15 @@ def test_auto_cache_is_thread_safe(monkeypatch):
 
 
 def test_auto_cannot_measure_on_cpu_or_when_disabled(monkeypatch):
+    from mvdb.kernels.maxsim import fused
     from mvdb.kernels.maxsim.train import policy
 
-    monkeypatch.setattr(policy, "interpreting", lambda: False)
+    monkeypatch.setattr(fused, "interpreting", lambda: False)  # as on a GPU machine
     assert not policy.can_measure(torch.device("cpu"))
     monkeypatch.setenv("MVDB_AUTOTUNE", "0")
     assert not policy.can_measure(torch.device("cuda"))
     monkeypatch.setenv("MVDB_AUTOTUNE", "1")
-    monkeypatch.setattr(policy, "interpreting", lambda: True)
+    monkeypatch.setattr(fused, "interpreting", lambda: True)
     assert not policy.can_measure(torch.device("cuda"))
 
 

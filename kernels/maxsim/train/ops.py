@@ -19,6 +19,7 @@ from mvdb.kernels.maxsim.train.fused import (
 )
 from mvdb.kernels.maxsim.train.naive import _project_rows
 from mvdb.kernels.maxsim.train.policy import (
+    CROSS_BLOCK,
     TUNE,
     _blocks,
     _splits,
@@ -126,7 +127,7 @@ def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True,
             and q.shape[0] == n_q * lq_max and d.shape[0] % n_k == 0 and TUNE.get("dd_cross", 1):
         # padded cross product: per document row block, the queries' picks in order (no sort)
         ld = d.shape[0] // n_k
-        bj = 16 if interpreting() else TUNE.get("cross_bj", 64)
+        bj = 16 if interpreting() else TUNE.get("cross_bj", CROSS_BLOCK)
         dd = torch.empty_like(d)
         if d.shape[0]:
             _bwd_cross_dd_kernel[(n_k, triton.cdiv(ld, bj))](

@@ -3,7 +3,6 @@ the blocks, splits and query groups derived from it, and the ``auto`` backward's
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -13,7 +12,7 @@ import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
-from mvdb.kernels.maxsim.fused import interpreting
+from mvdb.kernels.maxsim.fused import autotuning, interpreting
 from mvdb.kernels.maxsim.train.fused import _hold_kernel
 
 BACKWARDS = ("auto", "unified", "lowmem")
@@ -107,10 +106,9 @@ def auto_key(device: torch.device, dtype: torch.dtype, dim: int, normalize: bool
 def can_measure(device: torch.device) -> bool:
     """Whether ``auto`` may time the two backwards: a CUDA tensor, compiled kernels, autotuning not
     disabled (MVDB_AUTOTUNE=0), and no CUDA graph being captured or graph being compiled."""
-    if device.type != "cuda" or interpreting() or os.environ.get("MVDB_AUTOTUNE", "1") == "0":
+    if device.type != "cuda" or not autotuning():
         return False
-    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
-    return not torch.cuda.is_current_stream_capturing() and not compiling()
+    return not torch.cuda.is_current_stream_capturing() and not torch.compiler.is_compiling()
 
 
 def _gpu_ms(run: Callable, kind: str, hold_s: float = 2e-3) -> float:
