@@ -69,6 +69,13 @@ print('mvdb.engine.index_backend():', mvdb.engine.index_backend(), '| db.stats()
         int8call) timeout ${INT8CALL_TIMEOUT:-300} python3 benchmarks/int8_call.py 2>&1 | tee -a "$OUT/int8call.log" \
                       | grep -v '^ ' ;;
         traintests) timeout 300 python3 -m pytest -q tests/test_train.py tests/test_colpali.py tests/test_pylate.py 2>&1 | tee "$OUT/traintests.log" | tail -15 ;;
+        # the previous code (carry .old: git archive REF mvdb kernels storage | tar -x -C .old) against this tree in one process
+        trainab:*) bash benchmarks/old_tree.sh /tmp/oldpk && PYTHONPATH=/tmp/oldpk${PYTHONPATH:+:$PYTHONPATH} \
+                       timeout ${TRAINHOST_TIMEOUT:-300} python3 benchmarks/train_host.py --label "${step#trainab:}" \
+                       --out "$OUT" ${TRAINHOST_ARGS:-} 2>&1 | tee -a "$OUT/trainhost.log" | grep -v '^ ' ;;
+        ddab) bash benchmarks/old_tree.sh /tmp/oldpk && PYTHONPATH=/tmp/oldpk${PYTHONPATH:+:$PYTHONPATH} timeout 300 \
+                  python3 benchmarks/train_ab.py --out "$OUT" 2>&1 | tee -a "$OUT/ddab.log" ;;
+        py:*) timeout ${PY_TIMEOUT:-400} python3 "benchmarks/${step#py:}.py" --out "$OUT" ${PY_ARGS:-} 2>&1 | tee -a "$OUT/py.log" ;;
         training:*) timeout 400 python3 benchmarks/training.py --cases "${step#training:}" --out "$OUT" 2>&1 | tee -a "$OUT/training.log" ;;
         tsweep:*) timeout ${TSWEEP_TIMEOUT:-420} python3 benchmarks/training_sweep.py --cases "${step#tsweep:}" ${TSWEEP_ARGS:-} \
                       --out "$OUT" 2>&1 | tee -a "$OUT/tsweep.log" ;;

@@ -38,7 +38,11 @@ def naive(Q, D):
 
 
 def make(case, device, seed=0):
-    c = CASES[case]
+    return make_shape(CASES[case], device, seed)
+
+
+def make_shape(c, device, seed=0):
+    """bf16 Q [b, lq, 128] and D [b, ld, 128] (or [b, neg, ld, 128]), L2-normalised tokens."""
     g = torch.Generator(device=device).manual_seed(seed)
     Q = torch.nn.functional.normalize(torch.randn(c["b"], c["lq"], 128, device=device, generator=g), dim=-1)
     shape = (c["b"], c["neg"], c["ld"], 128) if c["neg"] else (c["b"], c["ld"], 128)

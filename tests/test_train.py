@@ -229,20 +229,23 @@ def test_hard_negatives_layout_with_few_hits(device, normalize):
 
 
 def test_auto_picks_the_backward_measured_faster():
-    """The rule from benchmarks/results/training-sweep-H100-20261126-fit.json (kernel time) for padded
-    batches: lowmem, except an in-batch cross product of >= 1,024 pairs with queries of <= 128
-    tokens and documents long enough that lowmem's pass over every 64-row block costs more than
-    unified's atomics; varlen keeps the rule measured with the sort."""
+    """The static rule, from benchmarks/results/training-sweep-H100-20261126-crossdd-fit.json (kernel
+    time; each case below is a measured shape) for padded batches: lowmem, except an in-batch cross
+    product of >= 512 pairs with queries of <= 128 tokens and documents long enough that lowmem's
+    pass over every 64-row block costs more than unified's atomics; varlen keeps the rule measured
+    with the sort."""
     from mvdb.kernels.maxsim.train import choose_backward
 
     assert choose_backward("auto", False, 32, 180, n_q=256, n_k=256) == "lowmem"  # ColBERT in-batch
     assert choose_backward("auto", False, 1024, 1024, n_q=64, n_k=64) == "lowmem"  # ColPali in-batch
     assert choose_backward("auto", True, 32, 1030, n_q=256, n_k=16) == "lowmem"  # hard negatives
-    assert choose_backward("auto", False, 32, 1024, n_q=64, n_k=64) == "unified"  # long documents
-    assert choose_backward("auto", False, 64, 1024, n_q=32, n_k=32) == "unified"
-    assert choose_backward("auto", False, 32, 512, n_q=128, n_k=128) == "lowmem"  # 8 blocks x 32 < 11 x 32
-    assert choose_backward("auto", False, 40, 700, n_q=64, n_k=64) == "unified"  # 11 blocks x 64 slots > 11 x 40
-    assert choose_backward("auto", False, 32, 1024, n_q=16, n_k=16) == "lowmem"  # small batch
+    assert choose_backward("auto", False, 32, 1024, n_q=64, n_k=64) == "lowmem"  # 16 blocks x 32 = 16 x 32
+    assert choose_backward("auto", False, 64, 1024, n_q=32, n_k=32) == "lowmem"  # 16 blocks x 64 = 16 x 64
+    assert choose_backward("auto", False, 32, 512, n_q=128, n_k=128) == "lowmem"
+    assert choose_backward("auto", False, 40, 700, n_q=40, n_k=40) == "unified"  # 11 blocks x 64 slots > 16 x 40
+    assert choose_backward("auto", False, 100, 800, n_q=80, n_k=80) == "unified"  # 13 x 128 > 16 x 100
+    assert choose_backward("auto", False, 20, 900, n_q=24, n_k=24) == "unified"  # 576 pairs: 15 x 32 > 16 x 20
+    assert choose_backward("auto", False, 20, 900, n_q=12, n_k=12) == "lowmem"  # small batch
     assert choose_backward("auto", False, 32, 1024) == "lowmem"  # no batch size given: the small-batch side
     assert choose_backward("auto", False, 256, 4096, n_q=64, n_k=64) == "lowmem"  # long queries: sorted dD
     assert choose_backward("unified", True, 32, 180) == "unified"  # an explicit choice stands
@@ -489,3 +492,83 @@ def test_empty_queries_and_nan_padding_in_lowmem(device, tune, monkeypatch):
         (maxsim(Qt, Dt, qm.to(device), backward="lowmem", backend="triton") * G.to(device)).sum().backward()
         _close(Dt.grad.cpu(), dd, torch.float32)
         _close(Qt.grad.cpu()[:, :4], dq, torch.float32)
+
+
+@pytest.mark.gpu
+def test_padded_offsets_are_kept_per_stream_and_never_from_inference_mode():
+    """The padded layout's offsets are made once per (device, stream, n, step) and kept (a step's
+    two launches fewer), with a bound; another stream gets its own; inference mode neither reads
+    nor fills the cache, so a later training step never saves an inference tensor."""
+    from mvdb.kernels.maxsim.train import ops
+
+    dev = torch.device("cuda")
+    ops._STEPS.clear()
+    a = ops._steps(4, 32, dev)
+    assert ops._steps(4, 32, dev) is a and a.tolist() == [0, 32, 64, 96, 128]
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        b = ops._steps(4, 32, dev)
+    assert b is not a and b.tolist() == a.tolist()
+    with torch.inference_mode():
+        assert ops._steps(5, 7, dev) is not ops._steps(5, 7, dev)
+    assert not any(key[2:] == (5, 7) for key in ops._STEPS)
+    Q = torch.randn(2, 5, 16, device="cuda", requires_grad=True)
+    D = torch.randn(3, 7, 16, device="cuda", requires_grad=True)
+    maxsim(Q, D, backward="lowmem").sum().backward()
+    assert Q.grad is not None and D.grad is not None
+    for n in range(ops._STEPS_MAX + 8):
+        ops._steps(n, 3, dev)
+    assert len(ops._STEPS) == ops._STEPS_MAX
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["lowmem", "unified"])
+@pytest.mark.parametrize("per_query", [False, True])
+def test_training_kernels_relaunch_the_compiled_binary(kind, per_query, monkeypatch):
+    """The training kernels go through fused.launch_kernel: after the first step of a shape, the
+    forward and both backwards relaunch their compiled binaries (entries in its cache), with the
+    same gradients as triton's own launch path (MVDB_FAST_LAUNCH=0)."""
+    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim.train import fused as tfused
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    Q = torch.randn(6, 24, 64, device="cuda", generator=g).bfloat16()
+    D = torch.randn(*((6, 3) if per_query else (5,)), 150, 64, device="cuda", generator=g).bfloat16()
+
+    def grads():
+        Qg, Dg = Q.clone().requires_grad_(), D.clone().requires_grad_()
+        maxsim(Qg, Dg, backward=kind).logsumexp(-1).sum().backward()
+        return Qg.grad, Dg.grad
+
+    monkeypatch.setattr(fused, "FAST_LAUNCH", False)
+    slow = grads()
+    monkeypatch.setattr(fused, "FAST_LAUNCH", True)
+    fused._REPLAY.clear()
+    first, again = grads(), grads()
+    kernels = {key[0] for key in fused._REPLAY}
+    fwd = tfused._fwd_argmax_kernel if per_query else tfused._fwd_argmax_grouped_kernel
+    assert fwd in kernels
+    if kind == "unified":
+        assert tfused._bwd_unified_kernel in kernels
+    else:
+        assert tfused._bwd_lowmem_dq_kernel in kernels
+        assert (tfused._bwd_perdoc_dd_kernel if per_query else tfused._bwd_cross_dd_kernel) in kernels
+    for got in (first, again):
+        if kind == "lowmem":  # reproducible: bitwise
+            assert torch.equal(got[0], slow[0]) and torch.equal(got[1], slow[1])
+        else:
+            torch.testing.assert_close(got[0].float(), slow[0].float(), rtol=1e-2, atol=1e-2)
+            torch.testing.assert_close(got[1].float(), slow[1].float(), rtol=1e-2, atol=1e-2)
+
+
+def test_host_integer_helpers_match_triton():
+    """The training launchers' host-side cdiv / pow2 (plain ints; triton's are constexpr functions,
+    slow to call from the host) give triton.cdiv's and triton.next_power_of_2's values."""
+    import triton
+
+    from mvdb.kernels.maxsim.train.policy import cdiv, pow2
+
+    for n in [*range(0, 1100), 2**20 - 1, 2**20, 2**20 + 1, 2**40 + 3]:
+        assert pow2(n) == triton.next_power_of_2(n), n
+        for b in (1, 3, 16, 64, 1024):
+            assert cdiv(n, b) == triton.cdiv(n, b), (n, b)

@@ -3,13 +3,14 @@ and the padded / varlen entry points (called by mvdb.kernels.maxsim.ops)."""
 
 from __future__ import annotations
 
-import torch
-import triton
+import threading
+from collections import OrderedDict
 
-from mvdb.kernels.maxsim.fused import interpreting
+import torch
+from mvdb.kernels.maxsim.fused import interpreting, launch_kernel
 from mvdb.kernels.maxsim.train.fused import (
-    _bwd_lowmem_dd_kernel,
     _bwd_cross_dd_kernel,
+    _bwd_lowmem_dd_kernel,
     _bwd_lowmem_dq_kernel,
     _bwd_perdoc_dd_kernel,
     _bwd_unified_kernel,
@@ -24,9 +25,11 @@ from mvdb.kernels.maxsim.train.policy import (
     _blocks,
     _splits,
     auto_key,
+    cdiv,
     choose_backward,
     grouped_queries,
     measured_backward,
+    pow2,
 )
 
 
@@ -54,30 +57,33 @@ def forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask=None, d_mask
     qm = q_mask if q_mask is not None else q
     dm = d_mask if d_mask is not None else d
     if n_q and n_k and group > 1:
-        rows = triton.next_power_of_2(group * lq_max)
-        _fwd_argmax_grouped_kernel[(triton.cdiv(n_q, group), n_k)](
-            q, qm, d, dm, d_off, out, arg, nq if normalize else out, nd if normalize else out, n_q, n_k, lq_max,
+        rows = pow2(group * lq_max)
+        launch_kernel(
+            _fwd_argmax_grouped_kernel, (cdiv(n_q, group), n_k),
+            (q, qm, d, dm, d_off, out, arg, nq if normalize else out, nd if normalize else out, n_q, n_k, lq_max),
             # 4 warps: 2.7% less kernel time than 8 on ColBERT B=256 (H100, training_sweep.py --device)
-            GROUP=group, BLOCK_Q=rows, num_warps=TUNE.get("fwd_warps", 4), num_stages=stages,
-            **common,
+            dict(GROUP=group, BLOCK_Q=rows, num_warps=TUNE.get("fwd_warps", 4), num_stages=stages, **common),
         )
     elif n_q and n_k:
-        _fwd_argmax_kernel[(n_q, n_k)](
-            q, qm, q_off, d, dm, d_off, out, arg, nq if normalize else out, nd if normalize else out, n_k,
-            arg.shape[2], PER_QUERY=per_query, BLOCK_Q=bq, num_warps=TUNE.get("fwd_warps", 8 if bq >= 128 else 4),
-            num_stages=stages, **common,
+        launch_kernel(
+            _fwd_argmax_kernel, (n_q, n_k),
+            (q, qm, q_off, d, dm, d_off, out, arg, nq if normalize else out, nd if normalize else out, n_k,
+             arg.shape[2]),
+            dict(PER_QUERY=per_query, BLOCK_Q=bq, num_warps=TUNE.get("fwd_warps", 8 if bq >= 128 else 4),
+                 num_stages=stages, **common),
         )
     return out, arg, nq, nd
 
 
 def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True, norms=None, covered=False,
-             per_query=False):
+             per_query=False, q_masked=True):
     """(dQ, dD) for packed q [Tq, dim] and d [Td, dim], as the inputs' dtypes. ``norms``: (nq, nd)
     from a normalising forward. ``covered``: the padded layout (query i is rows [i * lq, (i + 1) *
     lq) of q with lq = arg.shape[2], and every document has the same number of rows), so dQ needs
     no zero fill and dD may take a sort-free path. dD needs no document offsets otherwise: the
     winners are token indices. ``per_query``: d holds one padded document per (query, k) pair, in
-    pair order."""
+    pair order. ``q_masked``: the forward had a query mask (winners may be missing, and the
+    query rows behind the mask may hold anything)."""
     bdim, bq, _ = _blocks(q.shape[1])
     g = grad.float().contiguous()
     lq_max = arg.shape[2]
@@ -88,8 +94,8 @@ def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True,
         dq = torch.zeros(q.shape, dtype=torch.float32, device=dev)
         dd = torch.zeros(d.shape, dtype=torch.float32, device=dev)
         if n_q and n_k:
-            _bwd_unified_kernel[(n_q, n_k)](q, q_off, d, arg, g, dq, dd, nq, nd, n_k, lq_max, DIM=q.shape[1],
-                                            BLOCK_DIM=bdim, BLOCK_Q=bq, NORM=norm, num_warps=4)
+            launch_kernel(_bwd_unified_kernel, (n_q, n_k), (q, q_off, d, arg, g, dq, dd, nq, nd, n_k, lq_max),
+                          dict(DIM=q.shape[1], BLOCK_DIM=bdim, BLOCK_Q=bq, NORM=norm, num_warps=4))
         if norm:
             dq, dd = _project_rows(dq, q, nq), _project_rows(dd, d, nd)
         return dq.to(q.dtype) if need_dq else None, dd.to(d.dtype) if need_dd else None
@@ -101,17 +107,18 @@ def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True,
         if "dq_bq" not in TUNE and not interpreting():
             # too few programs to fill the GPU: shorter query blocks first (hard negatives B=256 x 16:
             # 22 us less of 0.79 ms, H100 kernel time), then slices summed after (two more launches)
-            while bq_dq > 8 and n_q * triton.cdiv(lq_max, bq_dq) < 1024:
+            while bq_dq > 8 and n_q * cdiv(lq_max, bq_dq) < 1024:
                 bq_dq //= 2
-        splits = TUNE.get("dq_splits") or _splits(n_q * triton.cdiv(lq_max, bq_dq), n_k, q.numel() * 4,
+        splits = TUNE.get("dq_splits") or _splits(n_q * cdiv(lq_max, bq_dq), n_k, q.numel() * 4,
                                                  min_steps=TUNE.get("dq_min_steps", 32))
         fill = torch.empty if covered and work else torch.zeros
         dq = fill(q.shape, dtype=q.dtype, device=dev) if splits == 1 else \
             fill((splits, *q.shape), dtype=torch.float32, device=dev)
         if work:
-            _bwd_lowmem_dq_kernel[(n_q, triton.cdiv(lq_max, bq_dq), splits)](
-                q, d, arg, g, q_off, dq, nq, nd, n_k, lq_max, triton.cdiv(n_k, splits), q.numel(), DIM=q.shape[1],
-                BLOCK_DIM=bdim, BLOCK_Q=bq_dq, NORM=norm, num_warps=TUNE.get("dq_warps", 2))
+            launch_kernel(
+                _bwd_lowmem_dq_kernel, (n_q, cdiv(lq_max, bq_dq), splits),
+                (q, d, arg, g, q_off, dq, nq, nd, n_k, lq_max, cdiv(n_k, splits), q.numel()),
+                dict(DIM=q.shape[1], BLOCK_DIM=bdim, BLOCK_Q=bq_dq, NORM=norm, num_warps=TUNE.get("dq_warps", 2)))
         if splits > 1:
             dq = dq.sum(0).to(q.dtype)
     if need_dd and per_query and covered and lq_max <= 128 and n_q * n_k and d.shape[0] % (n_q * n_k) == 0 \
@@ -119,10 +126,12 @@ def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True,
         # per-query documents: each document's hits are its own pair's winners (no sort)
         dd = torch.empty_like(d)
         if d.shape[0]:
-            _bwd_perdoc_dd_kernel[(n_q * n_k,)](
-                q, q_off, d, arg, g, dd, nq, nd, n_k, lq_max, d.shape[0] // (n_q * n_k), NORM=norm, DIM=q.shape[1],
-                BLOCK_DIM=bdim, BLOCK_T=max(16, triton.next_power_of_2(lq_max)),
-                BLOCK_J=16 if interpreting() else TUNE.get("perdoc_bj", 64), num_warps=TUNE.get("perdoc_warps", 4))
+            launch_kernel(
+                _bwd_perdoc_dd_kernel, (n_q * n_k,),
+                (q, q_off, d, arg, g, dd, nq, nd, n_k, lq_max, d.shape[0] // (n_q * n_k)),
+                dict(NORM=norm, DIM=q.shape[1], BLOCK_DIM=bdim, BLOCK_T=max(16, pow2(lq_max)),
+                     BLOCK_J=16 if interpreting() else TUNE.get("perdoc_bj", 64),
+                     num_warps=TUNE.get("perdoc_warps", 4)))
     elif need_dd and covered and not per_query and not norm and lq_max <= 128 and n_q * n_k \
             and q.shape[0] == n_q * lq_max and d.shape[0] % n_k == 0 and TUNE.get("dd_cross", 1):
         # padded cross product: per document row block, the queries' picks in order (no sort)
@@ -130,19 +139,19 @@ def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True,
         bj = 16 if interpreting() else TUNE.get("cross_bj", CROSS_BLOCK)
         dd = torch.empty_like(d)
         if d.shape[0]:
-            _bwd_cross_dd_kernel[(n_k, triton.cdiv(ld, bj))](
-                q, arg, g, dd, n_q, n_k, lq_max, ld, DIM=q.shape[1], BLOCK_DIM=bdim,
-                BLOCK_T=max(16, triton.next_power_of_2(lq_max)), BLOCK_J=bj,
-                IEEE=q.dtype == torch.float32 or interpreting(),
-                num_warps=TUNE.get("cross_warps", 4), num_stages=TUNE.get("cross_stages", 3))
+            launch_kernel(
+                _bwd_cross_dd_kernel, (n_k, cdiv(ld, bj)), (q, arg, g, dd, n_q, n_k, lq_max, ld),
+                dict(DIM=q.shape[1], BLOCK_DIM=bdim, BLOCK_T=max(16, pow2(lq_max)), BLOCK_J=bj,
+                     IEEE=q.dtype == torch.float32 or interpreting(), GUARD=bool(q_masked),
+                     num_warps=TUNE.get("cross_warps", 4), num_stages=TUNE.get("cross_stages", 3)))
     elif need_dd:
         # the hits sorted by the document token they picked (stable: a fixed summation order)
         keys, order = torch.sort(arg.view(-1), stable=True)
         n_slots = keys.numel()
         rows = torch.empty(n_slots, dtype=torch.int32, device=dev)
         weights = torch.empty(n_slots, dtype=torch.float32, device=dev)
-        _hit_prep_kernel[(triton.cdiv(n_slots, 1024),)](order, keys, q_off, g, nq, rows, weights, n_slots, n_k,
-                                                         lq_max, NORM=norm, BLOCK=1024)
+        launch_kernel(_hit_prep_kernel, (cdiv(n_slots, 1024),),
+                      (order, keys, q_off, g, nq, rows, weights, n_slots, n_k, lq_max), dict(NORM=norm, BLOCK=1024))
         # fewer hits than document tokens (per-query negatives): zero-fill, then write the rows hit
         sparse = n_slots < d.shape[0] // 2
         if sparse:  # per slot: where its token's hits end
@@ -152,11 +161,12 @@ def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True,
         dd = torch.zeros_like(d) if sparse else torch.empty_like(d)
         if d.shape[0]:
             bj = 16 if interpreting() else TUNE.get("dd_bj", 128 if sparse else 32)  # measured, H100
-            _bwd_lowmem_dd_kernel[(triton.cdiv(n_slots if sparse else d.shape[0], bj),)](
-                q, keys, bounds, rows, weights, d, dd, nd, d.shape[0], n_slots, SPARSE=sparse,
-                NORM=norm, DIM=q.shape[1], BLOCK_DIM=bdim, BLOCK_J=bj,
-                BLOCK_H=16 if interpreting() else TUNE.get("dd_bh", 128),
-                LIGHT=4 if interpreting() else TUNE.get("dd_light", 256), num_warps=TUNE.get("dd_warps", 4),
+            launch_kernel(
+                _bwd_lowmem_dd_kernel, (cdiv(n_slots if sparse else d.shape[0], bj),),
+                (q, keys, bounds, rows, weights, d, dd, nd, d.shape[0], n_slots),
+                dict(SPARSE=sparse, NORM=norm, DIM=q.shape[1], BLOCK_DIM=bdim, BLOCK_J=bj,
+                     BLOCK_H=16 if interpreting() else TUNE.get("dd_bh", 128),
+                     LIGHT=4 if interpreting() else TUNE.get("dd_light", 256), num_warps=TUNE.get("dd_warps", 4)),
             )
     return dq, dd
 
@@ -173,18 +183,18 @@ class _MaxSimFn(torch.autograd.Function):
             ctx.save_for_backward(q, d, q_off, arg)
         # padded layouts (equal_lengths) tile q exactly; ``auto``: the shape bucket (policy.auto_key)
         # where ``kind`` is auto's static pick and the backward is to be measured
-        ctx.meta = (n_q, n_k, kind, equal_lengths, per_query, auto)
+        ctx.meta = (n_q, n_k, kind, equal_lengths, per_query, auto, q_mask is not None)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         q, d, q_off, arg, *norms = ctx.saved_tensors
-        n_q, n_k, kind, covered, per_query, auto = ctx.meta
+        n_q, n_k, kind, covered, per_query, auto, q_masked = ctx.meta
         need = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
 
         def run(kind):
             return backward(kind, grad, q, q_off, d, arg, n_q, n_k, *need, tuple(norms) if norms else None, covered,
-                            per_query)
+                            per_query, q_masked)
 
         if auto is None:
             dq, dd = run(kind)
@@ -197,11 +207,41 @@ def _flat_mask(mask):
     return None if mask is None else mask.reshape(-1).to(torch.uint8).contiguous()
 
 
-def _steps(n: int, step: int, dev) -> torch.Tensor:
+# The padded layout's row offsets, kept per (device, stream, n, step) on CUDA: a training step
+# would otherwise spend two launches of its own on them. Never written after they are made. Not
+# kept (nor read) while a CUDA graph is captured (the tensor would live in the graph's pool and
+# an evicted one could be freed under it), while torch.compile traces, or in inference mode
+# (an inference tensor cannot be saved for a later backward).
+_STEPS: OrderedDict = OrderedDict()
+_STEPS_MAX = 64
+_STEPS_LOCK = threading.Lock()
+
+
+def _arange_steps(n: int, step: int, dev) -> torch.Tensor:
     """[0, step, ..., n * step] int64 in one launch (not an arange and a multiply)."""
     if step == 0:
         return torch.zeros(n + 1, dtype=torch.int64, device=dev)
     return torch.arange(0, (n + 1) * step, step, device=dev, dtype=torch.int64)
+
+
+def _steps(n: int, step: int, dev: torch.device) -> torch.Tensor:
+    """[0, step, ..., n * step] int64, from the cache where it may be kept (above)."""
+    if dev.type != "cuda" or torch.is_inference_mode_enabled() or torch.cuda.is_current_stream_capturing() \
+            or torch.compiler.is_compiling():
+        return _arange_steps(n, step, dev)
+    key = (dev.index if dev.index is not None else torch.cuda.current_device(),
+           torch.cuda.current_stream(dev).cuda_stream, n, step)
+    with _STEPS_LOCK:
+        hit = _STEPS.get(key)
+        if hit is not None:
+            _STEPS.move_to_end(key)
+            return hit
+    made = _arange_steps(n, step, dev)
+    with _STEPS_LOCK:
+        _STEPS[key] = made
+        while len(_STEPS) > _STEPS_MAX:
+            _STEPS.popitem(last=False)
+    return made
 
 
 def padded(Q, D, q_mask, d_mask, kind: str, mask_zero: bool = False, normalize: bool = False) -> torch.Tensor:

@@ -9,7 +9,6 @@ from collections import OrderedDict
 from typing import Callable
 
 import torch
-import triton
 from triton.runtime.errors import OutOfResources
 
 from mvdb.kernels.maxsim.fused import autotuning, interpreting
@@ -22,13 +21,24 @@ BACKWARDS = ("auto", "unified", "lowmem")
 TUNE: dict = {}
 
 
+# Host-side integer helpers: triton.cdiv / next_power_of_2 are constexpr functions in triton 3.x,
+# about 2-3 us per host call (a dozen calls per training step), these are plain int arithmetic.
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def pow2(n: int) -> int:
+    """The smallest power of two >= n (0 for 0, as triton.next_power_of_2)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
 def _blocks(dim: int, lq: int = 32) -> tuple[int, int, int]:
     """(BLOCK_DIM, BLOCK_Q, BLOCK_D): query blocks as long as the queries up to 128 (long queries
     are compute-bound and want big tiles; short ones are latency-bound)."""
-    bdim = max(16, triton.next_power_of_2(dim))
+    bdim = max(16, pow2(dim))
     if interpreting():
         return bdim, 16, 16
-    return bdim, min(128, max(32, triton.next_power_of_2(lq))), TUNE.get("fwd_bd", 64)
+    return bdim, min(128, max(32, pow2(lq))), TUNE.get("fwd_bd", 64)
 
 
 def _splits(programs: int, loop: int, slice_bytes: int, budget: int = 256 << 20, min_steps: int = 32) -> int:
@@ -48,16 +58,20 @@ def grouped_queries(lq: int, per_query: bool, equal_lengths: bool, n_q: int) -> 
 
 
 # ``auto``'s static rule (where it cannot measure, :func:`measured_backward`) for padded in-batch
-# products, from kernel times per (query, document) pair on the H100
-# (benchmarks/results/training-sweep-H100-20261126-fit.json, B=128): unified's atomics cost ~0.95 ns per
-# query token wherever the document's rows are; lowmem's sort-free dD makes a pass over every
-# 64-row block of every document per query, ~0.08 ns per block and padded query-token slot, and its
-# dQ ~0.07 ns per query token. Unified is cheaper once blocks x slots > (0.95 - 0.07) / 0.08 = 11
-# query tokens; below AUTO_MIN_PAIRS pairs (about 8 unified programs per SM) the kernels are short,
-# and lowmem's (no fp32 zero fills, no casts) measured faster on every such shape of that grid. On
-# held-out shapes the rule missed 16 of 68 (README): the fallback, not the rule a GPU uses.
-AUTO_UNIFIED_RATIO = 11
-AUTO_MIN_PAIRS = 1024
+# products. Unified's atomics cost about the same per query token wherever the document's rows
+# are; lowmem's sort-free dD makes a pass over every 64-row block of every document per query,
+# so its cost grows with blocks x padded query-token slots. Unified is cheaper once blocks x slots
+# > AUTO_UNIFIED_RATIO x query tokens, for batches of at least AUTO_MIN_PAIRS pairs (below that
+# the kernels are short and lowmem's, with no fp32 zero fills and casts, were faster). Both
+# constants were read off kernel times on the H100 (2026-11-26, after the dD kernel's query load
+# stopped waiting on the winners, benchmarks/results/training-sweep-H100-20261126-crossdd-fit.json):
+# lowmem was faster on all 98 shapes of the fit grid (B 4-128, Lq 32-128, Ld 64-1024, so blocks x
+# slots <= 16 x Lq there); at 11-15 the rule missed 10 of them. The 68 other shapes of that file
+# (B 6-160, Lq 16-100, Ld 150-900) set the pair floor (B=24, 576 pairs, Lq 100 / Ld 800: unified
+# 1.65x faster), so they are no longer held out: 6 misses there (at most 6% slower), and 1 of the
+# issue's 19 (B=1024, Lq 32, Ld 1024: lowmem, 11% slower). The fallback, not the rule a GPU uses.
+AUTO_UNIFIED_RATIO = 16
+AUTO_MIN_PAIRS = 512
 CROSS_BLOCK = 64  # rows per program of the sort-free cross-product dD (TUNE "cross_bj")
 
 
@@ -68,8 +82,8 @@ def choose_backward(kind: str, per_query: bool, lq: int, ld: float, padded: bool
     dD needs no sort): lowmem, except an in-batch cross product of at least AUTO_MIN_PAIRS pairs
     (``n_q`` x ``n_k``) with queries of at most 128 tokens (``lq``) whose documents (``ld`` rows)
     are long enough that lowmem's pass over every 64-row block costs more than unified's atomics
-    per picked row: ceil(ld / 64) x the query's padded length > 11 x lq (the cost model above;
-    about ld >= 700). Per-query negatives, long queries and small batches: lowmem. Varlen
+    per picked row: ceil(ld / 64) x the query's padded length > 16 x lq (above; ld > 1024 for
+    lq 32, ld > 640 for lq 40). Per-query negatives, long queries and small batches: lowmem. Varlen
     (``padded=False``: lowmem sorts the winners) keeps the rule measured with the sort
     (benchmarks/results/training-sweep-H100.json): lowmem from 2^20 winners (``n_hits``) or 2^28
     document elements. ``lowmem`` is also the reproducible one."""
@@ -81,8 +95,8 @@ def choose_backward(kind: str, per_query: bool, lq: int, ld: float, padded: bool
         return "lowmem" if n_hits >= 1 << 20 or doc_elems >= 1 << 28 else "unified"
     if per_query or lq > 128 or n_q * n_k < AUTO_MIN_PAIRS:
         return "lowmem"
-    slots = max(16, triton.next_power_of_2(max(1, lq)))
-    return "unified" if triton.cdiv(int(ld), CROSS_BLOCK) * slots > AUTO_UNIFIED_RATIO * lq else "lowmem"
+    slots = max(16, pow2(max(1, lq)))
+    return "unified" if cdiv(int(ld), CROSS_BLOCK) * slots > AUTO_UNIFIED_RATIO * lq else "lowmem"
 
 
 # ``auto`` by measurement: the backward each padded in-batch shape bucket measured faster on this
@@ -99,7 +113,7 @@ def auto_key(device: torch.device, dtype: torch.dtype, dim: int, normalize: bool
     documents' length in 64-row blocks (the sort-free dD's unit: documents padded to each batch's
     longest stay in one bucket while that length stays in one block), whether masks are given, and
     the launch overrides in ``TUNE``."""
-    return (str(device), dtype, dim, normalize, n_q, n_k, lq, triton.cdiv(int(ld), CROSS_BLOCK), q_masked, d_masked,
+    return (str(device), dtype, dim, normalize, n_q, n_k, lq, cdiv(int(ld), CROSS_BLOCK), q_masked, d_masked,
             tuple(sorted(TUNE.items())))
 
 
