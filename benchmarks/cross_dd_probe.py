@@ -1,9 +1,10 @@
 """Probe (issue #17): variants of the padded cross-product dD kernel's query-block load, timed on
-the same winners. MODE 0: the query block masked by the token range only (no NaN guard: the kernel
-before commit d5393a7); 1: masked by the winners (a >= 0, a load that waits on the winners' load;
-the current kernel); 2: masked by the token range, then rows without a winner zeroed by a select;
-3: as 2 with the pointers advanced per query instead of int64 index products. Every mode's dD is
-checked against mode 1's (bitwise) on inputs without NaN.
+the same winners (2026-11-26). MODE 0: the query block masked by the token range only (the kernel
+before commit d5393a7, and the kernel now, which gets a copy with masked rows zeroed when a query
+mask is given); 1: masked by the winners (a >= 0, a load that waits on the winners' load; the
+kernel from d5393a7 to e40aefc); 2: masked by the token range, then rows without a winner zeroed
+by a select; 3: as 2 with the pointers advanced per query instead of int64 index products.
+Every mode's dD is checked against mode 1's (bitwise) on inputs without NaN.
 
     python benchmarks/cross_dd_probe.py [--out DIR]
 """

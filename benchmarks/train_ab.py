@@ -5,8 +5,9 @@
 
 For each padded shape (bf16, d=128; in-batch cross products and per-query negatives): the winners
 from this tree's forward, then each version's lowmem dD alone (``backward(..., need_dq=False)``),
-checked bitwise equal first, then timed with triton.testing.do_bench (median, L2 flushed), the two
-versions alternating three times; the medians of the three. A case with NaN in masked query
+checked bitwise equal first, then timed with triton.testing.do_bench (median, L2 flushed), the
+versions alternating three times; the medians of the three. ``new_masked``: this tree with a
+query mask (one that hides nothing), whose rows it zeroes in a copy before the dD kernel. A case with NaN in masked query
 padding checks that no NaN reaches dD in either version.
 """
 
@@ -57,17 +58,21 @@ def main():
         _, arg, _, _ = new_ops.forward(q, q_off, d, d_off, b, n_k, lq, bool(neg), equal_lengths=True)
         grad = torch.randn(b, n_k, device="cuda")
 
-        def dd(v):  # no query mask here (the previous code has no q_masked argument: it always guards)
-            extra = {} if v == "old" else {"q_masked": False}
+        def dd(v, q_mask=None):  # the previous code has no q_mask argument (its kernel always guarded)
+            extra = {} if v == "old" else {"q_mask": q_mask}
             return versions[v].backward("lowmem", grad, q, q_off, d, arg, b, n_k, need_dq=False, covered=True,
                                         per_query=bool(neg), **extra)[1]
 
+        every = torch.ones(q.shape[0], dtype=torch.uint8, device=q.device)  # a query mask hiding nothing
+
         ref = dd("old")
-        row = {"b": b, "lq": lq, "ld": ld, "neg": neg, "bitwise_equal": bool(torch.equal(dd("new"), ref))}
-        times = {"old": [], "new": []}
+        row = {"b": b, "lq": lq, "ld": ld, "neg": neg, "bitwise_equal": bool(torch.equal(dd("new"), ref)),
+               "masked_bitwise_equal": bool(torch.equal(dd("new", every), ref))}
+        fns = {"old": lambda: dd("old"), "new": lambda: dd("new"), "new_masked": lambda: dd("new", every)}
+        times = {v: [] for v in fns}
         for _ in range(3):
-            for v in times:
-                times[v].append(triton.testing.do_bench(lambda v=v: dd(v), warmup=10, rep=50, return_mode="median"))
+            for v, fn in fns.items():
+                times[v].append(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))
         row |= {v + "_ms": statistics.median(t) for v, t in times.items()}
         row["speedup"] = row["old_ms"] / row["new_ms"]
         res["rows"].append(row)

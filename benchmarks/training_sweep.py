@@ -89,8 +89,7 @@ def parts(Q, D):
         kind = "unified" if need is None else "lowmem"
         need = need or (True, True)
         res[name] = bench(lambda kind=kind, need=need: train.backward(kind, g, q, q_off, d, arg, nq, n_k, *need,
-                                                                      covered=True, per_query=per_query,
-                                                                      q_masked=False))
+                                                                      covered=True, per_query=per_query))
     return res
 
 

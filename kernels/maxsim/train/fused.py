@@ -370,16 +370,15 @@ def _bwd_perdoc_dd_kernel(
 def _bwd_cross_dd_kernel(
     Q, Arg, G, dD, n_q, n_k, lq, ld,
     DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_J: tl.constexpr, IEEE: tl.constexpr,
-    GUARD: tl.constexpr,
 ):
     """dD of a padded cross product (every query against documents of ``ld`` rows), rows
     [jb, jb + BLOCK_J) of document k per program, with no sort: for each query i in order, the
     0/1 matrix of which of its tokens picked which row times its token block (a tensor-core
     product, exact: one term per pick, fp32 sums), scaled by g[i, k] into an fp32 accumulator.
-    A fixed order: reproducible. ``GUARD`` (a query mask was given): the query rows without a
-    winner are not read, since masked padding may hold anything and 0 x NaN would reach dD through
-    the product; that load then waits on the winners' load (27% slower on ColBERT B=256, H100,
-    benchmarks/cross_dd_probe.py). Without a query mask every row has a winner."""
+    A fixed order: reproducible. Every query row is read, winner or not (a load that waited on the
+    winners' load measured 1.36-1.53x slower, benchmarks/train_ab.py), so rows a query mask hides
+    must hold finite values (0 x NaN would reach dD through the product): the launcher passes a
+    copy with those rows zeroed."""
     k = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
     tok = k * ld + rows
@@ -395,10 +394,7 @@ def _bwd_cross_dd_kernel(
     for i in range(0, n_q):
         a = tl.load(a_ptr, mask=t_ok, other=-1)
         g = tl.load(g_ptr)
-        if GUARD:
-            q = tl.load(q_ptr, mask=(a >= 0)[:, None] & c_ok[None, :], other=0.0)
-        else:
-            q = tl.load(q_ptr, mask=t_ok[:, None] & c_ok[None, :], other=0.0)
+        q = tl.load(q_ptr, mask=t_ok[:, None] & c_ok[None, :], other=0.0)
         a_ptr += n_k * lq
         g_ptr += n_k
         q_ptr += lq * DIM

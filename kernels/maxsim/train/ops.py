@@ -76,14 +76,14 @@ def forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask=None, d_mask
 
 
 def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True, norms=None, covered=False,
-             per_query=False, q_masked=True):
+             per_query=False, q_mask=None):
     """(dQ, dD) for packed q [Tq, dim] and d [Td, dim], as the inputs' dtypes. ``norms``: (nq, nd)
     from a normalising forward. ``covered``: the padded layout (query i is rows [i * lq, (i + 1) *
     lq) of q with lq = arg.shape[2], and every document has the same number of rows), so dQ needs
     no zero fill and dD may take a sort-free path. dD needs no document offsets otherwise: the
     winners are token indices. ``per_query``: d holds one padded document per (query, k) pair, in
-    pair order. ``q_masked``: the forward had a query mask (winners may be missing, and the
-    query rows behind the mask may hold anything)."""
+    pair order. ``q_mask``: the forward's query mask (flat, nonzero = scored), if any: the rows
+    behind it may hold anything, NaN included."""
     bdim, bq, _ = _blocks(q.shape[1])
     g = grad.float().contiguous()
     lq_max = arg.shape[2]
@@ -138,11 +138,14 @@ def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True,
         ld = d.shape[0] // n_k
         bj = 16 if interpreting() else TUNE.get("cross_bj", CROSS_BLOCK)
         dd = torch.empty_like(d)
+        # the kernel reads every query row (not only those with a winner: that load would wait on
+        # the winners'), so the rows a mask hides are zeroed in a copy (padding may hold NaN)
+        q_rows = q if q_mask is None else torch.where(q_mask.bool()[:, None], q, 0)
         if d.shape[0]:
             launch_kernel(
-                _bwd_cross_dd_kernel, (n_k, cdiv(ld, bj)), (q, arg, g, dd, n_q, n_k, lq_max, ld),
+                _bwd_cross_dd_kernel, (n_k, cdiv(ld, bj)), (q_rows, arg, g, dd, n_q, n_k, lq_max, ld),
                 dict(DIM=q.shape[1], BLOCK_DIM=bdim, BLOCK_T=max(16, pow2(lq_max)), BLOCK_J=bj,
-                     IEEE=q.dtype == torch.float32 or interpreting(), GUARD=bool(q_masked),
+                     IEEE=q.dtype == torch.float32 or interpreting(),
                      num_warps=TUNE.get("cross_warps", 4), num_stages=TUNE.get("cross_stages", 3)))
     elif need_dd:
         # the hits sorted by the document token they picked (stable: a fixed summation order)
@@ -183,18 +186,19 @@ class _MaxSimFn(torch.autograd.Function):
             ctx.save_for_backward(q, d, q_off, arg)
         # padded layouts (equal_lengths) tile q exactly; ``auto``: the shape bucket (policy.auto_key)
         # where ``kind`` is auto's static pick and the backward is to be measured
-        ctx.meta = (n_q, n_k, kind, equal_lengths, per_query, auto, q_mask is not None)
+        ctx.meta = (n_q, n_k, kind, equal_lengths, per_query, auto)
+        ctx.q_mask = q_mask  # not differentiable; the cross-product dD zeroes the rows it hides
         return out
 
     @staticmethod
     def backward(ctx, grad):
         q, d, q_off, arg, *norms = ctx.saved_tensors
-        n_q, n_k, kind, covered, per_query, auto, q_masked = ctx.meta
+        n_q, n_k, kind, covered, per_query, auto = ctx.meta
         need = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
 
         def run(kind):
             return backward(kind, grad, q, q_off, d, arg, n_q, n_k, *need, tuple(norms) if norms else None, covered,
-                            per_query, q_masked)
+                            per_query, ctx.q_mask)
 
         if auto is None:
             dq, dd = run(kind)
