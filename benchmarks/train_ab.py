@@ -7,8 +7,8 @@ For each padded shape (bf16, d=128; in-batch cross products and per-query negati
 from this tree's forward, then each version's lowmem dD alone (``backward(..., need_dq=False)``),
 checked bitwise equal first, then timed with triton.testing.do_bench (median, L2 flushed), the
 versions alternating three times; the medians of the three. ``new_masked``: this tree with a
-query mask (one that hides nothing), whose rows it zeroes in a copy before the dD kernel. A case with NaN in masked query
-padding checks that no NaN reaches dD in either version.
+query mask (one that hides nothing), whose rows it zeroes in a copy before the dD kernel. A case
+with NaN in masked query padding checks that no NaN reaches dD in either version.
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def main():
             return versions[v].backward("lowmem", grad, q, q_off, d, arg, b, n_k, need_dq=False, covered=True,
                                         per_query=bool(neg), **extra)[1]
 
-        every = torch.ones(q.shape[0], dtype=torch.uint8, device=q.device)  # a query mask hiding nothing
+        # a query mask hiding nothing, flat bool as padded() passes it
+        every = torch.ones(q.shape[0], dtype=torch.bool, device=q.device)
 
         ref = dd("old")
         row = {"b": b, "lq": lq, "ld": ld, "neg": neg, "bitwise_equal": bool(torch.equal(dd("new"), ref)),

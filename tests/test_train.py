@@ -498,10 +498,11 @@ def test_empty_queries_and_nan_padding_in_lowmem(device, tune, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_padded_offsets_are_kept_per_stream_and_never_from_inference_mode():
+def test_padded_offsets_are_kept_per_stream_and_never_from_inference_mode(monkeypatch):
     """The padded layout's offsets are made once per (device, stream, n, step) and kept (a step's
     two launches fewer), with a bound; another stream gets its own; inference mode neither reads
-    nor fills the cache, so a later training step never saves an inference tensor."""
+    nor fills the cache, so a later training step never saves an inference tensor; nor do CUDA
+    graph capture (the graph's pool owns what it allocates) and torch.compile tracing."""
     from mvdb.kernels.maxsim.train import ops
 
     dev = torch.device("cuda")
@@ -522,6 +523,15 @@ def test_padded_offsets_are_kept_per_stream_and_never_from_inference_mode():
     for n in range(ops._STEPS_MAX + 8):
         ops._steps(n, 3, dev)
     assert len(ops._STEPS) == ops._STEPS_MAX
+    ops._STEPS.clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ops._steps(9, 5, dev)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert captured.tolist() == list(range(0, 50, 5)) and not ops._STEPS
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert ops._steps(9, 5, dev).tolist() == list(range(0, 50, 5)) and not ops._STEPS
 
 
 @pytest.mark.gpu

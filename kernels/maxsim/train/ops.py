@@ -82,8 +82,8 @@ def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True,
     lq) of q with lq = arg.shape[2], and every document has the same number of rows), so dQ needs
     no zero fill and dD may take a sort-free path. dD needs no document offsets otherwise: the
     winners are token indices. ``per_query``: d holds one padded document per (query, k) pair, in
-    pair order. ``q_mask``: the forward's query mask (flat, nonzero = scored), if any: the rows
-    behind it may hold anything, NaN included."""
+    pair order. ``q_mask``: the forward's query mask (flat, bool or nonzero = scored), if any:
+    the rows behind it may hold anything, NaN included (used by the cross-product dD)."""
     bdim, bq, _ = _blocks(q.shape[1])
     g = grad.float().contiguous()
     lq_max = arg.shape[2]
@@ -177,34 +177,35 @@ def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True,
 class _MaxSimFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, d, q_off, d_off, n_q, n_k, lq_max, per_query, q_mask, d_mask, kind, mask_zero=False,
-                equal_lengths=False, normalize=False, auto=None):
+                equal_lengths=False, normalize=False, auto=None, q_keep=None):
         out, arg, nq, nd = forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask, d_mask, mask_zero,
                                    equal_lengths, normalize)
+        # ``q_keep``: the caller's query mask as flat bool (True = scored), which the cross-product
+        # dD needs to zero the rows it hides (saved, so an in-place change of it is caught)
         if normalize:
-            ctx.save_for_backward(q, d, q_off, arg, nq, nd)
+            ctx.save_for_backward(q, d, q_off, arg, q_keep, nq, nd)
         else:
-            ctx.save_for_backward(q, d, q_off, arg)
+            ctx.save_for_backward(q, d, q_off, arg, q_keep)
         # padded layouts (equal_lengths) tile q exactly; ``auto``: the shape bucket (policy.auto_key)
         # where ``kind`` is auto's static pick and the backward is to be measured
         ctx.meta = (n_q, n_k, kind, equal_lengths, per_query, auto)
-        ctx.q_mask = q_mask  # not differentiable; the cross-product dD zeroes the rows it hides
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, d, q_off, arg, *norms = ctx.saved_tensors
+        q, d, q_off, arg, q_keep, *norms = ctx.saved_tensors
         n_q, n_k, kind, covered, per_query, auto = ctx.meta
         need = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
 
         def run(kind):
             return backward(kind, grad, q, q_off, d, arg, n_q, n_k, *need, tuple(norms) if norms else None, covered,
-                            per_query, ctx.q_mask)
+                            per_query, q_keep)
 
         if auto is None:
             dq, dd = run(kind)
         else:
             dq, dd = measured_backward(auto + need, run, kind, q.device)
-        return dq, dd, None, None, None, None, None, None, None, None, None, None, None, None, None
+        return dq, dd, None, None, None, None, None, None, None, None, None, None, None, None, None, None
 
 
 def _flat_mask(mask):
@@ -265,9 +266,12 @@ def padded(Q, D, q_mask, d_mask, kind: str, mask_zero: bool = False, normalize: 
     auto = auto_key(dev, Q.dtype, dim, normalize, nq, n_k, lq, ld, q_mask is not None, d_mask is not None) \
         if kind == "auto" and not per_query and nq * n_k * lq * ld else None
     kind = choose_backward(kind, per_query, lq, ld, n_q=nq, n_k=n_k)
+    # the in-batch dD (the sort-free cross-product path) zeroes the rows a query mask hides: it
+    # gets the caller's bool mask (a view: one `where` in the backward, no conversion)
+    q_keep = q_mask.reshape(-1) if q_mask is not None and not per_query and not normalize else None
     return _MaxSimFn.apply(Q.reshape(-1, dim).contiguous(), D.reshape(-1, dim).contiguous(), q_off, d_off, nq, n_k,
                            lq, per_query, _flat_mask(q_mask), _flat_mask(d_mask), kind, mask_zero, True, normalize,
-                           auto)
+                           auto, q_keep)
 
 
 def varlen(q, cu_q, d, cu_d, max_seqlen_q: int, kind: str, normalize: bool = False) -> torch.Tensor:
