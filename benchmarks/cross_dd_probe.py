@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from mvdb.kernels.maxsim.train import ops
+from training import make_shape  # noqa: E402  (benchmarks/ is the script's folder)
 
 
 @triton.jit
@@ -76,9 +77,7 @@ def main():
     args = p.parse_args()
     rows = []
     for b, lq, ld in SHAPES:
-        g = torch.Generator(device="cuda").manual_seed(0)
-        Q = torch.nn.functional.normalize(torch.randn(b, lq, 128, device="cuda", generator=g), dim=-1).bfloat16()
-        D = torch.nn.functional.normalize(torch.randn(b, ld, 128, device="cuda", generator=g), dim=-1).bfloat16()
+        Q, D = make_shape(dict(b=b, lq=lq, ld=ld, neg=0), "cuda")
         q, d = Q.reshape(-1, 128), D.reshape(-1, 128)
         _, arg, _, _ = ops.forward(q, ops._arange_steps(b, lq, q.device), d, ops._arange_steps(b, ld, q.device), b, b,
                                    lq, False, equal_lengths=True)

@@ -25,6 +25,7 @@ import torch
 import triton
 
 from mvdb.kernels.maxsim.train import ops as new_ops
+from training import make_shape  # noqa: E402  (benchmarks/ is the script's folder)
 
 SHAPES = [  # (B, Lq, Ld, negatives per query; 0 = in-batch)
     (256, 32, 180, 0), (256, 32, 300, 0), (64, 32, 300, 0), (128, 64, 512, 0), (1024, 32, 180, 0),
@@ -33,11 +34,7 @@ SHAPES = [  # (B, Lq, Ld, negatives per query; 0 = in-batch)
 
 
 def inputs(b, lq, ld, neg, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    Q = torch.nn.functional.normalize(torch.randn(b, lq, 128, device="cuda", generator=g), dim=-1).bfloat16()
-    shape = (b, neg, ld, 128) if neg else (b, ld, 128)
-    D = torch.nn.functional.normalize(torch.randn(*shape, device="cuda", generator=g), dim=-1).bfloat16()
-    return Q, D
+    return make_shape(dict(b=b, lq=lq, ld=ld, neg=neg), "cuda", seed)
 
 
 def main():

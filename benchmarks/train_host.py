@@ -37,10 +37,6 @@ SHAPES = {
 }
 
 
-def make(c, seed=0):
-    return make_shape(c, "cuda", seed)
-
-
 def host_us(fn, Q, D, n=60):
     times = []
     for i in range(n):
@@ -71,7 +67,7 @@ def paired(args):
            "triton": triton.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "shapes": {}}
     for name in args.shapes.split(","):
-        Q, D = make(SHAPES[name])
+        Q, D = make_shape(SHAPES[name], "cuda")
         gq, gd = step(naive, Q.float(), D.float())
         row = {}
         for kind in ("auto", "lowmem"):

@@ -27,7 +27,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).parent))
-from training import CASES, device_breakdown, loss_of, make  # noqa: E402
+from training import CASES, device_breakdown, loss_of, make, make_shape  # noqa: E402
 
 from mvdb.kernels import maxsim  # noqa: E402
 from mvdb.kernels.maxsim import train  # noqa: E402
@@ -204,11 +204,7 @@ def grid(which: str = "issue", seed: int = 0, variants: tuple = ()) -> list:
     ...) of ``train.TUNE``, each timed as lowmem too (``lowmem[key=value]``)."""
     rows = []
     for c in GRIDS[which]():
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        Q = torch.nn.functional.normalize(torch.randn(c["b"], c["lq"], 128, device="cuda", generator=g), dim=-1)
-        shape = (c["b"], c["neg"], c["ld"], 128) if c["neg"] else (c["b"], c["ld"], 128)
-        D = torch.nn.functional.normalize(torch.randn(*shape, device="cuda", generator=g), dim=-1)
-        Q, D = Q.bfloat16(), D.bfloat16()
+        Q, D = make_shape(c, "cuda", seed)
         n_k = c["neg"] or c["b"]
         r = dict(c, auto_static=train.choose_backward("auto", bool(c["neg"]), c["lq"], c["ld"], n_q=c["b"], n_k=n_k))
         times = {"unified": [], "lowmem": []}

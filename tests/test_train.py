@@ -575,11 +575,11 @@ def test_training_kernels_relaunch_the_compiled_binary(kind, per_query, monkeypa
 
 
 def test_host_integer_helpers_match_triton():
-    """The training launchers' host-side cdiv / pow2 (plain ints; triton's are constexpr functions,
+    """The launchers' host-side cdiv / pow2 (plain ints; triton's are constexpr functions,
     slow to call from the host) give triton.cdiv's and triton.next_power_of_2's values."""
     import triton
 
-    from mvdb.kernels.maxsim.train.policy import cdiv, pow2
+    from mvdb.kernels.maxsim.fused import cdiv, pow2
 
     for n in [*range(0, 1100), 2**20 - 1, 2**20, 2**20 + 1, 2**40 + 3]:
         assert pow2(n) == triton.next_power_of_2(n), n

@@ -41,6 +41,17 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+# Host-side integer helpers for the launchers: triton.cdiv / next_power_of_2 are constexpr
+# functions in triton 3.x, about 2-3 us per host call; these are plain int arithmetic.
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def pow2(n: int) -> int:
+    """The smallest power of two >= n (0 for 0, as triton.next_power_of_2)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
 def _configs():
     """Candidate launch configs; the prune filter keeps the ones that fit the query bucket.
     RUNMAX=1 keeps an elementwise running max over the document's tiles and reduces across the
@@ -476,9 +487,9 @@ def quantize_queries(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     n, size = _int8_layout(q)  # one allocation (host time: this runs before every int8 launch of any size)
     q8, qs = _int8_views(torch.empty(size, dtype=torch.int8, device=q.device), q)
     if n:
-        block_dim = max(16, triton.next_power_of_2(dim))
+        block_dim = max(16, pow2(dim))
         block_t = max(1, min(64, 4096 // block_dim))
-        launch_kernel(_quantize_rows_kernel, (triton.cdiv(n, block_t),), (q, q8, qs, n),
+        launch_kernel(_quantize_rows_kernel, (cdiv(n, block_t),), (q, q8, qs, n),
                       dict(DIM=dim, BLOCK_DIM=block_dim, BLOCK_T=block_t))
     return q8, qs
 
@@ -725,7 +736,7 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
     meta = dict(
         LQ_BUCKET=lq_bucket(max_lq),
         DIM=dim,
-        BLOCK_DIM=max(32, triton.next_power_of_2(dim)),
+        BLOCK_DIM=max(32, pow2(dim)),
         Q_VARLEN=cu_q is not None,
         D_LAYOUT=int(getattr(layout, "value", layout)),
         HAS_QMASK=q_mask is not None,

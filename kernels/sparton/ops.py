@@ -4,11 +4,10 @@ the Triton launchers with their tuning table, and the autograd Function."""
 from __future__ import annotations
 
 import torch
-import triton
 
 from mvdb.kernels import _checks
 from mvdb.kernels.errors import InvalidInputError
-from mvdb.kernels.maxsim.fused import interpreting
+from mvdb.kernels.maxsim.fused import cdiv, interpreting
 from mvdb.kernels.sparton.fused import (
     _bwd_hidden_kernel,
     _bwd_weight_kernel,
@@ -36,7 +35,7 @@ def _forward_triton(h, w, bias, mask):
     arg = torch.empty(B, V, dtype=torch.int32, device=h.device)
     bl = _blocks()
     if B and V:
-        _fwd_kernel[(B * triton.cdiv(V, bl["BLOCK_V"]),)](
+        _fwd_kernel[(B * cdiv(V, bl["BLOCK_V"]),)](
             h, w, bias if bias is not None else w, mask if mask is not None else h, out, arg, B, S, V, D=D,
             HAS_BIAS=bias is not None, HAS_MASK=mask is not None, IEEE=h.dtype == torch.float32,
             num_warps=TUNE.get("fwd_warps", 4) if not interpreting() else 4, num_stages=TUNE.get("fwd_stages", 3), **bl)
@@ -52,14 +51,14 @@ def _backward_triton(gz, arg, h, w, need_h, need_w):
     if need_h:
         dh = torch.empty_like(h)
         if B and S:
-            _bwd_hidden_kernel[(B, triton.cdiv(S, bs), triton.cdiv(D, bd))](
+            _bwd_hidden_kernel[(B, cdiv(S, bs), cdiv(D, bd))](
                 gz, arg, w, dh, S, V, D=D, BLOCK_S=bs, BLOCK_V=bv, BLOCK_D=bd, SCALE_G=h.dtype == torch.float16,
                 IEEE=ieee, num_warps=TUNE.get("dh_warps", 4), num_stages=TUNE.get("dh_stages", 3))
     if need_w:
         dw = torch.empty_like(w)
         if V:
             bvw = 16 if interpreting() else 64
-            _bwd_weight_kernel[(triton.cdiv(V, bvw), triton.cdiv(D, bd))](gz, arg, h, dw, B, S, V, D=D, BLOCK_V=bvw,
+            _bwd_weight_kernel[(cdiv(V, bvw), cdiv(D, bd))](gz, arg, h, dw, B, S, V, D=D, BLOCK_V=bvw,
                                                                          BLOCK_D=bd, num_warps=4)
     return dh, dw
 

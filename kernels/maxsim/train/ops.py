@@ -7,7 +7,7 @@ import threading
 from collections import OrderedDict
 
 import torch
-from mvdb.kernels.maxsim.fused import interpreting, launch_kernel
+from mvdb.kernels.maxsim.fused import cdiv, interpreting, launch_kernel, pow2
 from mvdb.kernels.maxsim.train.fused import (
     _bwd_cross_dd_kernel,
     _bwd_lowmem_dd_kernel,
@@ -25,11 +25,9 @@ from mvdb.kernels.maxsim.train.policy import (
     _blocks,
     _splits,
     auto_key,
-    cdiv,
     choose_backward,
     grouped_queries,
     measured_backward,
-    pow2,
 )
 
 

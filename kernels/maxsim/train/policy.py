@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 from triton.runtime.errors import OutOfResources
 
-from mvdb.kernels.maxsim.fused import autotuning, interpreting
+from mvdb.kernels.maxsim.fused import autotuning, cdiv, interpreting, pow2
 from mvdb.kernels.maxsim.train.fused import _hold_kernel
 
 BACKWARDS = ("auto", "unified", "lowmem")
@@ -19,17 +19,6 @@ BACKWARDS = ("auto", "unified", "lowmem")
 # Launch parameters that benchmarks/training_sweep.py may override (name -> value); empty = the
 # measured defaults below.
 TUNE: dict = {}
-
-
-# Host-side integer helpers: triton.cdiv / next_power_of_2 are constexpr functions in triton 3.x,
-# about 2-3 us per host call (a dozen calls per training step), these are plain int arithmetic.
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def pow2(n: int) -> int:
-    """The smallest power of two >= n (0 for 0, as triton.next_power_of_2)."""
-    return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
 def _blocks(dim: int, lq: int = 32) -> tuple[int, int, int]:
