@@ -238,22 +238,24 @@ def case_h(dev, smoke, hbm):
         ref = maxsim_varlen(q, cu_q, t8, cu_d, d_scales=s8, check=False).clone()
         qm = torch.empty(q.numel() + 8, dtype=q.dtype, device=dev)[8 - 1: 8 - 1 + q.numel()].view_as(q)
         qm.copy_(q)
-        for fast in (False, True, True):
-            fused.FAST_LAUNCH = fast
+        for fast, direct in ((False, False), (True, False), (True, False), (True, True), (True, True)):
+            fused.FAST_LAUNCH, fused.DIRECT_LAUNCH = fast, direct
             for qq, name in ((q, "aligned"), (qm, "misaligned")):
                 for t, sc in ((tok, None), (t8, s8)):
                     got = maxsim_varlen(qq, cu_q, t, cu_d, d_scales=sc, check=False)
                     want = ref if sc is not None else maxsim_varlen(q, cu_q, t, cu_d, check=False)
-                    row = {"case": "h-host", "call": f"replay check fast={fast} {name} {'int8' if sc is not None else 'fp16'}",
+                    row = {"case": "h-host", "call": f"replay check fast={fast} direct={direct} {name} "
+                                                     f"{'int8' if sc is not None else 'fp16'}",
                            "equal": bool(torch.equal(got, want))}
                     ROWS.append(row)
                     print(json.dumps(row), flush=True)
         row = {"case": "h-host", "call": "replay cache", "entries": len(fused._REPLAY)}
         ROWS.append(row)
         print(json.dumps(row), flush=True)
-    for fast, (name, fn) in itertools.product((True, False), steps.items()):
-        fused.FAST_LAUNCH = fast
-        name = f"{name} [{'replay' if fast else 'triton'} launch]"
+    modes = {"direct": (True, True), "replay": (True, False), "triton": (False, False)}
+    for mode, (name, fn) in itertools.product(modes, steps.items()):
+        fused.FAST_LAUNCH, fused.DIRECT_LAUNCH = modes[mode]
+        name = f"{name} [{mode} launch]"
         for _ in range(20):
             fn()
         times = []
@@ -267,7 +269,7 @@ def case_h(dev, smoke, hbm):
                "host_us_p10": sorted(times)[len(times) // 10]}
         ROWS.append(row)
         print(json.dumps(row), flush=True)
-    fused.FAST_LAUNCH = True
+    fused.FAST_LAUNCH = fused.DIRECT_LAUNCH = True
     if dev == "cuda" and not smoke:  # where the host time goes in the int8 default call
         import cProfile
         import io

@@ -804,6 +804,60 @@ def test_replay_key_separates_what_triton_specializes_on():
     assert sig(True) != sig(1)
 
 
+def _set_launch_hook(monkeypatch, hook):
+    from triton import knobs
+
+    chain = knobs.runtime.launch_enter_hook
+    if hasattr(chain, "add"):  # triton 3.9: a HookChain, empty unless a profiler added to it
+        monkeypatch.setattr(chain, "calls", [*chain.calls, hook])
+    else:
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hook)
+
+
+def test_direct_relaunch_only_where_the_runner_is_known_and_no_hook_is_set(monkeypatch):
+    """A relaunch goes straight to the compiled kernel's launcher only where this triton's runner
+    (CompiledKernel.__getitem__) makes the call launch_kernel makes, and only while no launch hook
+    (a profiler's) is installed; otherwise through the runner, which feeds the hooks."""
+    from triton.compiler.compiler import CompiledKernel
+
+    from mvdb.kernels.maxsim import fused
+
+    assert fused._known_launcher(object.__new__(CompiledKernel))  # this triton's runner: the known call
+
+    class Other:
+        def __getitem__(self, grid):
+            return lambda *args: None
+
+    assert not fused._known_launcher(Other())
+    assert fused._hooks_idle()
+    _set_launch_hook(monkeypatch, lambda *a: None)
+    assert not fused._hooks_idle()
+
+
+@pytest.mark.gpu
+def test_direct_relaunch_is_taken_and_launch_hooks_still_fire(monkeypatch):
+    """On the GPU the relaunch cache's entries hold the launcher (the direct path is taken, with
+    triton's scores); a launch hook installed later is called on every launch."""
+    from mvdb.kernels.maxsim import fused
+
+    g = _gen("direct")
+    q, cu_q = _packed([32], 128, g, "cuda", torch.float16)
+    d, cu_d = _packed([64, 300, 5, 180] * 20, 128, g, "cuda", torch.float16)
+    monkeypatch.setattr(fused, "FAST_LAUNCH", False)
+    want = maxsim_varlen(q, cu_q, d, cu_d, check=False).clone()
+    monkeypatch.setattr(fused, "FAST_LAUNCH", True)
+    fused._REPLAY.clear()
+    got = [maxsim_varlen(q, cu_q, d, cu_d, check=False).clone() for _ in range(3)]
+    entries = [v for k, v in fused._REPLAY.items() if k[0] is fused._maxsim_fwd_kernel]
+    assert entries and all(e[2] is not None for e in entries), "the direct relaunch was not recognised"
+    assert all(torch.equal(x, want) for x in got)
+    calls = []
+    _set_launch_hook(monkeypatch, lambda *a: calls.append(1))
+    assert torch.equal(maxsim_varlen(q, cu_q, d, cu_d, check=False), want)
+    torch.cuda.synchronize()
+    assert calls, "a launch hook was skipped"
+
+
 @pytest.mark.gpu
 def test_replayed_launches_match_triton_launches(monkeypatch):
     """Relaunching a compiled binary (fused.launch_kernel, the default) gives the scores of

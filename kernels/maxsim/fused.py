@@ -9,6 +9,7 @@ reads documents straight from where they lie, so no padded copy is ever made.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import os
 import threading
@@ -16,6 +17,11 @@ import threading
 import torch
 import triton
 import triton.language as tl
+
+try:
+    from triton import knobs
+except ImportError:  # older triton: launch hooks live elsewhere; relaunches go through the runner
+    knobs = None
 
 # Doc layouts (constexpr D_LAYOUT; globals a kernel reads must be tl.constexpr).
 PADDED_CROSS = tl.constexpr(0)  # D [Nd, Ld, d]: doc k starts at k * Ld
@@ -37,8 +43,14 @@ def lq_bucket(max_lq: int) -> int:
     return LQ_BUCKETS[-1]
 
 
+# Read once, at import: triton.jit decides at decoration (this package's import) whether a kernel
+# is interpreted, so a later change of the variable could not switch the kernels anyway. (Read per
+# call it was an os.environ lookup on every launch, several per training step.)
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return _INTERPRET
 
 
 # Host-side integer helpers for the launchers: triton.cdiv / next_power_of_2 are constexpr
@@ -798,7 +810,11 @@ _BEST: dict[tuple, dict] = {}  # autotune winners, launched directly (skips the 
 # the constexprs and launch options, the device) call that binary's launcher directly.
 # MVDB_FAST_LAUNCH=0 turns it off.
 FAST_LAUNCH = os.environ.get("MVDB_FAST_LAUNCH", "1") != "0"
-_REPLAY: dict[tuple, tuple] = {}
+# Relaunches straight through the launcher (below, launch_kernel); MVDB_DIRECT_LAUNCH=0 keeps them on
+# CompiledKernel's runner. Measured on the H100's host (benchmarks/train_host_parts.py): an empty
+# kernel's relaunch 5.0-5.7 us of host time against 8.2-10.3 through the runner.
+DIRECT_LAUNCH = os.environ.get("MVDB_DIRECT_LAUNCH", "1") != "0"
+_REPLAY: dict[tuple, list] = {}  # key -> [compiled kernel, constexpr tail, (launcher, function, metadata) or None]
 _REPLAY_MAX = 256  # specializations kept (a launch beyond them is a cache miss, never a wrong kernel)
 _INT32 = (-(2**31), 2**31)
 
@@ -815,27 +831,71 @@ def _arg_sig(a):
 
 def launch_kernel(fn, grid: tuple, args: tuple, consts: dict) -> None:
     """``fn[grid](*args, **consts)`` (``args``: the kernel's leading non-constexpr parameters in order;
-    ``consts``: its constexprs and launch options by name), relaunching the compiled binary of an
-    already seen specialization through triton's CompiledKernel launcher (launch hooks, current
-    stream and all) without JITFunction's per-call dispatch (see FAST_LAUNCH)."""
+    ``consts``: its constexprs and launch options by name). An already seen specialization is
+    relaunched without JITFunction's per-call dispatch: straight through its compiled binary's
+    launcher on the current stream while no launch hook is installed (the call CompiledKernel's
+    runner makes, without re-reading the device and stream through triton's driver or building
+    launch metadata nobody reads), else through that runner (see FAST_LAUNCH)."""
     if not FAST_LAUNCH or interpreting():
         fn[grid](*args, **consts)
         return
-    key = (fn, torch.cuda.current_device(), tuple(map(_arg_sig, args)), tuple(consts.items()))
+    dev = torch.cuda.current_device()
+    key = (fn, dev, tuple(map(_arg_sig, args)), tuple(consts.items()))
     hit = _REPLAY.get(key)
     if hit is None:
         kernel = fn[grid](*args, **consts)
         try:  # a triton whose compiled kernels launch otherwise keeps launching through JITFunction
-            entry = (kernel, tuple(consts[name] for name in fn.arg_names[len(args):]))
+            tail = tuple(consts[name] for name in fn.arg_names[len(args):])
             kernel[(1, 1, 1)]  # noqa: B018 - the launcher exists (loads the binary's handles)
         except (AttributeError, KeyError, TypeError):
             return
+        direct = tuple(getattr(kernel, name, None) for name in ("run", "function", "packed_metadata"))
         if len(_REPLAY) >= _REPLAY_MAX:
             _REPLAY.clear()
-        _REPLAY[key] = entry
+        _REPLAY[key] = [kernel, tail, direct if None not in direct and _known_launcher(kernel) else None]
         return
-    kernel, tail = hit
-    kernel[(*grid, 1, 1)[:3]](*args, *tail)
+    kernel, tail, direct = hit
+    grid3 = (*grid, 1, 1)[:3]
+    if direct is not None and DIRECT_LAUNCH and _hooks_idle():
+        run, function, packed = direct
+        try:
+            run(*grid3, _stream_handle(dev), function, packed, None, None, None, *args, *tail)
+            return
+        except TypeError:  # a launcher of another signature: argument parsing fails before any launch
+            hit[2] = None
+    kernel[grid3](*args, *tail)
+
+
+# The call CompiledKernel's runner makes (triton 3.4-3.9), read from its source once: grid x, y,
+# z, the stream, the function handle, the packed metadata, the launch metadata, the enter / exit
+# hooks (from triton.knobs), the arguments. Another layout keeps relaunches on the runner.
+_RUNNER_CALL = "self.run(grid[0],grid[1],grid[2],stream,self.function,self.packed_metadata,launch_metadata,"
+_KNOWN_RUNNERS: dict[type, bool] = {}
+
+
+def _known_launcher(kernel) -> bool:
+    """Whether ``kernel``'s runner (CompiledKernel.__getitem__) calls its launcher as above."""
+    cls = type(kernel)
+    known = _KNOWN_RUNNERS.get(cls)
+    if known is None:
+        try:
+            src = "".join(inspect.getsource(cls.__getitem__).split())
+        except (OSError, TypeError, AttributeError):
+            src = ""
+        known = _KNOWN_RUNNERS[cls] = _RUNNER_CALL in src and "knobs.runtime.launch_enter_hook" in src
+    return known
+
+
+def _hook_set(hook) -> bool:
+    return hook is not None and bool(getattr(hook, "calls", True))  # triton 3.9 keeps an empty HookChain
+
+
+def _hooks_idle() -> bool:
+    """No launch hook is installed (a profiler such as proton installs them; then every launch goes
+    through CompiledKernel's runner, which builds the launch metadata the hooks read)."""
+    runtime = getattr(knobs, "runtime", None)
+    return runtime is not None and not (_hook_set(getattr(runtime, "launch_enter_hook", None))
+                                        or _hook_set(getattr(runtime, "launch_exit_hook", None)))
 
 
 _TUNE_LOCK = threading.Lock()  # one autotuning run at a time (the autotuner keeps per-call state)

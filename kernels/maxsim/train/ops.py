@@ -7,7 +7,7 @@ import threading
 from collections import OrderedDict
 
 import torch
-from mvdb.kernels.maxsim.fused import cdiv, interpreting, launch_kernel, pow2
+from mvdb.kernels.maxsim.fused import _stream_handle, cdiv, interpreting, launch_kernel, pow2
 from mvdb.kernels.maxsim.train.fused import (
     _bwd_cross_dd_kernel,
     _bwd_lowmem_dd_kernel,
@@ -207,7 +207,9 @@ class _MaxSimFn(torch.autograd.Function):
 
 
 def _flat_mask(mask):
-    return None if mask is None else mask.reshape(-1).to(torch.uint8).contiguous()
+    """A bool mask (the checks admit no other dtype) as flat uint8 for the kernels: a view, no launch
+    (a strided mask is copied once)."""
+    return None if mask is None else mask.reshape(-1).contiguous().view(torch.uint8)
 
 
 # The padded layout's row offsets, kept per (device, stream, n, step) on CUDA: a training step
@@ -232,8 +234,8 @@ def _steps(n: int, step: int, dev: torch.device) -> torch.Tensor:
     if dev.type != "cuda" or torch.is_inference_mode_enabled() or torch.cuda.is_current_stream_capturing() \
             or torch.compiler.is_compiling():
         return _arange_steps(n, step, dev)
-    key = (dev.index if dev.index is not None else torch.cuda.current_device(),
-           torch.cuda.current_stream(dev).cuda_stream, n, step)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    key = (index, _stream_handle(index), n, step)
     with _STEPS_LOCK:
         hit = _STEPS.get(key)
         if hit is not None:
