@@ -7,8 +7,9 @@ in both orders with triton.testing.do_bench (L2 flushed between runs), the host'
 (1,000 calls without waiting, then one wait), and each kernel's device time from torch.profiler,
 so a call whose time is the host's launch work shows up as such; then, over varlen and candidate
 launches of several sizes, the three placements of the int8 query quantization: every program
-for itself, shared (one program per query quantizes), a launch of its own (scores equal to float32
-rounding; fused.SHARE_MIN_WORK and fused.QUANT_IN_KERNEL_WORK pick).
+for itself, shared (one program per query quantizes), a launch of its own (the MaxSim launch its
+programmatic dependent where fused.PDL allows; also timed without: "launch, no PDL"), scores equal
+to float32 rounding; fused.SHARE_MIN_WORK and fused.QUANT_IN_KERNEL_WORK pick.
 """
 
 from __future__ import annotations
@@ -62,6 +63,17 @@ def _at(placement: str, fn):
     return call
 
 
+def _no_pdl(fn):
+    """fn with the MaxSim launch not the quantization launch's programmatic dependent (fused.PDL off)."""
+    def call():
+        saved, fused.PDL = fused.PDL, False
+        try:
+            return fn()
+        finally:
+            fused.PDL = saved
+    return call
+
+
 def _sweep(res: dict) -> None:
     """Where each placement of the int8 query quantization wins: the device and the whole-call
     time of both, on varlen (1 query x n docs) and candidate (nq x 1000 from 1M docs) launches.
@@ -85,6 +97,7 @@ def _sweep(res: dict) -> None:
                       maxsim_candidates(q, cu_q, t8, corpus.offsets, cand, sc, check=False)))
     for name, pairs, fn in cases:
         fns = {p: _at(p, fn) for p in fused.PLACEMENTS}
+        fns["launch, no PDL"] = _no_pdl(fns["launch"])
         # the quantized queries are bit-identical (tests/test_kernels.py checks it under one
         # config); the autotuner may pick another warp count for each placement, which sums the
         # query tokens' maxima in another order: equal to float32 rounding

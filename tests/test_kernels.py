@@ -1028,27 +1028,86 @@ def test_shared_query_quantization_is_off_under_graph_capture(monkeypatch):
     monkey.setattr(fused, "QCACHE_MAX_TOKENS", -1)
     maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False)
     monkey.undo()
+    # the eager call shares the rows (another build: the row sums may be ordered otherwise)
+    _replays_after_the_query_changes(q, lambda: maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False),
+                                     exact=False)
+
+
+def _replays_after_the_query_changes(q, call, exact: bool):
+    """``call()`` captured in a CUDA graph on a side stream (after one eager run there) replays as
+    the eager call scores after q changes in place (bit for bit where ``exact``)."""
     graph = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False)
+        call()
         with torch.cuda.graph(graph, stream=s):
-            out = maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False)
+            out = call()
     torch.cuda.current_stream().wait_stream(s)
     for scale in (1.0, -0.5, 2.0):
         q.mul_(scale)
         graph.replay()
         torch.cuda.synchronize()
-        # the eager call shares the rows (another build: the row sums may be ordered otherwise)
-        torch.testing.assert_close(out, maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False), rtol=1e-6, atol=0)
+        if exact:
+            assert torch.equal(out, call())
+        else:
+            torch.testing.assert_close(out, call(), rtol=1e-6, atol=0)
+
+
+def test_pdl_only_on_a_hopper_gpu_outside_graph_capture(monkeypatch):
+    """The MaxSim launch is the quantization launch's programmatic dependent only on CUDA devices of
+    sm_90 and later, outside CUDA graph capture, with fused.PDL on (MVDB_PDL=0 turns it off)."""
+    from mvdb.kernels.maxsim import fused
+
+    assert not fused.pdl_ok(torch.device("cpu"))
+    monkeypatch.setattr(fused, "_INTERPRET", False)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(fused, "_PDL_DEVICES", {0: True, 1: False})
+    monkeypatch.setattr(fused, "PDL", True)
+    assert fused.pdl_ok(torch.device("cuda", 0)) and not fused.pdl_ok(torch.device("cuda", 1))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert not fused.pdl_ok(torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(fused, "PDL", False)
+    assert not fused.pdl_ok(torch.device("cuda", 0))
+
+
+@pytest.mark.gpu
+def test_pdl_launch_gives_the_same_scores_and_replays_under_capture(monkeypatch):
+    """With the queries quantized by a launch of their own, the MaxSim launch as its programmatic
+    dependent (sm_90) scores bit for bit as without, for varlen and candidate calls; a CUDA graph
+    captured on that path (PDL off there) replays right after the query changes in place."""
+    from mvdb.kernels.maxsim import fused
+
+    g = _gen("pdl")
+    d, cu_d = _packed([64, 300, 5, 180] * 100, 128, g, "cuda", torch.float16)
+    tok, sc = quantize_int8(d)
+    q, cu_q = _packed([32, 7, 40], 128, g, "cuda", torch.float16)
+    offsets = cu_d.long()
+    cand = torch.randint(-1, cu_d.numel() - 1, (3, 50), device="cuda", generator=g)
+
+    def calls():
+        return [maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False).clone(),
+                maxsim_candidates(q, cu_q, tok, offsets, cand, sc, check=False).clone()]
+
+    with fused.placed("launch"):
+        monkeypatch.setattr(fused, "PDL", False)
+        want = calls()
+        monkeypatch.setattr(fused, "PDL", True)
+        fused._REPLAY.clear()
+        for _ in range(2):
+            assert all(torch.equal(a, b) for a, b in zip(calls(), want))
+        on = torch.cuda.get_device_capability()[0] >= 9
+        assert any(dict(key[3]).get("launch_pdl") for key in fused._REPLAY) == on
+        _replays_after_the_query_changes(q, lambda: maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False),
+                                         exact=True)
 
 
 @pytest.mark.gpu
 def test_int8_query_quantization_placement_rule(monkeypatch):
     """Where the default call quantizes int8 queries: every program for itself in a small launch
-    (nothing shared), shared rows above fused.SHARE_MIN_WORK, a launch of its own past
-    fused.QUANT_IN_KERNEL_WORK (nothing shared); the same scores each way."""
+    (no buffer), shared rows above fused.SHARE_MIN_WORK, a launch of its own past
+    fused.QUANT_IN_KERNEL_WORK (writing into the stream's buffer); the same scores each way."""
     from mvdb.kernels.maxsim import fused
 
     g = _gen("placement")
@@ -1059,7 +1118,7 @@ def test_int8_query_quantization_placement_rule(monkeypatch):
     work = n * 32
     calls = []
     real = fused.quantize_queries
-    monkeypatch.setattr(fused, "quantize_queries", lambda x: calls.append(1) or real(x))
+    monkeypatch.setattr(fused, "quantize_queries", lambda x, *a: calls.append(1) or real(x, *a))
     got = []
     for share_min, in_kernel, shared, launched, name in ((work, work, False, False, "every_program"),
                                                          (work - 1, work, True, False, "shared"),
@@ -1070,7 +1129,7 @@ def test_int8_query_quantization_placement_rule(monkeypatch):
         fused._QCACHE.clear()
         calls.clear()
         got.append(maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False))
-        assert bool(fused._QCACHE) == shared and bool(calls) == launched, (share_min, in_kernel)
+        assert bool(fused._QCACHE) == (shared or launched) and bool(calls) == launched, (share_min, in_kernel)
     for name in fused.PLACEMENTS:  # the forced placements (warmup, benchmarks) take the same paths
         with fused.placed(name):
             assert fused.quant_placement(n, 32) == name

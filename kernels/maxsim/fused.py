@@ -301,6 +301,7 @@ def _maxsim_fwd_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
     RUNMAX: tl.constexpr,
+    GDC: tl.constexpr = False,  # launched as the dependent of the query quantization launch (PDL, below)
 ):
     pid = tl.program_id(0).to(tl.int64)
     if QCHUNK:
@@ -361,6 +362,11 @@ def _maxsim_fwd_kernel(
         q_lo = chunk * QCHUNK
         q_hi = tl.where(chunk == n_chunks - 1, q_n, tl.minimum(q_n, q_lo + QCHUNK))
     total = tl.zeros([1], dtype=tl.float32)
+    if GDC:
+        # Programmatic dependent launch: this launch may start while the quantization launch before
+        # it runs; what that launch writes (Q, QS) is read only after this wait. The offsets and
+        # candidates above come from launches that finished before it started.
+        tl.extra.cuda.gdc_wait()
     if QCACHE:
         # The first program of the launch to reach query i claims it (an atomic max of its flag to
         # 2 * gen: every earlier launch left a smaller number), quantizes its rows into QC / QCS and
@@ -464,9 +470,14 @@ def default_config(lq_bucket_: int) -> dict:
 
 
 @triton.jit
-def _quantize_rows_kernel(X, Q8, QS, n_rows, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_T: tl.constexpr):
+def _quantize_rows_kernel(X, Q8, QS, n_rows, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_T: tl.constexpr,
+                          GDC: tl.constexpr = False):
     """Per-row symmetric INT8 (mvdb.kernels.quant's rule: scale = absmax / 127, 1 for a zero
-    row, round half away from zero) of the query tokens, once per launch of the MaxSim kernel."""
+    row, round half away from zero) of the query tokens, once per launch of the MaxSim kernel.
+    GDC: the MaxSim launch after it is its programmatic dependent, let start at once (it waits
+    for these rows before reading them)."""
+    if GDC:
+        tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, BLOCK_DIM)
     ok = (rows < n_rows)[:, None] & (cols < DIM)[None, :]
@@ -492,17 +503,18 @@ def _int8_views(buf: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch
     return buf[: q.numel()].view(q.shape), buf[size - 4 * rows : size].view(torch.float32)
 
 
-def quantize_queries(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_queries(q: torch.Tensor, gdc: bool = False, into=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Query tokens [..., dim] (contiguous) -> (int8 of the same shape, float32 scales [rows]),
-    bit-identical to mvdb.kernels.quantize_int8, in one launch."""
+    bit-identical to mvdb.kernels.quantize_int8, in one launch (``gdc``: the next launch is its
+    programmatic dependent, see PDL). ``into``: (int8, scales) views to write, else one allocation."""
     dim = q.shape[-1]
-    n, size = _int8_layout(q)  # one allocation (host time: this runs before every int8 launch of any size)
-    q8, qs = _int8_views(torch.empty(size, dtype=torch.int8, device=q.device), q)
+    n, size = _int8_layout(q)
+    q8, qs = into if into is not None else _int8_views(torch.empty(size, dtype=torch.int8, device=q.device), q)
     if n:
         block_dim = max(16, pow2(dim))
         block_t = max(1, min(64, 4096 // block_dim))
         launch_kernel(_quantize_rows_kernel, (cdiv(n, block_t),), (q, q8, qs, n),
-                      dict(DIM=dim, BLOCK_DIM=block_dim, BLOCK_T=block_t))
+                      dict(DIM=dim, BLOCK_DIM=block_dim, BLOCK_T=block_t, GDC=gdc))
     return q8, qs
 
 
@@ -561,7 +573,8 @@ def _stream_handle(dev: int) -> int:
 
 
 def _query_cache(q: torch.Tensor, n_q: int, force: bool = False):
-    """(QC, QCS, QFLAG, lock) for a QUANT launch, or (None, None, None, None) where it is not used.
+    """(QC, QCS, QFLAG, lock) for a QUANT launch (the quantization launch writes QC / QCS too,
+    under the lock), or (None, None, None, None) where it is not used.
     The launch draws its number (``next(_GEN)``) and is enqueued with ``lock`` held, so that the
     launches using one buffer run in the order of their numbers. (Host time counts here: a small
     call waits on it. The stream comes as a raw handle, the views of a query shape are kept.)"""
@@ -649,6 +662,24 @@ def quant_placement(pairs: int, max_lq: int) -> str:
     if not quantize_in_kernel(pairs, max_lq):
         return "launch"
     return "shared" if share_in_kernel(pairs, max_lq) else "every_program"
+
+
+# Programmatic dependent launch (Hopper and later): where the queries are quantized by a launch of
+# their own, the MaxSim launch is its dependent and may start while it runs (its programs wait for
+# the rows before reading them), so the gap between the two launches is hidden. MVDB_PDL=0 turns
+# it off; it is off while a CUDA graph is captured and on GPUs before sm_90.
+PDL = os.environ.get("MVDB_PDL", "1") != "0"
+_PDL_DEVICES: dict[int, bool] = {}
+
+
+def pdl_ok(device: torch.device) -> bool:
+    if not PDL or interpreting() or device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    ok = _PDL_DEVICES.get(index)
+    if ok is None:
+        ok = _PDL_DEVICES[index] = torch.cuda.get_device_capability(index)[0] >= 9
+    return ok
 
 
 # (SHARE_MIN_WORK, QUANT_IN_KERNEL_WORK) that send every launch to one placement (warmup, benchmarks)
@@ -741,9 +772,14 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
     # shared where forced, or by default above SHARE_MIN_WORK; a chunk quantizes its own rows
     if quant and not rows and (shared or shared is None and share_in_kernel(n_q * n_k, max_lq)):
         qc, qcs, qflag, lock = _query_cache(q, n_q, force=bool(shared))
+    gdc = int8 and not quant and pdl_ok(q.device)
+    into = None
     if int8 and not quant:
-        with launch_guard():
-            q, q_scales = quantize_queries(q)
+        # the quantization launch writes into the stream's buffer (no allocation: host time), under
+        # its lock together with the MaxSim launch, so another thread's launches on the same stream
+        # cannot overwrite the rows in between
+        c8, cs, _, lock = _query_cache(q, n_q, force=True)
+        into = None if c8 is None else (c8, cs)
     part = out if not rows else torch.empty((chunks, n_q, n_k), dtype=torch.float32, device=out.device)
     meta = dict(
         LQ_BUCKET=lq_bucket(max_lq),
@@ -761,11 +797,17 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
         QUANT=quant,
         QCACHE=qc is not None,
         QCHUNK=rows,
+        GDC=gdc,
     )
+    if gdc:
+        meta["launch_pdl"] = True
     grid = (n_q * n_k * chunks,)
     # a shared buffer's launches draw their numbers and are enqueued in one order (under its lock)
     with lock if lock is not None else contextlib.nullcontext():
-        gen = next(_GEN) if lock is not None else 0
+        if int8 and not quant:
+            with launch_guard():
+                q, q_scales = quantize_queries(q, gdc, into)
+        gen = next(_GEN) if qc is not None else 0
         args = (
             q,
             q_scales,
@@ -829,6 +871,13 @@ def _arg_sig(a):
     return type(a), a
 
 
+def _const_tail(fn, n_args: int, consts: dict) -> tuple:
+    """The values of ``fn``'s parameters after its first ``n_args``: from ``consts``, else the
+    parameter's default (KeyError where it has none)."""
+    defaults = {p.name: p.default for p in getattr(fn, "params", ()) if p.default is not inspect.Parameter.empty}
+    return tuple(consts[name] if name in consts else defaults[name] for name in fn.arg_names[n_args:])
+
+
 def launch_kernel(fn, grid: tuple, args: tuple, consts: dict) -> None:
     """``fn[grid](*args, **consts)`` (``args``: the kernel's leading non-constexpr parameters in order;
     ``consts``: its constexprs and launch options by name). An already seen specialization is
@@ -845,7 +894,7 @@ def launch_kernel(fn, grid: tuple, args: tuple, consts: dict) -> None:
     if hit is None:
         kernel = fn[grid](*args, **consts)
         try:  # a triton whose compiled kernels launch otherwise keeps launching through JITFunction
-            tail = tuple(consts[name] for name in fn.arg_names[len(args):])
+            tail = _const_tail(fn, len(args), consts)
             kernel[(1, 1, 1)]  # noqa: B018 - the launcher exists (loads the binary's handles)
         except (AttributeError, KeyError, TypeError):
             return
