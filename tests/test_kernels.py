@@ -1084,7 +1084,7 @@ def test_pdl_launch_gives_the_same_scores_and_replays_under_capture(monkeypatch)
     tok, sc = quantize_int8(d)
     q, cu_q = _packed([32, 7, 40], 128, g, "cuda", torch.float16)
     offsets = cu_d.long()
-    cand = torch.randint(-1, cu_d.numel() - 1, (3, 50), device="cuda", generator=g)
+    cand = torch.randint(-1, cu_d.numel() - 1, (3, 50), generator=g).cuda()
 
     def calls():
         return [maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False).clone(),
