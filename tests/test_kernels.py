@@ -822,13 +822,13 @@ def test_direct_relaunch_only_where_the_runner_is_known_and_no_hook_is_set(monke
 
     from mvdb.kernels.maxsim import fused
 
-    assert fused._known_launcher(object.__new__(CompiledKernel))  # this triton's runner: the known call
+    assert fused._known_launcher(CompiledKernel)  # this triton's runner: the known call
 
     class Other:
         def __getitem__(self, grid):
             return lambda *args: None
 
-    assert not fused._known_launcher(Other())
+    assert not fused._known_launcher(Other)
     assert fused._hooks_idle()
     _set_launch_hook(monkeypatch, lambda *a: None)
     assert not fused._hooks_idle()
@@ -1054,6 +1054,23 @@ def _replays_after_the_query_changes(q, call, exact: bool):
             torch.testing.assert_close(out, call(), rtol=1e-6, atol=0)
 
 
+def test_relaunch_tail_takes_parameter_defaults():
+    """A relaunch passes every parameter after the arguments: the constexprs given, else the
+    kernel's default (GDC), and refuses (KeyError: no relaunch entry) one with neither."""
+    from types import SimpleNamespace
+
+    from mvdb.kernels.maxsim import fused
+
+    empty = fused.inspect.Parameter.empty
+    fn = SimpleNamespace(arg_names=["X", "N", "BLOCK", "GDC"],
+                         params=[SimpleNamespace(name=n, default=d) for n, d in
+                                 (("X", empty), ("N", empty), ("BLOCK", empty), ("GDC", False))])
+    assert fused._const_tail(fn, 2, {"BLOCK": 16, "num_warps": 4}) == (16, False)
+    assert fused._const_tail(fn, 2, {"BLOCK": 16, "GDC": True}) == (16, True)
+    with pytest.raises(KeyError):
+        fused._const_tail(fn, 2, {"GDC": True})
+
+
 def test_pdl_only_on_a_hopper_gpu_outside_graph_capture(monkeypatch):
     """The MaxSim launch is the quantization launch's programmatic dependent only on CUDA devices of
     sm_90 and later, outside CUDA graph capture, with fused.PDL on (MVDB_PDL=0 turns it off)."""
@@ -1090,13 +1107,23 @@ def test_pdl_launch_gives_the_same_scores_and_replays_under_capture(monkeypatch)
         return [maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False).clone(),
                 maxsim_candidates(q, cu_q, tok, offsets, cand, sc, check=False).clone()]
 
+    def poison():  # the stream's buffer holds other rows: a read before the quantization lands shows
+        for buf, *_ in fused._QCACHE.values():
+            buf.fill_(77)
+
     with fused.placed("launch"):
         monkeypatch.setattr(fused, "PDL", False)
         want = calls()
+        assert fused._QCACHE, "the quantization launch did not write into the stream's buffer"
         monkeypatch.setattr(fused, "PDL", True)
         fused._REPLAY.clear()
         for _ in range(2):
-            assert all(torch.equal(a, b) for a, b in zip(calls(), want))
+            got = []
+            for call in (lambda: maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False),
+                         lambda: maxsim_candidates(q, cu_q, tok, offsets, cand, sc, check=False)):
+                poison()
+                got.append(call().clone())
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
         on = torch.cuda.get_device_capability()[0] >= 9
         assert any(dict(key[3]).get("launch_pdl") for key in fused._REPLAY) == on
         _replays_after_the_query_changes(q, lambda: maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False),
@@ -1130,6 +1157,11 @@ def test_int8_query_quantization_placement_rule(monkeypatch):
         calls.clear()
         got.append(maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False))
         assert bool(fused._QCACHE) == (shared or launched) and bool(calls) == launched, (share_min, in_kernel)
+        if launched:  # the launch wrote the query's int8 rows and scales into the stream's buffer
+            buf = next(iter(fused._QCACHE.values()))[0]
+            q8, qs = fused._int8_views(buf, q)
+            want8, wants = quantize_int8(q)
+            assert torch.equal(q8, want8) and torch.equal(qs, wants.float())
     for name in fused.PLACEMENTS:  # the forced placements (warmup, benchmarks) take the same paths
         with fused.placed(name):
             assert fused.quant_placement(n, 32) == name

@@ -46,7 +46,10 @@ def lq_bucket(max_lq: int) -> int:
 # Read once, at import: triton.jit decides at decoration (this package's import) whether a kernel
 # is interpreted, so a later change of the variable could not switch the kernels anyway. (Read per
 # call it was an os.environ lookup on every launch, several per training step.)
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_INTERPRET = getattr(getattr(knobs, "runtime", None), "interpret", None)  # triton's own reading of the variable
+if _INTERPRET is None:
+    _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_INTERPRET = bool(_INTERPRET)
 
 
 def interpreting() -> bool:
@@ -772,13 +775,15 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
     # shared where forced, or by default above SHARE_MIN_WORK; a chunk quantizes its own rows
     if quant and not rows and (shared or shared is None and share_in_kernel(n_q * n_k, max_lq)):
         qc, qcs, qflag, lock = _query_cache(q, n_q, force=bool(shared))
-    gdc = int8 and not quant and pdl_ok(q.device)
+    # PDL only behind a quantization launch that runs (no rows: no launch to depend on)
+    gdc = int8 and not quant and q.numel() > 0 and pdl_ok(q.device)
     into = None
     if int8 and not quant:
-        # the quantization launch writes into the stream's buffer (no allocation: host time), under
-        # its lock together with the MaxSim launch, so another thread's launches on the same stream
-        # cannot overwrite the rows in between
-        c8, cs, _, lock = _query_cache(q, n_q, force=True)
+        # up to QCACHE_MAX_TOKENS query tokens the quantization launch writes into the stream's
+        # buffer (no allocation: host time), under its lock together with the MaxSim launch, so
+        # another thread's launches on the same stream cannot overwrite the rows in between; larger
+        # batches get an allocation of their own, freed after the call (no large buffer is kept)
+        c8, cs, _, lock = _query_cache(q, n_q)
         into = None if c8 is None else (c8, cs)
     part = out if not rows else torch.empty((chunks, n_q, n_k), dtype=torch.float32, device=out.device)
     meta = dict(
@@ -853,8 +858,10 @@ _BEST: dict[tuple, dict] = {}  # autotune winners, launched directly (skips the 
 # MVDB_FAST_LAUNCH=0 turns it off.
 FAST_LAUNCH = os.environ.get("MVDB_FAST_LAUNCH", "1") != "0"
 # Relaunches straight through the launcher (below, launch_kernel); MVDB_DIRECT_LAUNCH=0 keeps them on
-# CompiledKernel's runner. Measured on the H100's host (benchmarks/train_host_parts.py): an empty
-# kernel's relaunch 5.0-5.7 us of host time against 8.2-10.3 through the runner.
+# CompiledKernel's runner. Measured on the H100's host: the launcher called directly 5.0-5.7 us
+# of host time against 7.9-10.3 through the runner (benchmarks/train_host_parts.py, three runs);
+# a whole relaunch through launch_kernel (its key and lookup included) 13.4 us against 16.6, the
+# MaxSim kernel's 38 against 47 (benchmarks/kernel_variants.py --cases h, one run, the GPU idle).
 DIRECT_LAUNCH = os.environ.get("MVDB_DIRECT_LAUNCH", "1") != "0"
 _REPLAY: dict[tuple, list] = {}  # key -> [compiled kernel, constexpr tail, (launcher, function, metadata) or None]
 _REPLAY_MAX = 256  # specializations kept (a launch beyond them is a cache miss, never a wrong kernel)
@@ -901,7 +908,7 @@ def launch_kernel(fn, grid: tuple, args: tuple, consts: dict) -> None:
         direct = tuple(getattr(kernel, name, None) for name in ("run", "function", "packed_metadata"))
         if len(_REPLAY) >= _REPLAY_MAX:
             _REPLAY.clear()
-        _REPLAY[key] = [kernel, tail, direct if None not in direct and _known_launcher(kernel) else None]
+        _REPLAY[key] = [kernel, tail, direct if None not in direct and _known_launcher(type(kernel)) else None]
         return
     kernel, tail, direct = hit
     grid3 = (*grid, 1, 1)[:3]
@@ -922,9 +929,9 @@ _RUNNER_CALL = "self.run(grid[0],grid[1],grid[2],stream,self.function,self.packe
 _KNOWN_RUNNERS: dict[type, bool] = {}
 
 
-def _known_launcher(kernel) -> bool:
-    """Whether ``kernel``'s runner (CompiledKernel.__getitem__) calls its launcher as above."""
-    cls = type(kernel)
+def _known_launcher(cls: type) -> bool:
+    """Whether the runner of compiled kernels of class ``cls`` (CompiledKernel.__getitem__) calls
+    their launcher as above."""
     known = _KNOWN_RUNNERS.get(cls)
     if known is None:
         try:

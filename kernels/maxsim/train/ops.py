@@ -207,9 +207,12 @@ class _MaxSimFn(torch.autograd.Function):
 
 
 def _flat_mask(mask):
-    """A bool mask (the checks admit no other dtype) as flat uint8 for the kernels: a view, no launch
-    (a strided mask is copied once)."""
-    return None if mask is None else mask.reshape(-1).contiguous().view(torch.uint8)
+    """A mask as flat uint8 for the kernels (nonzero = valid): a bool mask (all the public checks
+    admit) as a view, no launch (a strided one is copied once); another dtype converted."""
+    if mask is None:
+        return None
+    flat = mask.reshape(-1)
+    return flat.contiguous().view(torch.uint8) if flat.dtype == torch.bool else flat.to(torch.uint8).contiguous()
 
 
 # The padded layout's row offsets, kept per (device, stream, n, step) on CUDA: a training step
