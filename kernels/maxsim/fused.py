@@ -667,11 +667,15 @@ def quant_placement(pairs: int, max_lq: int) -> str:
     return "shared" if share_in_kernel(pairs, max_lq) else "every_program"
 
 
-# Programmatic dependent launch (Hopper and later): where the queries are quantized by a launch of
-# their own, the MaxSim launch is its dependent and may start while it runs (its programs wait for
-# the rows before reading them), so the gap between the two launches is hidden. MVDB_PDL=0 turns
-# it off; it is off while a CUDA graph is captured and on GPUs before sm_90.
-PDL = os.environ.get("MVDB_PDL", "1") != "0"
+# Programmatic dependent launch (Hopper and later), opt-in (MVDB_PDL=1): where the queries are
+# quantized by a launch of their own, the MaxSim launch is its dependent and may start while it
+# runs (its programs wait for the rows before reading them), which hides the gap between the two
+# launches; never while a CUDA graph is captured nor on GPUs before sm_90. Not the default: it
+# saves about 2 us of GPU time per call (H100, benchmarks/pdl_probe.py: 32 x 1,000 int8 candidates
+# 0.1624 against 0.1642 ms) but took more host time in 6 of 8 measured pairs, and where the host
+# set the pace it was slower (H200: 0.1767 against 0.1716; pdl-probe-H100-20261126.json,
+# pdl-probe-H200-20261126.json).
+PDL = os.environ.get("MVDB_PDL", "0") not in ("", "0")
 _PDL_DEVICES: dict[int, bool] = {}
 
 
