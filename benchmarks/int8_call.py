@@ -24,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
-from common import median_ms  # noqa: E402
+from common import median_ms, with_attr  # noqa: E402
 from synthetic import candidate_lists, make_corpus, make_queries  # noqa: E402
 
 from mvdb.kernels import maxsim_candidates, maxsim_varlen, quantize_int8  # noqa: E402
@@ -63,17 +63,6 @@ def _at(placement: str, fn):
     return call
 
 
-def _no_pdl(fn):
-    """fn with the MaxSim launch not the quantization launch's programmatic dependent (fused.PDL off)."""
-    def call():
-        saved, fused.PDL = fused.PDL, False
-        try:
-            return fn()
-        finally:
-            fused.PDL = saved
-    return call
-
-
 def _sweep(res: dict) -> None:
     """Where each placement of the int8 query quantization wins: the device and the whole-call
     time of both, on varlen (1 query x n docs) and candidate (nq x 1000 from 1M docs) launches.
@@ -97,7 +86,7 @@ def _sweep(res: dict) -> None:
                       maxsim_candidates(q, cu_q, t8, corpus.offsets, cand, sc, check=False)))
     for name, pairs, fn in cases:
         fns = {p: _at(p, fn) for p in fused.PLACEMENTS}
-        fns["launch, no PDL"] = _no_pdl(fns["launch"])
+        fns["launch, no PDL"] = with_attr(fused, "PDL", False, fns["launch"])
         # the quantized queries are bit-identical (tests/test_kernels.py checks it under one
         # config); the autotuner may pick another warp count for each placement, which sums the
         # query tokens' maxima in another order: equal to float32 rounding

@@ -21,7 +21,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -29,7 +28,8 @@ sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from common import median_ms  # noqa: E402
+from common import median_ms, with_attr  # noqa: E402
+from int8_call import _at, host_us, kernels_us  # noqa: E402
 from synthetic import candidate_lists, colpali_inputs, make_corpus, make_queries  # noqa: E402
 
 from mvdb.kernels import maxsim, maxsim_candidates, maxsim_varlen, quantize_int8  # noqa: E402
@@ -37,37 +37,8 @@ from mvdb.kernels.maxsim import fused  # noqa: E402
 
 
 def with_pdl(on: bool, placement: str | None, fn):
-    def call():
-        saved = fused.PDL
-        fused.PDL = on
-        try:
-            if placement is None:
-                return fn()
-            with fused.placed(placement):
-                return fn()
-        finally:
-            fused.PDL = saved
-    return call
-
-
-def host_us(fn, n: int = 300) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return t / n * 1e6
-
-
-def kernels_us(fn, n: int = 20) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-    return {e.key[:40]: round(e.device_time_total / n, 2) for e in prof.key_averages() if e.device_time_total > 0}
+    """fn with fused.PDL set to ``on``, and the int8 query quantization at ``placement`` (None: the rule's)."""
+    return with_attr(fused, "PDL", on, fn if placement is None else _at(placement, fn))
 
 
 def main():
@@ -118,7 +89,7 @@ def main():
         row["do_bench_ms_median_of_rounds"] = {arm: statistics.median(t) for arm, t in times.items()}
         row["do_bench_ms_rounds"] = times
         row["kernels_us"] = {arm: kernels_us(f) for arm, f in arms.items()}
-        row["host_us"] = {arm: host_us(f) for arm, f in arms.items()}
+        row["host_us"] = {arm: host_us(f, 300) for arm, f in arms.items()}
         res["cases"][name] = row
         print(name, json.dumps({k: v for k, v in row.items() if k != "do_bench_ms_rounds"}), flush=True)
     out = Path(args.out)
