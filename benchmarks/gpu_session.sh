@@ -73,6 +73,10 @@ print('mvdb.engine.index_backend():', mvdb.engine.index_backend(), '| db.stats()
         trainab:*) bash benchmarks/old_tree.sh /tmp/oldpk && PYTHONPATH=/tmp/oldpk${PYTHONPATH:+:$PYTHONPATH} \
                        timeout ${TRAINHOST_TIMEOUT:-300} python3 benchmarks/train_host.py --label "${step#trainab:}" \
                        --out "$OUT" ${TRAINHOST_ARGS:-} 2>&1 | tee -a "$OUT/trainhost.log" | grep -v '^ ' ;;
+        # the search kernels' host time per call, the previous code (carry .old) against this tree
+        searchab:*) { bash benchmarks/old_tree.sh /tmp/oldpk || true; } && PYTHONPATH=/tmp/oldpk${PYTHONPATH:+:$PYTHONPATH} \
+                        timeout ${SEARCHHOST_TIMEOUT:-400} python3 benchmarks/search_host.py --label "${step#searchab:}" \
+                        --out "$OUT" ${SEARCHHOST_ARGS:-} 2>&1 | tee -a "$OUT/searchhost.log" ;;
         ddab) bash benchmarks/old_tree.sh /tmp/oldpk && PYTHONPATH=/tmp/oldpk${PYTHONPATH:+:$PYTHONPATH} timeout 300 \
                   python3 benchmarks/train_ab.py --out "$OUT" 2>&1 | tee -a "$OUT/ddab.log" ;;
         py:*) timeout ${PY_TIMEOUT:-400} python3 "benchmarks/${step#py:}.py" --out "$OUT" ${PY_ARGS:-} 2>&1 | tee -a "$OUT/py.log" ;;

@@ -142,7 +142,7 @@ def main():
     k = _hold_kernel[(1,)](0, num_warps=1)
     fused.launch_kernel(_hold_kernel, (1,), (0,), dict(num_warps=1))
     fused.launch_kernel(_hold_kernel, (1,), (0,), dict(num_warps=1))
-    entry = next((v for key, v in fused._REPLAY.items() if key[0] is _hold_kernel), None)
+    entry = next((v for v in fused._REPLAY.values() if v[3] is _hold_kernel), None)
     ops["direct launcher recognised"] = entry is not None and entry[2] is not None
     ops["launch through fused.launch_kernel (cached)"] = host_us(
         lambda: fused.launch_kernel(_hold_kernel, (1,), (0,), dict(num_warps=1)))

@@ -33,14 +33,15 @@ def tensor(name: str, x, ndims: tuple[int, ...], dtypes: tuple[torch.dtype, ...]
 
 def same_device(**tensors: torch.Tensor | None) -> torch.device:
     """All given tensors live on one device; return it."""
-    named = [(n, t) for n, t in tensors.items() if t is not None]
-    first_name, first = named[0]
-    for name, t in named[1:]:
-        if t.device != first.device:
-            raise DeviceMismatchError(
-                f"{name}: expected a tensor on {first.device} (like {first_name}), got {t.device}"
-            )
-    return first.device
+    first_name = device = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if device is None:
+            first_name, device = name, t.device
+        elif t.device != device:
+            raise DeviceMismatchError(f"{name}: expected a tensor on {device} (like {first_name}), got {t.device}")
+    return device
 
 
 def dim_match(name: str, x: torch.Tensor, dim: int, what: str = "query dim") -> None:

@@ -558,7 +558,7 @@ def test_training_kernels_relaunch_the_compiled_binary(kind, per_query, monkeypa
     monkeypatch.setattr(fused, "FAST_LAUNCH", True)
     fused._REPLAY.clear()
     first, again = grads(), grads()
-    kernels = {key[0] for key in fused._REPLAY}
+    kernels = {entry[3] for entry in fused._REPLAY.values()}
     fwd = tfused._fwd_argmax_kernel if per_query else tfused._fwd_argmax_grouped_kernel
     assert fwd in kernels
     if kind == "unified":

@@ -514,11 +514,18 @@ def quantize_queries(q: torch.Tensor, gdc: bool = False, into=None) -> tuple[tor
     n, size = _int8_layout(q)
     q8, qs = into if into is not None else _int8_views(torch.empty(size, dtype=torch.int8, device=q.device), q)
     if n:
-        block_dim = max(16, pow2(dim))
-        block_t = max(1, min(64, 4096 // block_dim))
-        launch_kernel(_quantize_rows_kernel, (cdiv(n, block_t),), (q, q8, qs, n),
-                      dict(DIM=dim, BLOCK_DIM=block_dim, BLOCK_T=block_t, GDC=gdc))
+        plan = _QUANT_PLANS.get((dim, gdc))
+        if plan is None:
+            block_dim = max(16, pow2(dim))
+            consts = dict(DIM=dim, BLOCK_DIM=block_dim, BLOCK_T=max(1, min(64, 4096 // block_dim)), GDC=gdc)
+            if len(_QUANT_PLANS) >= 64:
+                _QUANT_PLANS.clear()
+            plan = _QUANT_PLANS[(dim, gdc)] = (consts, tuple(consts.items()))
+        launch_kernel(_quantize_rows_kernel, (cdiv(n, plan[0]["BLOCK_T"]),), (q, q8, qs, n), *plan)
     return q8, qs
+
+
+_QUANT_PLANS: dict[tuple, tuple[dict, tuple]] = {}  # (dim, gdc) -> the quantization launch's constexprs, their items
 
 
 # INT8 launches of up to this much work ((query, document) pairs x the longest query's tokens)
@@ -571,6 +578,14 @@ _GEN = itertools.count(2**32)  # launch numbers: int64 (2**32 on), unique, next(
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # the current stream's handle, no Stream object
 
 
+_GET_DEVICE = getattr(torch._C, "_cuda_getDevice", None)  # the current device's index, without torch.cuda's wrapper
+
+
+def _current_device() -> int:
+    """torch.cuda.current_device() for launches (CUDA is initialised: their tensors live there)."""
+    return _GET_DEVICE() if _GET_DEVICE is not None else torch.cuda.current_device()
+
+
 def _stream_handle(dev: int) -> int:
     return _RAW_STREAM(dev) if _RAW_STREAM is not None else torch.cuda.current_stream(dev).cuda_stream
 
@@ -585,7 +600,7 @@ def _query_cache(q: torch.Tensor, n_q: int, force: bool = False):
     if interpreting() or not q.is_cuda or rows > QCACHE_MAX_TOKENS and not force \
             or torch.cuda.is_current_stream_capturing():
         return None, None, None, None
-    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    dev = q.device.index if q.device.index is not None else _current_device()
     stream = _stream_handle(dev)
     # a default stream may be per thread (builds with per-thread default streams report the same
     # handle on every thread): one buffer per thread there. Other handles name one stream (an
@@ -644,7 +659,7 @@ def query_chunks(max_lq: int, mean_ld: float) -> int:
 
 def _mean_doc_len(layout: int, d: torch.Tensor, offsets, d_len: int, starts) -> float:
     """The documents' mean length from the shapes alone (0 where they do not tell: paged stores)."""
-    if layout in (int(PADDED_CROSS.value), int(PADDED_PER_QUERY.value)):
+    if layout < int(CSR_CROSS.value):  # PADDED_CROSS, PADDED_PER_QUERY
         return d_len
     if starts is None and offsets is not None:
         return d.shape[0] / max(1, offsets.numel() - 1)
@@ -740,7 +755,8 @@ def launch(
     QUANT_IN_KERNEL_WORK (:func:`quantize_in_kernel`), inside it: by each program for its own
     block up to SHARE_MIN_WORK, above that by one program per query for all (QCACHE)."""
     n = n_q * n_k
-    if starts is not None and int(getattr(layout, "value", layout)) != int(CSR_CAND.value):
+    layout = int(getattr(layout, "value", layout))
+    if starts is not None and layout != int(CSR_CAND.value):
         raise ValueError("starts: only the candidate layout (CSR_CAND) reads a paged store")
     if n == 0:
         return out
@@ -750,14 +766,17 @@ def launch(
     lq = min(max_lq, q.shape[0] if cu_q is not None else q_len)
     forced = None if config is None else config.get("QCHUNK")  # benchmarks: force the split (0: off)
     if forced is None:
-        chunks, rows = query_chunks(lq, _mean_doc_len(int(getattr(layout, "value", layout)), d, offsets, d_len,
+        chunks, rows = query_chunks(lq, _mean_doc_len(layout, d, offsets, d_len,
                                                       starts)), QCHUNK_ROWS
     else:
         chunks, rows = (-(-lq // forced) if forced else 1), forced
     if chunks <= 1 or n * chunks >= 2**31:  # the split is a speed-up only: one program per pair instead
         chunks, rows = 1, 0
-    other_gpu = out.is_cuda and out.device.index != torch.cuda.current_device()
-    with torch.cuda.device(out.device) if other_gpu else contextlib.nullcontext():
+    if out.is_cuda and out.device.index != _current_device():
+        with torch.cuda.device(out.device):
+            _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_len, n_q, n_k, layout, max_lq,
+                    starts, scale_starts, config, chunks, rows)
+    else:
         _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_len, n_q, n_k, layout, max_lq,
                 starts, scale_starts, config, chunks, rows)
     return out
@@ -795,7 +814,7 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
         DIM=dim,
         BLOCK_DIM=max(32, pow2(dim)),
         Q_VARLEN=cu_q is not None,
-        D_LAYOUT=int(getattr(layout, "value", layout)),
+        D_LAYOUT=layout,
         HAS_QMASK=q_mask is not None,
         HAS_DMASK=d_mask is not None,
         INT8=int8,
@@ -812,7 +831,9 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
         meta["launch_pdl"] = True
     grid = (n_q * n_k * chunks,)
     # a shared buffer's launches draw their numbers and are enqueued in one order (under its lock)
-    with lock if lock is not None else contextlib.nullcontext():
+    if lock is not None:
+        lock.acquire()
+    try:
         if int8 and not quant:
             with launch_guard():
                 q, q_scales = quantize_queries(q, gdc, into)
@@ -845,6 +866,9 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
                 launch_kernel(_maxsim_fwd_kernel, grid, args, {**meta, **config})
         else:
             _run(grid, args, meta, out.device, q_dtype, d.dtype)
+    finally:
+        if lock is not None:
+            lock.release()
     if rows:
         torch.sum(part, 0, out=out.view(n_q, n_k))
 
@@ -867,7 +891,7 @@ FAST_LAUNCH = os.environ.get("MVDB_FAST_LAUNCH", "1") != "0"
 # a whole relaunch through launch_kernel (its key and lookup included) 13.4 us against 16.6, the
 # MaxSim kernel's 38 against 47 (benchmarks/kernel_variants.py --cases h, one run, the GPU idle).
 DIRECT_LAUNCH = os.environ.get("MVDB_DIRECT_LAUNCH", "1") != "0"
-_REPLAY: dict[tuple, list] = {}  # key -> [compiled kernel, constexpr tail, (launcher, function, metadata) or None]
+_REPLAY: dict[tuple, list] = {}  # key -> [compiled kernel, constexpr tail, (launcher, function, metadata) or None, fn]
 _REPLAY_MAX = 256  # specializations kept (a launch beyond them is a cache miss, never a wrong kernel)
 _INT32 = (-(2**31), 2**31)
 
@@ -882,6 +906,17 @@ def _arg_sig(a):
     return type(a), a
 
 
+_TENSOR = torch.Tensor
+
+
+def _arg_sigs(args: tuple) -> tuple:
+    """``tuple(map(_arg_sig, args))``, with plain tensors, None and plain ints inline (host time:
+    2.3 us against 4.4 for the MaxSim kernel's 21 arguments on a 2-core CPU)."""
+    return tuple([None if a is None else (a.dtype, not a.data_ptr() & 15) if type(a) is _TENSOR else
+                  (-2147483648 <= a < 2147483648, a == 1, not a & 15) if type(a) is int else _arg_sig(a)
+                  for a in args])
+
+
 def _const_tail(fn, n_args: int, consts: dict) -> tuple:
     """The values of ``fn``'s parameters after its first ``n_args``: from ``consts``, else the
     parameter's default (KeyError where it has none)."""
@@ -889,9 +924,10 @@ def _const_tail(fn, n_args: int, consts: dict) -> tuple:
     return tuple(consts[name] if name in consts else defaults[name] for name in fn.arg_names[n_args:])
 
 
-def launch_kernel(fn, grid: tuple, args: tuple, consts: dict) -> None:
+def launch_kernel(fn, grid: tuple, args: tuple, consts: dict, consts_key: tuple | None = None) -> None:
     """``fn[grid](*args, **consts)`` (``args``: the kernel's leading non-constexpr parameters in order;
-    ``consts``: its constexprs and launch options by name). An already seen specialization is
+    ``consts``: its constexprs and launch options by name; ``consts_key``: ``tuple(consts.items())``
+    where the caller keeps it). An already seen specialization is
     relaunched without JITFunction's per-call dispatch: straight through its compiled binary's
     launcher on the current stream while no launch hook is installed (the call CompiledKernel's
     runner makes, without re-reading the device and stream through triton's driver or building
@@ -899,8 +935,10 @@ def launch_kernel(fn, grid: tuple, args: tuple, consts: dict) -> None:
     if not FAST_LAUNCH or interpreting():
         fn[grid](*args, **consts)
         return
-    dev = torch.cuda.current_device()
-    key = (fn, dev, tuple(map(_arg_sig, args)), tuple(consts.items()))
+    dev = _current_device()
+    # id(fn): a JITFunction hashes by its cache_key, a property that takes a lock (host time); the
+    # entry holds fn, so the id is not reused while the entry lives
+    key = (id(fn), dev, _arg_sigs(args), tuple(consts.items()) if consts_key is None else consts_key)
     hit = _REPLAY.get(key)
     if hit is None:
         kernel = fn[grid](*args, **consts)
@@ -912,9 +950,9 @@ def launch_kernel(fn, grid: tuple, args: tuple, consts: dict) -> None:
         direct = tuple(getattr(kernel, name, None) for name in ("run", "function", "packed_metadata"))
         if len(_REPLAY) >= _REPLAY_MAX:
             _REPLAY.clear()
-        _REPLAY[key] = [kernel, tail, direct if None not in direct and _known_launcher(type(kernel)) else None]
+        _REPLAY[key] = [kernel, tail, direct if None not in direct and _known_launcher(type(kernel)) else None, fn]
         return
-    kernel, tail, direct = hit
+    kernel, tail, direct, _ = hit
     grid3 = (*grid, 1, 1)[:3]
     if direct is not None and DIRECT_LAUNCH and _hooks_idle():
         run, function, packed = direct
@@ -968,21 +1006,39 @@ def launch_guard():
     return _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext()
 
 
+# (autotuning, device, query dtype, document dtype, the launch's meta values) -> (the launch's
+# constexprs and options: meta with its config, and their items): a launch whose config is known
+# merges and lists them once (host time), not per call
+_PLANS: dict[tuple, tuple[dict, tuple]] = {}
+_PLANS_MAX = 256
+
+
 def _run(grid, args, meta, device, q_dtype, d_dtype) -> None:
-    with launch_guard():
-        if not autotuning():
-            launch_kernel(_maxsim_fwd_kernel, grid, args, {**meta, **default_config(meta["LQ_BUCKET"])})
-            return
-        key = (device, q_dtype, d_dtype, *(meta[k] for k in _KEY))
-        best = _BEST.get(key)
-        if best is None:
-            with _TUNE_LOCK:
-                best = _BEST.get(key)
-                if best is None:
-                    _tuned[grid](*args, **meta)
-                    _BEST[key] = _tuned.best_config.all_kwargs()
-                    return
-        launch_kernel(_maxsim_fwd_kernel, grid, args, {**meta, **best})
+    tuned = autotuning()
+    pkey = (tuned, device, q_dtype, d_dtype, *meta.values())
+    plan = _PLANS.get(pkey)
+    if plan is None:
+        if tuned:
+            key = (device, q_dtype, d_dtype, *(meta[k] for k in _KEY))
+            best = _BEST.get(key)
+            if best is None:
+                with _TUNE_LOCK:
+                    best = _BEST.get(key)
+                    if best is None:
+                        _tuned[grid](*args, **meta)
+                        _BEST[key] = _tuned.best_config.all_kwargs()
+                        return
+        else:
+            best = default_config(meta["LQ_BUCKET"])
+        consts = {**meta, **best}
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        plan = _PLANS[pkey] = (consts, tuple(consts.items()))
+    if interpreting():
+        with _INTERPRETER_LOCK:
+            launch_kernel(_maxsim_fwd_kernel, grid, args, *plan)
+    else:
+        launch_kernel(_maxsim_fwd_kernel, grid, args, *plan)
 
 
 def compiled_variants() -> int:

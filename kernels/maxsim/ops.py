@@ -21,7 +21,12 @@ def _grad_mode(backward: str, normalize: bool, *tensors) -> bool:
         raise InvalidInputError(f"backward: expected one of {train.BACKWARDS}, got {backward!r}")
     if not isinstance(normalize, bool):
         raise InvalidInputError(f"normalize: expected a bool, got {type(normalize).__name__}")
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            return True
+    return False
 
 
 def _prepare(q, d, normalize: bool, grad: bool, triton_ok: bool, d_name: str, d_scales, out):
