@@ -86,9 +86,12 @@ def cuda_calls() -> dict:
     from mvdb.kernels.maxsim import fused
 
     x = torch.empty(8, device="cuda")
+    dev = x.device
     calls = {
         "torch.empty((1, 10000)) cuda": lambda: torch.empty((1, 10000), dtype=torch.float32, device="cuda"),
         "torch.empty(size, device=x.device)": lambda: torch.empty(1000, dtype=torch.int8, device=x.device),
+        "torch.empty((1, 10000), device=torch.device)": lambda: torch.empty((1, 10000), dtype=torch.float32, device=dev),
+        "x.new_empty((1, 10000))": lambda: x.new_empty((1, 10000)),
         "torch.cuda.current_device()": torch.cuda.current_device,
         "torch.cuda.is_current_stream_capturing()": torch.cuda.is_current_stream_capturing,
         "fused._stream_handle(0)": lambda: fused._stream_handle(0),
