@@ -3,8 +3,10 @@ kernel_variants.py)."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,6 +29,15 @@ def with_attr(obj, name: str, value, fn):
             setattr(obj, name, old)
 
     return call
+
+
+def write_json(out_dir, name: str, res: dict) -> Path:
+    """res as indented JSON in out_dir/name (the folder made if missing); prints and returns the path."""
+    path = Path(out_dir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=1))
+    print("wrote", path)
+    return path
 
 
 def median_ms(fn, warmup: int = 25, rep: int = 200, cpu_runs: int = 3) -> float:

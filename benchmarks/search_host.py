@@ -24,7 +24,6 @@ import argparse
 import cProfile
 import datetime
 import importlib
-import json
 import os
 import pstats
 import statistics
@@ -37,7 +36,7 @@ sys.path.insert(0, str(HERE))
 
 import torch
 import triton
-from common import median_ms, with_attr
+from common import median_ms, with_attr, write_json
 from synthetic import candidate_lists, make_corpus, make_queries
 
 
@@ -239,11 +238,7 @@ def main():
         print(name, {k: row[k] for k in ("host_us", "latency_us", "do_bench_ms", "scores_equal")}, flush=True)
     res["cuda_calls_us"] = cuda_calls()
     print("cuda calls", res["cuda_calls_us"], flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"search-host-{torch.cuda.get_device_name().split()[1]}-{args.label}.json"
-    path.write_text(json.dumps(res, indent=1))
-    print("wrote", path)
+    write_json(args.out, f"search-host-{torch.cuda.get_device_name().split()[1]}-{args.label}.json", res)
 
 
 if __name__ == "__main__":
