@@ -41,6 +41,8 @@ def same_device(**tensors: torch.Tensor | None) -> torch.device:
             first_name, device = name, t.device
         elif t.device != device:
             raise DeviceMismatchError(f"{name}: expected a tensor on {device} (like {first_name}), got {t.device}")
+    if device is None:
+        raise InvalidInputError(f"{', '.join(tensors) or 'tensors'}: expected at least one tensor, got only None")
     return device
 
 

@@ -787,15 +787,19 @@ def test_autotune_short_list_follows_the_sweep(monkeypatch):
     assert len(fused._prune(configs, None, LQ_BUCKET=32)) > len(short)
 
 
-def test_replay_key_separates_what_triton_specializes_on():
-    """The relaunch cache's key (fused._arg_sig) tells apart everything the Triton JIT compiles a
-    separate binary for: tensor dtype and 16-byte alignment, None, 32- vs 64-bit integers and
-    integers equal to 1 or divisible by 16; so a cached binary is never reused where triton would
-    have compiled another."""
+@pytest.mark.parametrize("fast", [False, True], ids=["_arg_sig", "_arg_sigs"])
+def test_replay_key_separates_what_triton_specializes_on(fast):
+    """The relaunch cache's key (fused._arg_sigs, whose inline cases must agree with
+    fused._arg_sig) tells apart everything the Triton JIT compiles a separate binary for: tensor
+    dtype and 16-byte alignment, None, 32- vs 64-bit integers and integers equal to 1 or divisible
+    by 16; so a cached binary is never reused where triton would have compiled another."""
     from mvdb.kernels.maxsim import fused
 
     x = torch.zeros(64, dtype=torch.float16)
-    sig = fused._arg_sig
+    sig = (lambda a: fused._arg_sigs((a,))[0]) if fast else fused._arg_sig
+    values = [x, x[8:], x[1:], x.float(), torch.nn.Parameter(x.float()), None, 0, 1, 5, 16, 32, -16, -17,
+              2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**70, True, False, 1.5, np.int64(16)]
+    assert fused._arg_sigs(tuple(values)) == tuple(map(fused._arg_sig, values))
     assert sig(x) == sig(x[8:]) != sig(x[1:])  # 16 bytes in: aligned; 2 bytes in: not
     assert sig(x) != sig(x.float()) and sig(x) != sig(x.view(torch.int16))
     assert sig(None) != sig(x) and sig(None) != sig(0)

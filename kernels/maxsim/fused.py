@@ -392,8 +392,9 @@ def _maxsim_fwd_kernel(
             if seen < claim:
                 if QPF:
                     # the first rows' 128-byte lines (8 KB: 32 fp16 rows of 128) requested from HBM
-                    # at once, one line per thread, so that the loop's loads below, QCACHE_ROWS rows
-                    # at a time, wait on L2 instead of HBM each (the waiters wait on this loop)
+                    # at once (one line per thread at 2 warps; more warps repeat lines), so that the
+                    # loop's loads below, QCACHE_ROWS rows at a time, wait on L2 instead of HBM each
+                    # (the waiters wait on this loop)
                     LINE: tl.constexpr = 1024 // Q.dtype.element_ty.primitive_bitwidth
                     li = tl.arange(0, QCACHE_PF_LINES) * LINE
                     _prefetch_l2(Q + q_start * DIM + tl.where(li < q_n * DIM, li, 0))
@@ -587,8 +588,9 @@ QCACHE_MAX_TOKENS = 8192
 QCACHE_ROWS = tl.constexpr(8)  # query rows a claimant quantizes at a time (few registers: any warp count)
 QCACHE_PF_LINES = tl.constexpr(64)  # 128-byte lines of its query a claimant prefetches into L2 first (QPF)
 # Measured on the H100 (benchmarks/qcache_probe.py, 1 query x 10k int8 documents): the MaxSim
-# kernel 89.4 / 90.4 us with the prefetch against 89.9 / 91.1 without in two runs, lower in all 14
-# rounds; the same launch with the rows already published 85.4 / 86.0 (what the wait costs).
+# kernel 89.4 us with the prefetch against 89.9 without, lower in all 7 rounds (a second run, with
+# a polling variant since dropped in both arms: 90.4 against 91.1); the same launch with its rows
+# already published (no claim, no quantization, no wait) 85.4.
 QCACHE_PREFETCH = True
 _QCACHE: dict[tuple, tuple] = {}  # (device, stream, thread) -> (int8 rows + scales buffer, flags, lock, views)
 _QCACHE_LOCK = threading.Lock()
