@@ -794,11 +794,8 @@ def launch(
         chunks, rows = (-(-lq // forced) if forced else 1), forced
     if chunks <= 1 or n * chunks >= 2**31:  # the split is a speed-up only: one program per pair instead
         chunks, rows = 1, 0
-    if out.is_cuda and out.device.index != _current_device():
-        with torch.cuda.device(out.device):
-            _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_len, n_q, n_k, layout, max_lq,
-                    starts, scale_starts, config, chunks, rows)
-    else:
+    other_gpu = out.is_cuda and out.device.index != _current_device()
+    with torch.cuda.device(out.device) if other_gpu else _NO_GUARD:
         _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_len, n_q, n_k, layout, max_lq,
                 starts, scale_starts, config, chunks, rows)
     return out
@@ -854,9 +851,7 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
         meta["launch_pdl"] = True
     grid = (n_q * n_k * chunks,)
     # a shared buffer's launches draw their numbers and are enqueued in one order (under its lock)
-    if lock is not None:
-        lock.acquire()
-    try:
+    with lock if lock is not None else _NO_GUARD:
         if int8 and not quant:
             with launch_guard():
                 q, q_scales = quantize_queries(q, gdc, into)
@@ -889,9 +884,6 @@ def _launch(out, q, q_mask, cu_q, q_len, d, d_scales, d_mask, offsets, cand, d_l
                 launch_kernel(_maxsim_fwd_kernel, grid, args, {**meta, **config})
         else:
             _run(grid, args, meta, out.device, q_dtype, d.dtype)
-    finally:
-        if lock is not None:
-            lock.release()
     if rows:
         torch.sum(part, 0, out=out.view(n_q, n_k))
 
@@ -1023,10 +1015,13 @@ _TUNE_LOCK = threading.Lock()  # one autotuning run at a time (the autotuner kee
 _INTERPRETER_LOCK = threading.Lock()  # Triton's CPU interpreter patches module globals per launch
 
 
+_NO_GUARD = contextlib.nullcontext()  # stateless: one instance serves every with-statement (host time)
+
+
 def launch_guard():
     """Held around a kernel launch: serialises launches under TRITON_INTERPRET=1, which is not
     thread-safe; compiled launches run concurrently."""
-    return _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext()
+    return _INTERPRETER_LOCK if interpreting() else _NO_GUARD
 
 
 # (autotuning, device, query dtype, document dtype, the launch's meta values) -> (the launch's
@@ -1057,10 +1052,7 @@ def _run(grid, args, meta, device, q_dtype, d_dtype) -> None:
         if len(_PLANS) >= _PLANS_MAX:
             _PLANS.clear()
         plan = _PLANS[pkey] = (consts, tuple(consts.items()))
-    if interpreting():
-        with _INTERPRETER_LOCK:
-            launch_kernel(_maxsim_fwd_kernel, grid, args, *plan)
-    else:
+    with launch_guard():
         launch_kernel(_maxsim_fwd_kernel, grid, args, *plan)
 
 
