@@ -31,6 +31,28 @@ def with_attr(obj, name: str, value, fn):
     return call
 
 
+def captured_calls(module, names: tuple[str, ...], fn) -> dict[str, list]:
+    """Run fn() with ``module``'s functions ``names`` wrapped to record each call's (args, kwargs)
+    before making it; returns name -> the calls in order (the functions are restored after)."""
+    seen = {name: [] for name in names}
+    real = {name: getattr(module, name) for name in names}
+
+    def spy(name):
+        def call(*a, **k):
+            seen[name].append((a, k))
+            return real[name](*a, **k)
+        return call
+
+    for name in names:
+        setattr(module, name, spy(name))
+    try:
+        fn()
+    finally:
+        for name, f in real.items():
+            setattr(module, name, f)
+    return seen
+
+
 def write_json(out_dir, name: str, res: dict) -> Path:
     """res as indented JSON in out_dir/name (the folder made if missing); prints and returns the path."""
     path = Path(out_dir) / name

@@ -26,30 +26,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torch
-from common import median_ms, with_attr, write_json
+from common import captured_calls, median_ms, with_attr, write_json
 from int8_call import kernels_us
 from synthetic import make_corpus, make_queries
 
 from mvdb.kernels import maxsim_varlen, quantize_int8
 from mvdb.kernels.maxsim import fused
-
-
-def _captured(fn):
-    """The MaxSim launch_kernel call that fn makes: (fn, grid, args, consts, *rest)."""
-    seen = []
-    real = fused.launch_kernel
-
-    def spy(f, grid, args, consts, *rest):
-        if f is fused._maxsim_fwd_kernel:
-            seen.append((f, grid, args, consts, *rest))
-        return real(f, grid, args, consts, *rest)
-
-    fused.launch_kernel = spy
-    try:
-        fn()
-    finally:
-        fused.launch_kernel = real
-    return seen[-1]
 
 
 def main():
@@ -74,7 +56,8 @@ def main():
     want = default().clone()
     for _ in range(3):
         default(), at_launch()
-    f, grid, a, consts, *rest = _captured(default)
+    calls = captured_calls(fused, ("launch_kernel",), default)["launch_kernel"]
+    f, grid, a, consts, *rest = [c for c, _ in calls if c[0] is fused._maxsim_fwd_kernel][-1]
     assert consts["QCACHE"], "the default call did not share the rows (fused.quant_placement changed?)"
     gen_i = fused._maxsim_fwd_kernel.arg_names.index("gen")
     out_i = fused._maxsim_fwd_kernel.arg_names.index("Out")

@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE))
 
 import torch
 import triton
-from common import median_ms, with_attr, write_json
+from common import captured_calls, median_ms, with_attr, write_json
 from synthetic import candidate_lists, make_corpus, make_queries
 
 
@@ -117,30 +117,16 @@ def parts(fn) -> dict:
     launcher called directly, and an output allocation; warm (the same back to back) beside."""
     from mvdb.kernels.maxsim import fused
 
-    seen = {}
+    seen = captured_calls(fused, ("launch_kernel", "launch"), fn)
     real_lk, real_launch = fused.launch_kernel, fused.launch
-
-    def lk(f, grid, args, consts, *rest):
-        seen.setdefault("lk", []).append((f, grid, args, consts, *rest))
-        return real_lk(f, grid, args, consts, *rest)
-
-    def la(*a, **k):
-        seen["launch"] = (a, k)
-        return real_launch(*a, **k)
-
-    fused.launch_kernel, fused.launch = lk, la
-    try:
-        fn()
-    finally:
-        fused.launch_kernel, fused.launch = real_lk, real_launch
-    f, grid, args, consts, *rest = seen["lk"][-1]
+    f, grid, args, consts, *rest = seen["launch_kernel"][-1][0]
     dev = torch.cuda.current_device()
     ckey = rest[0] if rest else tuple(consts.items())
     hit = next(v for k, v in fused._REPLAY.items() if v[3] is f and k[1] == dev
                and k[2] == fused._arg_sigs(args) and k[3] == ckey)
     run, function, packed = hit[2]
     grid3 = (*grid, 1, 1)[:3]
-    a, k = seen["launch"]
+    a, k = seen["launch"][-1]
     pieces = {
         "whole call": fn,
         "fused.launch": lambda: real_launch(*a, **k),
