@@ -6,6 +6,8 @@
     python benchmarks/kernel_variants.py --int8 --labels a-10k-int8,c-1M-int8 --cases a,c   # int8 configs only
     python benchmarks/kernel_variants.py --cases h        # host time per call, step by step
     python benchmarks/kernel_variants.py --regs --cases a,c   # short-query configs under register caps
+    python benchmarks/kernel_variants.py --cases c --configs '[{"BLOCK_Q": 32, "BLOCK_D": 32, "RUNMAX": 0, "num_warps": 1, "num_stages": 1}]'
+    python benchmarks/kernel_variants.py --qshared --labels a-10k-int8 --cases a   # the shared int8 path's configs
 
 Where benchmarks/kernels.py times what the autotuner picks (and the peers), this times each
 candidate config (BLOCK_Q, BLOCK_D, RUNMAX, warps, stages) directly through
@@ -112,7 +114,7 @@ def sweep(case: str, configs, launch, ref, default_calls: dict, floor_ms: float)
         print(f"== {case}: best {best['ms']:.4f} ms {best['config']} ({best['pct_of_floor']:.0f}% of floor)", flush=True)
 
 
-SWEEP = ""  # which config list cases a and c time: "" (short_configs), "int8", "regs" or "qcache"; "qchunk": case b
+SWEEP = ""  # which config list cases a and c time: "" (short_configs), "int8", "regs", "qcache" or "qshared"; "qchunk": case b
 LABELS: list[str] = []  # only the cases whose label is listed (all when empty)
 
 
@@ -123,6 +125,16 @@ def int8_configs(smoke: bool):
         return [{"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": 1, "num_warps": 4, "QUANT": 0}]
     return [{"BLOCK_Q": 32, "BLOCK_D": bd, "RUNMAX": r, "num_warps": w, "num_stages": st, "QUANT": 0}
             for bd, w, st, r in itertools.product((32, 64, 128), (1, 2, 4), (2, 3, 4, 5), (0, 1))]
+
+
+def int8_small_configs(smoke: bool):
+    """Short-query int8, queries quantized apart (QUANT 0), with less shared memory per program
+    than int8_configs' smallest (16-row tiles, 1-2 stages): more programs resident per SM on
+    documents of a few tiles."""
+    if smoke:
+        return [{"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": 1, "num_warps": 4, "num_stages": 1, "QUANT": 0}]
+    return [{"BLOCK_Q": 32, "BLOCK_D": bd, "RUNMAX": r, "num_warps": w, "num_stages": st, "QUANT": 0}
+            for bd, w, st, r in itertools.product((16, 32), (1, 2), (1, 2), (0, 1))]
 
 
 def regs_configs(smoke: bool, int8: bool):
@@ -162,6 +174,18 @@ def qcache_configs(smoke: bool, int8: bool):
     return out
 
 
+def qshared_configs(smoke: bool, int8: bool):
+    """int8 with the query rows quantized by one program per query and shared (QUANT 1, QCACHE 1),
+    the default placement of mid-sized launches such as case a: tiles, warps and pipeline depths
+    (the --qcache list timed BLOCK_D 32 only, before the claim and the one tile loop)."""
+    if not int8:
+        return []
+    if smoke:
+        return [{"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": 1, "num_warps": 4, "QUANT": 1, "QCACHE": 1}]
+    return [{"BLOCK_Q": 32, "BLOCK_D": bd, "RUNMAX": r, "num_warps": w, "num_stages": st, "QUANT": 1, "QCACHE": 1}
+            for bd, w, st, r in itertools.product((32, 64, 128), (1, 2, 4), (2, 3, 4), (0, 1))]
+
+
 def qchunk_configs(smoke: bool):
     """Long queries split across programs (QCHUNK rows each, 0 = one program per pair) on the
     configs best unsplit (kernel-variants-H100.json) and around the best split ones: 4 warps,
@@ -177,11 +201,20 @@ def qchunk_configs(smoke: bool):
             for bq, bd, w, st, r, rows in bases]
 
 
+CONFIGS: list[dict] = []  # --configs: the short-query configs to time instead of a named list
+
+
 def configs_short(smoke: bool, int8: bool = False):
+    if CONFIGS:
+        return CONFIGS
     if SWEEP == "qcache":
         return qcache_configs(smoke, int8)
+    if SWEEP == "qshared":
+        return qshared_configs(smoke, int8)
     if SWEEP == "regs":
         return regs_configs(smoke, int8)
+    if SWEEP == "int8small":
+        return int8_small_configs(smoke)
     return int8_configs(smoke) if SWEEP == "int8" else short_configs(smoke)
 
 
@@ -361,15 +394,21 @@ def main():
     ap.add_argument("--cases", default="a,c,b")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--int8", action="store_true", help="cases a and c: the int8 configs (queries quantized apart)")
+    ap.add_argument("--int8small", action="store_true", help="cases a and c: int8 configs of 16-32-row tiles, 1-2 stages")
     ap.add_argument("--regs", action="store_true", help="cases a and c: configs under register caps (maxnreg)")
     ap.add_argument("--qcache", action="store_true", help="int8 cases: where the query blocks are quantized")
+    ap.add_argument("--qshared", action="store_true", help="int8 cases: the shared in-kernel quantization's configs")
     ap.add_argument("--qchunk", action="store_true", help="case b: long queries split across programs or not")
+    ap.add_argument("--configs", default="", help="short-query configs to time, as a JSON list of dicts")
     ap.add_argument("--labels", default="", help="only these case labels (comma-separated), e.g. a-10k-int8")
     ap.add_argument("--out", default=os.environ.get("OUT", str(HERE / "results")))
     args = ap.parse_args()
     global SWEEP
-    SWEEP = next((flag for flag in ("qcache", "regs", "int8", "qchunk") if getattr(args, flag)), "")
+    SWEEP = next((flag for flag in ("qcache", "qshared", "regs", "int8small", "int8", "qchunk") if getattr(args, flag)), "")
     LABELS.extend(x for x in args.labels.split(",") if x)
+    CONFIGS.extend(json.loads(args.configs) if args.configs else [])
+    if CONFIGS:
+        SWEEP = SWEEP or "configs"
     dev = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     hbm = 3.35e12
     if dev == "cuda":  # measured copy bandwidth, as benchmarks/kernels.py's ceilings()

@@ -764,8 +764,8 @@ def test_upload_all_gives_the_host_tensors_on_the_device():
 def test_autotune_short_list_follows_the_sweep(monkeypatch):
     """The autotuner's pruned list: queries of up to 32 tokens get only BLOCK_D 32 with 2 warps
     (the configs the H100 sweep found within 2% of the best in every short case), int8 documents
-    whose queries were quantized apart also one warp with 3 stages (the best on int8
-    candidates); long queries keep large query tiles; MVDB_AUTOTUNE=full keeps every config
+    whose queries were quantized apart also one warp with 3 stages or unpipelined (1 stage, the
+    best on int8 candidates); long queries keep large query tiles; MVDB_AUTOTUNE=full keeps every config
     that fits."""
     from mvdb.kernels.maxsim import fused
 
@@ -776,7 +776,10 @@ def test_autotune_short_list_follows_the_sweep(monkeypatch):
     assert {c.num_stages for c in short} == {2, 3} and {c.kwargs["RUNMAX"] for c in short} == {0, 1}
     short8 = fused._prune(configs, None, LQ_BUCKET=32, INT8=True, QUANT=False)
     assert {(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_D"], c.num_warps, c.num_stages) for c in short8} == {
-        (32, 32, 2, 2), (32, 32, 2, 3), (32, 32, 1, 3)}
+        (32, 32, 2, 2), (32, 32, 2, 3), (32, 32, 1, 3), (32, 32, 1, 1)}
+    # shared query rows (QCACHE): one warp with 3 stages, not the unpipelined one (not measured there)
+    shared8 = fused._prune(configs, None, LQ_BUCKET=32, INT8=True, QUANT=True, QCACHE=True)
+    assert {(c.num_warps, c.num_stages) for c in shared8} == {(2, 2), (2, 3), (1, 3)}
     # each program quantizing its own query block: not with one warp (measured 1.26x slower)
     assert fused._prune(configs, None, LQ_BUCKET=32, INT8=True, QUANT=True) == short
     assert not any(c.num_warps == 1 for c in fused._prune(configs, None, LQ_BUCKET=64, INT8=True, QUANT=False))
@@ -785,6 +788,41 @@ def test_autotune_short_list_follows_the_sweep(monkeypatch):
     assert long and all(c.kwargs["BLOCK_Q"] >= 128 and c.num_stages == 3 for c in long)
     monkeypatch.setenv("MVDB_AUTOTUNE", "full")
     assert len(fused._prune(configs, None, LQ_BUCKET=32)) > len(short)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "int8"])
+def test_every_short_list_config_is_exact(dtype):
+    """Each config the autotuner may pick for short queries (the pruned list, one-stage one-warp
+    int8 included) scores exactly on the GPU, for both CSR layouts, on documents of 0-70 tokens
+    around the 32-row tile and a -1 candidate."""
+    from mvdb.kernels.maxsim import fused
+
+    g = _gen("shortlist", dtype)
+    lengths = [5, 32, 70, 0, 33, 1, 64]
+    q, cu_q = _packed([32, 7], 128, g, "cuda", torch.float16)
+    d, cu_d = _packed(lengths, 128, g, "cuda")
+    tok, sc = quantize_int8(d) if dtype == "int8" else (d.half(), None)
+    cand = torch.tensor([[6, 0, 2, -1, 1], [4, 1, 3, 2, 5]], device="cuda")
+    if sc is not None:  # the reference quantizes the fp16 queries by the kernel's rule
+        ref_cross, ref_cand = (naive.maxsim_csr(q.cpu(), cu_q.cpu(), tok.cpu(), cu_d.cpu().long(), c, sc.cpu(),
+                                                dtype=torch.float64) for c in (None, cand.cpu()))
+        same_cross = same_cand = None
+    else:
+        ref_cross, ref_cand = (naive.maxsim_csr(q.double().cpu(), cu_q.cpu(), tok.double().cpu(), cu_d.cpu().long(), c)
+                               for c in (None, cand.cpu()))
+        same_cross, same_cand = (_torch_same_dtype_csr(q, cu_q, tok, cu_d.long(), c) for c in (None, cand))
+    meta = {"LQ_BUCKET": 32, "INT8": dtype == "int8", "QUANT": False, "QCACHE": False}
+    configs = fused._prune(fused._configs(), None, **meta)
+    assert dtype != "int8" or any(c.num_stages == 1 for c in configs)
+    for c in configs:
+        config = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages, "QUANT": False}
+        cross = fused.launch(_poison((2, len(lengths)), "cuda"), q, None, cu_q, 0, tok, sc, None, cu_d, None, 0, 2,
+                             len(lengths), fused.CSR_CROSS, 32, config=config)
+        cands = fused.launch(_poison((2, 5), "cuda"), q, None, cu_q, 0, tok, sc, None, cu_d.long(), cand, 0, 2, 5,
+                             fused.CSR_CAND, 32, config=config)
+        _check_close(cross, ref_cross, same_cross, rtol=1e-6 if sc is not None else 0.0)
+        _check_close(cands, ref_cand, same_cand, rtol=1e-6 if sc is not None else 0.0)
 
 
 @pytest.mark.parametrize("fast", [False, True], ids=["_arg_sig", "_arg_sigs"])

@@ -76,7 +76,7 @@ def _configs():
     for bq in (32, 64, 128, 256):
         for bd in (32, 64, 128):
             for warps in (1, 2, 4, 8) if bq == 32 else (2, 4, 8):  # one warp: measured on 32-token tiles only
-                for stages in (2, 3, 4):
+                for stages in (1, 2, 3, 4) if warps == 1 else (2, 3, 4):  # no pipelining: measured at one warp
                     for runmax in (0, 1):
                         out.append(triton.Config({"BLOCK_Q": bq, "BLOCK_D": bd, "RUNMAX": runmax}, num_warps=warps,
                                                  num_stages=stages))
@@ -107,8 +107,16 @@ def _prune(configs, nargs, **kwargs):
             # on a host-noisy first call, kernels-H100-20261124-oneWarpQuant.json).
             # With the rows shared (QCACHE) one program per query quantizes, the others load int8
             # rows as they do after the launch: the same list.
-            one_warp = (kwargs.get("INT8") and (not kwargs.get("QUANT") or kwargs.get("QCACHE")) and c.num_warps == 1
-                        and c.num_stages == 3)
+            # Also one warp with one stage (no software pipeline: less shared memory per program,
+            # more programs per SM) where the queries were quantized apart: 32 x 1,000 int8
+            # candidates from the 1M store of 64-128-token documents in 0.160 ms against 0.165 at
+            # 2 stages and 0.168 at 3, 1 x 10k varlen documents of 64-300 tokens 0.103 against
+            # 0.100 at 3 (H100, kernel-variants-H100-20261126-int8small.json, -int8.json;
+            # paired rounds in stages-ab-H100-20261126.json): the autotuner picks per layout and
+            # query bucket.
+            one_warp = kwargs.get("INT8") and c.num_warps == 1 and (
+                c.num_stages == 3 and (not kwargs.get("QUANT") or kwargs.get("QCACHE"))
+                or c.num_stages == 1 and not kwargs.get("QUANT"))
             if lq <= 32 and not (bq == 32 and bd == 32 and (c.num_warps == 2 and c.num_stages in (2, 3) or one_warp)):
                 continue
             if 32 < lq <= 64 and not (bq == max(32, lq) and bd in (32, 64) and c.num_warps in (2, 4)
