@@ -777,7 +777,7 @@ def test_autotune_short_list_follows_the_sweep(monkeypatch):
     short8 = fused._prune(configs, None, LQ_BUCKET=32, INT8=True, QUANT=False)
     assert {(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_D"], c.num_warps, c.num_stages) for c in short8} == {
         (32, 32, 2, 2), (32, 32, 2, 3), (32, 32, 1, 3), (32, 32, 1, 1)}
-    # shared query rows (QCACHE): one warp with 3 stages, not the unpipelined one (not measured there)
+    # shared query rows (QCACHE): one warp with 3 stages, not the unpipelined one (slower there)
     shared8 = fused._prune(configs, None, LQ_BUCKET=32, INT8=True, QUANT=True, QCACHE=True)
     assert {(c.num_warps, c.num_stages) for c in shared8} == {(2, 2), (2, 3), (1, 3)}
     # each program quantizing its own query block: not with one warp (measured 1.26x slower)

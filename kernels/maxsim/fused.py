@@ -108,7 +108,8 @@ def _prune(configs, nargs, **kwargs):
             # With the rows shared (QCACHE) one program per query quantizes, the others load int8
             # rows as they do after the launch: the same list.
             # Also one warp with one stage (no software pipeline: less shared memory per program,
-            # more programs per SM) where the queries were quantized apart: 32 x 1,000 int8
+            # more programs per SM) where the queries were quantized apart (with the rows shared
+            # it took 1 x 10k from 0.102 to 0.104-0.105 ms, -qshared-stage1.json): 32 x 1,000 int8
             # candidates from the 1M store of 64-128-token documents in 0.160 ms against 0.165 at
             # 2 stages and 0.168 at 3, 1 x 10k varlen documents of 64-300 tokens 0.103 against
             # 0.100 at 3 (H100, kernel-variants-H100-20261126-int8small.json, -int8.json;
