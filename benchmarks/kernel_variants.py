@@ -114,7 +114,8 @@ def sweep(case: str, configs, launch, ref, default_calls: dict, floor_ms: float)
         print(f"== {case}: best {best['ms']:.4f} ms {best['config']} ({best['pct_of_floor']:.0f}% of floor)", flush=True)
 
 
-SWEEP = ""  # which config list cases a and c time: "" (short_configs), "int8", "regs", "qcache" or "qshared"; "qchunk": case b
+SWEEP = ""  # which config list cases a and c time: "" (short_configs), "int8", "int8small", "regs", "qcache",
+# "qshared" or "configs" (--configs); "qchunk": case b
 LABELS: list[str] = []  # only the cases whose label is listed (all when empty)
 
 

@@ -791,14 +791,17 @@ def test_autotune_short_list_follows_the_sweep(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["fp16", "int8"])
+@pytest.mark.parametrize("dtype", ["fp16", "int8", "int8-shared"])
 def test_every_short_list_config_is_exact(dtype):
-    """Each config the autotuner may pick for short queries (the pruned list, one-stage one-warp
-    int8 included) scores exactly on the GPU, for both CSR layouts, on documents of 0-70 tokens
-    around the 32-row tile and a -1 candidate."""
+    """Each config the autotuner may pick for short queries (the pruned lists of fp16, of int8 with
+    the queries quantized apart, one-stage one-warp included, and of int8 with the quantized rows
+    shared) scores exactly on the GPU, for both CSR layouts, on documents of 0-70 tokens around the
+    32-row tile and a -1 candidate."""
     from mvdb.kernels.maxsim import fused
 
-    g = _gen("shortlist", dtype)
+    shared = dtype == "int8-shared"
+    dtype = "int8" if shared else dtype
+    g = _gen("shortlist", dtype, shared)
     lengths = [5, 32, 70, 0, 33, 1, 64]
     q, cu_q = _packed([32, 7], 128, g, "cuda", torch.float16)
     d, cu_d = _packed(lengths, 128, g, "cuda")
@@ -812,11 +815,12 @@ def test_every_short_list_config_is_exact(dtype):
         ref_cross, ref_cand = (naive.maxsim_csr(q.double().cpu(), cu_q.cpu(), tok.double().cpu(), cu_d.cpu().long(), c)
                                for c in (None, cand.cpu()))
         same_cross, same_cand = (_torch_same_dtype_csr(q, cu_q, tok, cu_d.long(), c) for c in (None, cand))
-    meta = {"LQ_BUCKET": 32, "INT8": dtype == "int8", "QUANT": False, "QCACHE": False}
+    meta = {"LQ_BUCKET": 32, "INT8": dtype == "int8", "QUANT": shared, "QCACHE": shared}
     configs = fused._prune(fused._configs(), None, **meta)
-    assert dtype != "int8" or any(c.num_stages == 1 for c in configs)
+    one_warp = {c.num_stages for c in configs if c.num_warps == 1}
+    assert one_warp == ({3} if shared else {1, 3} if dtype == "int8" else set())
     for c in configs:
-        config = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages, "QUANT": False}
+        config = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages, "QUANT": shared, "QCACHE": shared}
         cross = fused.launch(_poison((2, len(lengths)), "cuda"), q, None, cu_q, 0, tok, sc, None, cu_d, None, 0, 2,
                              len(lengths), fused.CSR_CROSS, 32, config=config)
         cands = fused.launch(_poison((2, 5), "cuda"), q, None, cu_q, 0, tok, sc, None, cu_d.long(), cand, 0, 2, 5,
