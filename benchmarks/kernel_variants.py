@@ -48,15 +48,16 @@ def bench(fn) -> float:
     return median_ms(fn, warmup=10, rep=60, cpu_runs=1)
 
 
+def _grid(bds, warps, stages, **fixed) -> list[dict]:
+    """Short-query configs (32-row query blocks): every BLOCK_D x warps x stages x RUNMAX, plus ``fixed``."""
+    return [{"BLOCK_Q": 32, "BLOCK_D": bd, "RUNMAX": r, "num_warps": w, "num_stages": st, **fixed}
+            for bd, w, st, r in itertools.product(bds, warps, stages, (0, 1))]
+
+
 def short_configs(smoke: bool):
     if smoke:
         return [{"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": r, "num_warps": 4} for r in (0, 1)]
-    out = []
-    for bd, w, st, r in itertools.product((32, 64, 128, 256), (2, 4, 8), (2, 3), (0, 1)):
-        if bd == 256 and w == 2:
-            continue
-        out.append({"BLOCK_Q": 32, "BLOCK_D": bd, "RUNMAX": r, "num_warps": w, "num_stages": st})
-    return out
+    return [c for c in _grid((32, 64, 128, 256), (2, 4, 8), (2, 3)) if not (c["BLOCK_D"] == 256 and c["num_warps"] == 2)]
 
 
 def long_configs(smoke: bool):
@@ -124,8 +125,7 @@ def int8_configs(smoke: bool):
     (1 included), deeper pipelines."""
     if smoke:
         return [{"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": 1, "num_warps": 4, "QUANT": 0}]
-    return [{"BLOCK_Q": 32, "BLOCK_D": bd, "RUNMAX": r, "num_warps": w, "num_stages": st, "QUANT": 0}
-            for bd, w, st, r in itertools.product((32, 64, 128), (1, 2, 4), (2, 3, 4, 5), (0, 1))]
+    return _grid((32, 64, 128), (1, 2, 4), (2, 3, 4, 5), QUANT=0)
 
 
 def int8_small_configs(smoke: bool):
@@ -134,8 +134,7 @@ def int8_small_configs(smoke: bool):
     documents of a few tiles."""
     if smoke:
         return [{"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": 1, "num_warps": 4, "num_stages": 1, "QUANT": 0}]
-    return [{"BLOCK_Q": 32, "BLOCK_D": bd, "RUNMAX": r, "num_warps": w, "num_stages": st, "QUANT": 0}
-            for bd, w, st, r in itertools.product((16, 32), (1, 2), (1, 2), (0, 1))]
+    return _grid((16, 32), (1, 2), (1, 2), QUANT=0)
 
 
 def regs_configs(smoke: bool, int8: bool):
@@ -183,8 +182,7 @@ def qshared_configs(smoke: bool, int8: bool):
         return []
     if smoke:
         return [{"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": 1, "num_warps": 4, "QUANT": 1, "QCACHE": 1}]
-    return [{"BLOCK_Q": 32, "BLOCK_D": bd, "RUNMAX": r, "num_warps": w, "num_stages": st, "QUANT": 1, "QCACHE": 1}
-            for bd, w, st, r in itertools.product((32, 64, 128), (1, 2, 4), (2, 3, 4), (0, 1))]
+    return _grid((32, 64, 128), (1, 2, 4), (2, 3, 4), QUANT=1, QCACHE=1)
 
 
 def qchunk_configs(smoke: bool):

@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
 from common import median_ms, write_json  # noqa: E402
-from synthetic import candidate_lists, make_corpus, make_queries, one_query_inputs  # noqa: E402
+from synthetic import candidate_lists, one_query_inputs  # noqa: E402
 
 from mvdb.kernels import maxsim_candidates, maxsim_varlen, quantize_int8  # noqa: E402
 from mvdb.kernels.maxsim import fused, naive  # noqa: E402
@@ -69,16 +69,12 @@ def shapes(dev, only):
         del tok, sc, off
         torch.cuda.empty_cache()
     if "c-long" in only:
-        corpus = make_corpus(150_000, 64, 300, 128, device=dev, seed=23)
-        Q, src = make_queries(corpus, 32, 32, seed=29)
-        g = torch.Generator(device=dev).manual_seed(31)
-        cand = torch.randint(0, 150_000, (32, 1000), device=dev, generator=g)
-        cand[:, 0] = src
+        corpus, _, q, cu_q, cand = candidate_lists(150_000, 32, 1000, device=dev, lengths=(64, 300),
+                                                   seeds=(23, 29, 31))
         tok, sc = quantize_int8(corpus.tokens)
         off = corpus.offsets
         del corpus
-        cu_q = torch.arange(33, dtype=torch.int32, device=dev) * 32
-        yield "c-long", (Q.half().reshape(-1, 128), cu_q, tok, sc, off, cand, 32, 1000, fused.CSR_CAND)
+        yield "c-long", (q, cu_q, tok, sc, off, cand, 32, 1000, fused.CSR_CAND)
         del tok, sc, off
         torch.cuda.empty_cache()
     if "a-50k" in only:

@@ -162,13 +162,15 @@ def make_structured(kind: str, n_docs: int, *, dim: int | None = None, dtype: to
     return Corpus(tokens, offsets, topics[:, 0], words)
 
 
-def candidate_lists(n_docs: int, nq: int, k: int, *, device, lq: int = 32):
-    """The rerank benchmark's inputs (issue #2 case c): a corpus of n_docs docs of 64-128 tokens,
-    nq queries of lq tokens drawn from source docs, and k random candidates per query with the
-    source first. Returns (corpus, Q [nq, lq, dim] float, q packed fp16 [nq * lq, dim], cu_q, cand)."""
-    corpus = make_corpus(n_docs, 64, 128, 128, device=device, seed=11)
-    Q, src = make_queries(corpus, nq, lq, seed=13)
-    g = torch.Generator(device=device).manual_seed(17)
+def candidate_lists(n_docs: int, nq: int, k: int, *, device, lq: int = 32, lengths: tuple[int, int] = (64, 128),
+                    seeds: tuple[int, int, int] = (11, 13, 17)):
+    """The rerank benchmark's inputs (issue #2 case c): a corpus of n_docs docs of ``lengths`` tokens
+    (64-128), nq queries of lq tokens drawn from source docs, and k random candidates per query with
+    the source first; ``seeds``: of the corpus, the queries and the candidates. Returns (corpus,
+    Q [nq, lq, dim] float, q packed fp16 [nq * lq, dim], cu_q, cand)."""
+    corpus = make_corpus(n_docs, *lengths, 128, device=device, seed=seeds[0])
+    Q, src = make_queries(corpus, nq, lq, seed=seeds[1])
+    g = torch.Generator(device=device).manual_seed(seeds[2])
     cand = torch.randint(0, n_docs, (nq, k), device=device, generator=g)
     cand[:, 0] = src
     q = Q.half().reshape(nq * lq, Q.shape[-1])

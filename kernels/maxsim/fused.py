@@ -542,15 +542,22 @@ def quantize_queries(q: torch.Tensor, gdc: bool = False, into=None) -> tuple[tor
         plan = _QUANT_PLANS.get((dim, gdc))
         if plan is None:
             block_dim = max(16, pow2(dim))
-            consts = dict(DIM=dim, BLOCK_DIM=block_dim, BLOCK_T=max(1, min(64, 4096 // block_dim)), GDC=gdc)
-            if len(_QUANT_PLANS) >= 64:
-                _QUANT_PLANS.clear()
-            plan = _QUANT_PLANS[(dim, gdc)] = (consts, tuple(consts.items()))
+            plan = _keep_plan(_QUANT_PLANS, (dim, gdc), 64,
+                              dict(DIM=dim, BLOCK_DIM=block_dim, BLOCK_T=max(1, min(64, 4096 // block_dim)), GDC=gdc))
         launch_kernel(_quantize_rows_kernel, (cdiv(n, plan[0]["BLOCK_T"]),), (q, q8, qs, n), *plan)
     return q8, qs
 
 
 _QUANT_PLANS: dict[tuple, tuple[dict, tuple]] = {}  # (dim, gdc) -> the quantization launch's constexprs, their items
+
+
+def _keep_plan(cache: dict, key, cap: int, consts: dict) -> tuple[dict, tuple]:
+    """A launch's plan, ``(consts, tuple(consts.items()))``, stored in ``cache`` under ``key`` (the
+    cache emptied first when it holds ``cap`` plans): merged and listed once, not per call (host time)."""
+    if len(cache) >= cap:
+        cache.clear()
+    plan = cache[key] = (consts, tuple(consts.items()))
+    return plan
 
 
 # INT8 launches of up to this much work ((query, document) pairs x the longest query's tokens)
@@ -1057,10 +1064,7 @@ def _run(grid, args, meta, device, q_dtype, d_dtype) -> None:
                         return
         else:
             best = default_config(meta["LQ_BUCKET"])
-        consts = {**meta, **best}
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        plan = _PLANS[pkey] = (consts, tuple(consts.items()))
+        plan = _keep_plan(_PLANS, pkey, _PLANS_MAX, {**meta, **best})
     with launch_guard():
         launch_kernel(_maxsim_fwd_kernel, grid, args, *plan)
 
