@@ -80,6 +80,24 @@ def median_ms(fn, warmup: int = 25, rep: int = 200, cpu_runs: int = 3) -> float:
     return statistics.median(times)
 
 
+def gpu_header(**extra) -> dict:
+    """The start of a GPU probe's JSON: the device, torch and triton versions, then ``extra``."""
+    import triton
+
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            **extra}
+
+
+def alternating_rounds(calls: dict, rounds: int, warmup: int = 10, rep: int = 100) -> tuple[dict, dict]:
+    """({name: [ms per round]}, {name: median ms}): each call timed once per round (median_ms),
+    the calls in turn, so that a drift of the machine's speed falls on all of them alike."""
+    ms = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            ms[name].append(median_ms(fn, warmup=warmup, rep=rep))
+    return ms, {name: statistics.median(v) for name, v in ms.items()}
+
+
 def exhaustive_reference(db, q: torch.Tensor, k: int = 10, batch: int = 64) -> tuple[list[set], float]:
     """Exhaustive MaxSim over every document (``search(exact=True)``) -> (top-k id sets, QPS)."""
     db.search(q[:1], k=k, exact=True)  # warm-up

@@ -19,7 +19,6 @@ every round's figure and the median over rounds.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -27,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
-from common import median_ms, write_json  # noqa: E402
+from common import alternating_rounds, gpu_header, write_json  # noqa: E402
 from synthetic import candidate_lists, one_query_inputs  # noqa: E402
 
 from mvdb.kernels import maxsim_candidates, maxsim_varlen, quantize_int8  # noqa: E402
@@ -92,24 +91,20 @@ def main():
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
     dev = "cuda"
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "triton": __import__("triton").__version__, "rounds": args.rounds, "shapes": {}}
+    res = gpu_header(rounds=args.rounds, shapes={})
     for label, (q, cu_q, tok, sc, off, cand, n_q, n_k, layout) in shapes(dev, set(args.shapes.split(","))):
         ref = naive.maxsim_csr(q.float(), cu_q, tok, off, cand, sc, dtype=torch.float32)
         scale = ref.abs().max().clamp_min(1e-30)
         calls = arms(q, cu_q, tok, sc, off, cand, n_q, n_k, layout)
         before = set(fused._BEST)
-        row = {"pairs": n_q * n_k, "max_rel_err": {}, "ms": {name: [] for name in calls}}
+        row = {"pairs": n_q * n_k, "max_rel_err": {}}
         for name, fn in calls.items():
             err = float(((fn().float().reshape(ref.shape) - ref).abs().max() / scale).item())
             row["max_rel_err"][name] = err
             if err > 3e-2:
                 raise SystemExit(f"{label} {name}: max relative error {err:.3g}")
         row["autotune_pick"] = [str(fused._BEST[k]) for k in set(fused._BEST) - before]
-        for _ in range(args.rounds):
-            for name, fn in calls.items():
-                row["ms"][name].append(median_ms(fn, warmup=10, rep=100))
-        row["median_ms"] = {name: statistics.median(v) for name, v in row["ms"].items()}
+        row["ms"], row["median_ms"] = alternating_rounds(calls, args.rounds)
         res["shapes"][label] = row
         print(label, row["autotune_pick"], {k: round(v, 4) for k, v in row["median_ms"].items()}, flush=True)
         del ref, calls

@@ -1,0 +1,175 @@
+"""How fast can a kernel only read what MaxSim reads? (issue #17: the 85% of HBM targets.)
+
+The kernel table's floor is bytes / the measured rate of a sequential copy. The candidate path
+(case c) reads 32,000 documents of 8-16 KB (int8) at random places of a 1M-document store, and the
+one-query path (case a) reads 10k documents of 64-300 tokens, one program each. This probe times a
+Triton kernel that reads exactly those bytes, in the same order and the same tiles as
+``fused._doc_max`` (the candidate's offsets, then the document's rows and, for int8, its scales),
+and only folds them with an elementwise max (no dot, no query): the rate such a gather reaches,
+with the best of a sweep of tile sizes, warp counts and pipeline depths, bounds what MaxSim can.
+
+    python benchmarks/gather_floor.py --out DIR        # GPU; JSON gather-floor.json
+    bash benchmarks/gpu_session.sh py:gather_floor     # on the lent GPU
+
+Each case also times mvdb's default call on the same tensors (correctness against the float32
+reference first) and a sequential read of the same number of bytes.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from common import alternating_rounds, gpu_header, median_ms, write_json  # noqa: E402
+from synthetic import candidate_lists, one_query_inputs  # noqa: E402
+
+from mvdb.kernels import maxsim_candidates, maxsim_varlen, quantize_int8  # noqa: E402
+from mvdb.kernels.maxsim import naive  # noqa: E402
+
+
+@triton.jit
+def _read_docs(TOK, SC, OFF, CAND, OUT, DIM: tl.constexpr, BLOCK_D: tl.constexpr, INT8: tl.constexpr,
+               HAS_CAND: tl.constexpr):
+    # INT8: the rows are int8 documents viewed as int32 (DIM 4x smaller: the same bytes, a quarter of
+    # the elements to fold), with float32 scales beside them
+    pid = tl.program_id(0).to(tl.int64)
+    if HAS_CAND:
+        doc = tl.load(CAND + pid)
+    else:
+        doc = pid
+    start = tl.load(OFF + doc).to(tl.int64)
+    n = (tl.load(OFF + doc + 1).to(tl.int64) - start).to(tl.int32)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_c = tl.arange(0, DIM)
+    lim = tl.minimum(offs_d, n - 1)
+    acc = tl.full([BLOCK_D, DIM], -2147483648 if INT8 else float("-inf"), TOK.dtype.element_ty)
+    sacc = tl.full([BLOCK_D], float("-inf"), tl.float32)
+    base = TOK + start * DIM
+    for db in range(0, n, BLOCK_D):
+        cols = tl.maximum(tl.minimum(db, n - BLOCK_D), 0) + lim
+        acc = tl.maximum(acc, tl.load(base + cols[:, None] * DIM + offs_c[None, :]))
+        if INT8:
+            sacc = tl.maximum(sacc, tl.load(SC + start + cols))
+    out = tl.max(tl.max(acc, axis=1), axis=0).to(tl.float32)
+    if INT8:
+        out += tl.max(sacc, axis=0)
+    tl.store(OUT + pid, out)
+
+
+def reference(tok, sc, off, docs):
+    """The read kernel's output for ``docs`` (torch, per document; int8 rows viewed as int32)."""
+    res = []
+    for j in docs.tolist():
+        a, b = int(off[j]), int(off[j + 1])
+        v = tok[a:b].max().float()
+        if sc is not None:
+            v = v + sc[a:b].max()
+        res.append(v)
+    return torch.stack(res)
+
+
+def sweep(tok, sc, off, cand, n_prog, rounds):
+    """{config: median ms} of the read kernel, every config checked against torch first."""
+    out = torch.empty(n_prog, dtype=torch.float32, device=tok.device)
+    if tok.dtype == torch.int8:
+        tok = tok.view(torch.int32)
+    docs = cand.reshape(-1) if cand is not None else torch.arange(n_prog, device=tok.device)
+    check = torch.arange(0, n_prog, max(1, n_prog // 200), device=tok.device)
+    ref = reference(tok, sc, off, docs[check])
+    res = {}
+    for block_d, warps, stages in itertools.product((16, 32, 64, 128), (1, 2, 4), (1, 2, 3)):
+        def fn(block_d=block_d, warps=warps, stages=stages):
+            _read_docs[(n_prog,)](tok, sc, off, cand, out, DIM=tok.shape[1], BLOCK_D=block_d,
+                                  INT8=sc is not None, HAS_CAND=cand is not None,
+                                  num_warps=warps, num_stages=stages)
+            return out
+        if not torch.equal(fn()[check], ref):
+            raise SystemExit(f"read kernel wrong at {block_d}/{warps}/{stages}")
+        res[f"BLOCK_D {block_d}, {warps} warps, {stages} stages"] = fn
+    return alternating_rounds(res, rounds, warmup=5, rep=40)[1]
+
+
+def seq_read_ms(nbytes, dev):
+    """A sequential read of nbytes (a sum over a buffer of that size: reads it once)."""
+    x = torch.ones(int(nbytes) // 2, dtype=torch.float16, device=dev)
+    return median_ms(lambda: x.sum(dtype=torch.float32), warmup=10, rep=100)
+
+
+def case(label, res, tok, sc, off, cand, q, cu_q, n_prog, rounds, default, ref):
+    dev = tok.device
+    docs = cand.reshape(-1) if cand is not None else torch.arange(n_prog, device=dev)
+    lens = (off[docs + 1] - off[docs]).double()
+    nbytes = float(lens.sum()) * (tok.shape[1] * tok.element_size() + (4 if sc is not None else 0))
+    got = default()
+    err = float(((got.float().reshape(ref.shape) - ref).abs().max() / ref.abs().max()).item())
+    if err > 3e-2:
+        raise SystemExit(f"{label}: mvdb's max relative error {err:.3g}")
+    mv = statistics.median(median_ms(default, warmup=10, rep=100) for _ in range(rounds))
+    floors = sweep(tok, sc, off, cand, n_prog, rounds)
+    best = min(floors, key=floors.get)
+    seq = seq_read_ms(nbytes, dev)
+    if cand is not None:
+        # the same kernel over as many documents in storage order (no candidate list: a stream)
+        first = off[n_prog] * (tok.shape[1] * tok.element_size() + (4 if sc is not None else 0))
+        in_order = sweep(tok, sc, off, None, n_prog, rounds)
+        fast = min(in_order, key=in_order.get)
+        res.setdefault("in_order", {})[label] = {"bytes": float(first), "best": fast, "ms": in_order[fast],
+                                                 "tb_s": float(first) / in_order[fast] / 1e9}
+        print(label, "in storage order:", res["in_order"][label], flush=True)
+    row = {"programs": n_prog, "bytes": nbytes, "mvdb_default_ms": mv, "mvdb_max_rel_err": err,
+           "seq_read_ms": seq, "read_kernel_ms": floors, "read_kernel_best": best,
+           "read_kernel_best_ms": floors[best], "seq_read_tb_s": nbytes / seq / 1e9,
+           "read_kernel_tb_s": nbytes / floors[best] / 1e9, "mvdb_tb_s": nbytes / mv / 1e9,
+           "mvdb_pct_of_seq_read": 100 * seq / mv, "mvdb_pct_of_read_kernel": 100 * floors[best] / mv}
+    res["cases"][label] = row
+    print(label, {k: v for k, v in row.items() if k != "read_kernel_ms"}, flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cases", default="c-1M,a-10k")
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+    dev = "cuda"
+    only = set(args.cases.split(","))
+    res = gpu_header(rounds=args.rounds, cases={})
+    if "c-1M" in only:
+        corpus, _, q, cu_q, cand = candidate_lists(1_000_000, 32, 1000, device=dev)
+        tok16, off = corpus.tokens, corpus.offsets
+        del corpus
+        tok8, sc = quantize_int8(tok16)
+        ref = naive.maxsim_csr(q.float(), cu_q, tok8, off, cand, sc, dtype=torch.float32)
+        case("c-1M int8", res, tok8, sc, off, cand, q, cu_q, cand.numel(), args.rounds,
+             lambda: maxsim_candidates(q, cu_q, tok8, off, cand, sc, check=False), ref)
+        del tok8, sc
+        torch.cuda.empty_cache()
+        ref = naive.maxsim_csr(q.float(), cu_q, tok16, off, cand, None, dtype=torch.float32)
+        case("c-1M fp16", res, tok16, None, off, cand, q, cu_q, cand.numel(), args.rounds,
+             lambda: maxsim_candidates(q, cu_q, tok16, off, cand, check=False), ref)
+        del tok16, off, cand, ref
+        torch.cuda.empty_cache()
+    if "a-10k" in only:
+        corpus, q, cu_q, tok16, cu_d = one_query_inputs(10_000, device=dev)
+        off = corpus.offsets
+        tok8, sc = quantize_int8(tok16)
+        every = torch.arange(10_000, device=dev)[None]  # the reference scores every document as candidates
+        ref = naive.maxsim_csr(q.float(), cu_q, tok8, off, every, sc, dtype=torch.float32)
+        case("a-10k int8", res, tok8, sc, off, None, q, cu_q, 10_000, args.rounds,
+             lambda: maxsim_varlen(q, cu_q, tok8, cu_d, d_scales=sc, check=False), ref)
+        ref = naive.maxsim_csr(q.float(), cu_q, tok16, off, every, None, dtype=torch.float32)
+        case("a-10k fp16", res, tok16, None, off, None, q, cu_q, 10_000, args.rounds,
+             lambda: maxsim_varlen(q, cu_q, tok16, cu_d, check=False), ref)
+    write_json(args.out, "gather-floor.json", res)
+
+
+if __name__ == "__main__":
+    main()
