@@ -81,11 +81,11 @@ def median_ms(fn, warmup: int = 25, rep: int = 200, cpu_runs: int = 3) -> float:
 
 
 def gpu_header(**extra) -> dict:
-    """The start of a GPU probe's JSON: the device, torch and triton versions, then ``extra``."""
+    """The start of a GPU probe's JSON: the date (UTC), the device, torch and triton versions, then ``extra``."""
     import triton
 
-    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            **extra}
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "triton": triton.__version__, **extra}
 
 
 def alternating_rounds(calls: dict, rounds: int, warmup: int = 10, rep: int = 100) -> tuple[dict, dict]:

@@ -3,22 +3,24 @@
 The kernel table's floor is bytes / the measured rate of a sequential copy. The candidate path
 (case c) reads 32,000 documents of 8-16 KB (int8) at random places of a 1M-document store, and the
 one-query path (case a) reads 10k documents of 64-300 tokens, one program each. This probe times a
-Triton kernel that reads exactly those bytes, in the same order and the same tiles as
-``fused._doc_max`` (the candidate's offsets, then the document's rows and, for int8, its scales),
-and only folds them with an elementwise max (no dot, no query): the rate such a gather reaches,
-with the best of a sweep of tile sizes, warp counts and pipeline depths, bounds what MaxSim can.
+Triton kernel that reads the documents' bytes as MaxSim does, in the same order and the same tiles
+as ``fused._doc_max`` (the candidate's offsets, then the document's rows and, for int8, its
+scales), and only folds them with an elementwise max (no dot, no query rows, no query
+quantization launch): the best of a sweep of tile sizes, warp counts (1, 2, 4) and pipeline
+depths is a rate a gather of those bytes reaches (one kernel's best, not a proof that no kernel
+can read faster).
 
     python benchmarks/gather_floor.py --out DIR        # GPU; JSON gather-floor.json
     bash benchmarks/gpu_session.sh py:gather_floor     # on the lent GPU
 
 Each case also times mvdb's default call on the same tensors (correctness against the float32
-reference first) and a sequential read of the same number of bytes.
+reference first), in the same alternating rounds as the sweep, and torch's ``sum`` over as many
+bytes (a sequential read, but not a floor: torch's reduction is not the fastest reader).
 """
 from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 import sys
 from pathlib import Path
 
@@ -58,27 +60,26 @@ def _read_docs(TOK, SC, OFF, CAND, OUT, DIM: tl.constexpr, BLOCK_D: tl.constexpr
         acc = tl.maximum(acc, tl.load(base + cols[:, None] * DIM + offs_c[None, :]))
         if INT8:
             sacc = tl.maximum(sacc, tl.load(SC + start + cols))
-    out = tl.max(tl.max(acc, axis=1), axis=0).to(tl.float32)
-    if INT8:
-        out += tl.max(sacc, axis=0)
-    tl.store(OUT + pid, out)
+    # two outputs per program, so that the check sees the scales apart from the rows
+    tl.store(OUT + 2 * pid, tl.max(tl.max(acc, axis=1), axis=0).to(tl.float32))
+    tl.store(OUT + 2 * pid + 1, tl.max(sacc, axis=0))
 
 
 def reference(tok, sc, off, docs):
-    """The read kernel's output for ``docs`` (torch, per document; int8 rows viewed as int32)."""
+    """The read kernel's output for ``docs`` (torch, per document; int8 rows viewed as int32):
+    [len(docs), 2], the rows' max and the scales' max (-inf without scales)."""
     res = []
     for j in docs.tolist():
         a, b = int(off[j]), int(off[j + 1])
-        v = tok[a:b].max().float()
-        if sc is not None:
-            v = v + sc[a:b].max()
-        res.append(v)
+        s = sc[a:b].max() if sc is not None else torch.tensor(float("-inf"), device=tok.device)
+        res.append(torch.stack([tok[a:b].max().float(), s.float()]))
     return torch.stack(res)
 
 
-def sweep(tok, sc, off, cand, n_prog, rounds):
-    """{config: median ms} of the read kernel, every config checked against torch first."""
-    out = torch.empty(n_prog, dtype=torch.float32, device=tok.device)
+def sweep(tok, sc, off, cand, n_prog, rounds, extra=None):
+    """{config: median ms} of the read kernel, every config checked against torch first (on 200
+    programs: each one's rows and scales), timed in alternating rounds with the ``extra`` calls."""
+    out = torch.empty(n_prog, 2, dtype=torch.float32, device=tok.device)
     if tok.dtype == torch.int8:
         tok = tok.view(torch.int32)
     docs = cand.reshape(-1) if cand is not None else torch.arange(n_prog, device=tok.device)
@@ -94,7 +95,7 @@ def sweep(tok, sc, off, cand, n_prog, rounds):
         if not torch.equal(fn()[check], ref):
             raise SystemExit(f"read kernel wrong at {block_d}/{warps}/{stages}")
         res[f"BLOCK_D {block_d}, {warps} warps, {stages} stages"] = fn
-    return alternating_rounds(res, rounds, warmup=5, rep=40)[1]
+    return alternating_rounds({**res, **(extra or {})}, rounds, warmup=5, rep=40)[1]
 
 
 def seq_read_ms(nbytes, dev):
@@ -112,8 +113,8 @@ def case(label, res, tok, sc, off, cand, q, cu_q, n_prog, rounds, default, ref):
     err = float(((got.float().reshape(ref.shape) - ref).abs().max() / ref.abs().max()).item())
     if err > 3e-2:
         raise SystemExit(f"{label}: mvdb's max relative error {err:.3g}")
-    mv = statistics.median(median_ms(default, warmup=10, rep=100) for _ in range(rounds))
-    floors = sweep(tok, sc, off, cand, n_prog, rounds)
+    floors = sweep(tok, sc, off, cand, n_prog, rounds, extra={"mvdb": default})
+    mv = floors.pop("mvdb")
     best = min(floors, key=floors.get)
     seq = seq_read_ms(nbytes, dev)
     if cand is not None:
