@@ -104,11 +104,12 @@ def seq_read_ms(nbytes, dev):
     return median_ms(lambda: x.sum(dtype=torch.float32), warmup=10, rep=100)
 
 
-def case(label, res, tok, sc, off, cand, q, cu_q, n_prog, rounds, default, ref):
+def case(label, res, tok, sc, off, cand, n_prog, rounds, default, ref):
     dev = tok.device
     docs = cand.reshape(-1) if cand is not None else torch.arange(n_prog, device=dev)
     lens = (off[docs + 1] - off[docs]).double()
-    nbytes = float(lens.sum()) * (tok.shape[1] * tok.element_size() + (4 if sc is not None else 0))
+    per_token = tok.shape[1] * tok.element_size() + (4 if sc is not None else 0)  # a row and its scale
+    nbytes = float(lens.sum()) * per_token
     got = default()
     err = float(((got.float().reshape(ref.shape) - ref).abs().max() / ref.abs().max()).item())
     if err > 3e-2:
@@ -119,7 +120,7 @@ def case(label, res, tok, sc, off, cand, q, cu_q, n_prog, rounds, default, ref):
     seq = seq_read_ms(nbytes, dev)
     if cand is not None:
         # the same kernel over as many documents in storage order (no candidate list: a stream)
-        first = off[n_prog] * (tok.shape[1] * tok.element_size() + (4 if sc is not None else 0))
+        first = off[n_prog] * per_token
         in_order = sweep(tok, sc, off, None, n_prog, rounds)
         fast = min(in_order, key=in_order.get)
         res.setdefault("in_order", {})[label] = {"bytes": float(first), "best": fast, "ms": in_order[fast],
@@ -149,12 +150,12 @@ def main():
         del corpus
         tok8, sc = quantize_int8(tok16)
         ref = naive.maxsim_csr(q.float(), cu_q, tok8, off, cand, sc, dtype=torch.float32)
-        case("c-1M int8", res, tok8, sc, off, cand, q, cu_q, cand.numel(), args.rounds,
+        case("c-1M int8", res, tok8, sc, off, cand, cand.numel(), args.rounds,
              lambda: maxsim_candidates(q, cu_q, tok8, off, cand, sc, check=False), ref)
         del tok8, sc
         torch.cuda.empty_cache()
         ref = naive.maxsim_csr(q.float(), cu_q, tok16, off, cand, None, dtype=torch.float32)
-        case("c-1M fp16", res, tok16, None, off, cand, q, cu_q, cand.numel(), args.rounds,
+        case("c-1M fp16", res, tok16, None, off, cand, cand.numel(), args.rounds,
              lambda: maxsim_candidates(q, cu_q, tok16, off, cand, check=False), ref)
         del tok16, off, cand, ref
         torch.cuda.empty_cache()
@@ -164,10 +165,10 @@ def main():
         tok8, sc = quantize_int8(tok16)
         every = torch.arange(10_000, device=dev)[None]  # the reference scores every document as candidates
         ref = naive.maxsim_csr(q.float(), cu_q, tok8, off, every, sc, dtype=torch.float32)
-        case("a-10k int8", res, tok8, sc, off, None, q, cu_q, 10_000, args.rounds,
+        case("a-10k int8", res, tok8, sc, off, None, 10_000, args.rounds,
              lambda: maxsim_varlen(q, cu_q, tok8, cu_d, d_scales=sc, check=False), ref)
         ref = naive.maxsim_csr(q.float(), cu_q, tok16, off, every, None, dtype=torch.float32)
-        case("a-10k fp16", res, tok16, None, off, None, q, cu_q, 10_000, args.rounds,
+        case("a-10k fp16", res, tok16, None, off, None, 10_000, args.rounds,
              lambda: maxsim_varlen(q, cu_q, tok16, cu_d, check=False), ref)
     write_json(args.out, "gather-floor.json", res)
 
