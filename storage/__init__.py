@@ -6,6 +6,9 @@
         packed = st.gather(ids)          # tokens / offsets / scales, in request order
 """
 
-from mvdb.storage.store import Packed, Snapshot, Store, VerifyReport, recover, verify
+from mvdb.storage.packed import Packed
+from mvdb.storage.repair import VerifyReport, recover, verify
+from mvdb.storage.snapshot import Snapshot
+from mvdb.storage.store import Store
 
 __all__ = ["Packed", "Snapshot", "Store", "VerifyReport", "recover", "verify"]

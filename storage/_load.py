@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
@@ -138,7 +137,7 @@ def load_to_device(store, device, pin: bool, include_deleted: bool = False, from
         # of a segment with deletions is a subset (verify() and compact() check those); segments
         # this store handle wrote itself were checksummed from the bytes it wrote.
         crc = None
-        if check and isinstance(src, _Whole) and os.path.basename(src.r.path) not in getattr(store, "written_here", ()):
+        if check and isinstance(src, _Whole) and src.r.name not in getattr(store, "written_here", ()):
             crc = _Checksum(src.r, "tokens")
         for t0 in range(0, n, CHUNK_TOKENS):
             t1 = min(n, t0 + CHUNK_TOKENS)

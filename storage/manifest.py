@@ -27,6 +27,7 @@ def new_manifest(dim: int, dtype: str) -> dict:
         "segment_counter": 0,
         "segments": [],  # [{"name", "n_docs", "n_tokens", "file_size", "deleted": [rows]}]
         "index_files": [],  # derived token-index files, versioned with the manifest
+        "retired": [],  # segments the last commit dropped (a compaction): garbage if still on disk
     }
 
 
@@ -37,8 +38,12 @@ def checksum(body: dict) -> int:
 def read_manifest(db_path: str) -> dict:
     """Load and check the committed manifest; FormatError for other formats or newer versions."""
     path = os.path.join(db_path, MANIFEST)
-    with open(path, "rb") as f:
-        raw = f.read()
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except (IsADirectoryError, NotADirectoryError):
+        raise CorruptionError(f"{path}: is not a file; expected the database's manifest (`mvdb verify` "
+                              f"lists every problem; `mvdb recover` rebuilds it from the segments)") from None
     try:
         doc = json.loads(raw)
     except ValueError as e:
@@ -104,6 +109,20 @@ def manifest_problem(m: dict) -> str | None:
         if deleted and (min(deleted) < 0 or max(deleted) >= seg["n_docs"] or len(set(deleted)) != len(deleted)):
             return (f"segments[{i}] ({name}): deleted rows out of range or repeated "
                     f"(the segment holds {seg['n_docs']} documents)")
+    config = m.get("config", {})
+    if not isinstance(config, dict):
+        return f"config: expected an object, got {type(config).__name__}"
+    index = config.get("index")
+    if index is not None and not (isinstance(index, dict) and index.get("kind") in ("auto", "flat", "ivf")
+                                  and (index.get("nlist") is None or _int(index.get("nlist"), 1))):
+        return f"config.index: expected {{'kind': 'auto'|'flat'|'ivf', 'nlist': a positive int or null}}, got {index!r}"
+    if config.get("encoder") is not None and not isinstance(config["encoder"], dict):
+        return f"config.encoder: expected an object, got {type(config['encoder']).__name__}"
+    retired = m.get("retired", [])
+    if not isinstance(retired, list) or not all(plain_name(n, ".h5") for n in retired):
+        return "retired: expected a list of plain .h5 file names inside segments/"
+    if seen & set(retired):
+        return f"retired: {sorted(seen & set(retired))[0]} is also a live segment"
     files = m.get("index_files", [])
     if not isinstance(files, list):
         return f"index_files: expected a list, got {type(files).__name__}"

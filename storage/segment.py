@@ -84,8 +84,13 @@ def write_segment(
     ids: np.ndarray,
     metadata: list[str] | None,
     sparse: tuple | None = None,
+    *,
+    generation: int = 0,
+    supersedes: list[str] = (),
 ) -> int:
     """Write a complete segment to ``path`` and fsync it; returns the file size. The caller renames it.
+    ``generation``: that of the manifest commit that will name it; ``supersedes``: the segments a
+    compaction rewrote into it (so that a recovery leaves them out). Both are header attributes.
 
     HDF5 lays out and allocates the contiguous datasets; their bytes then go in with parallel
     pwrite calls while another thread computes the checksums (both release the GIL), which is
@@ -104,6 +109,8 @@ def write_segment(
     with h5py.File(path, "w", libver="latest", locking=False) as f:
         f.attrs["mvdb_segment_version"] = SEGMENT_VERSION
         f.attrs["checksum_names"] = json.dumps(names)
+        f.attrs["mvdb_generation"] = int(generation)
+        f.attrs["mvdb_supersedes"] = json.dumps(list(supersedes))
         where = {n: _empty_contiguous(f, n, a) for n, a in arrays.items()}
         where["checksums"] = _empty_contiguous(f, "checksums", np.zeros(len(names), np.uint32))
         if metadata is not None:
@@ -136,15 +143,22 @@ def _memmap(path: str, ds: h5py.Dataset) -> np.ndarray:
 
 
 class SegmentReader:
-    """Read access to one committed segment; arrays are memory-mapped, metadata read on demand."""
+    """Read access to one committed segment; arrays are memory-mapped, metadata read on demand.
+    The metadata and the sparse terms and weights are checked against their CRC-32 the first time
+    they are read (CorruptionError naming the file)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, name: str | None = None):
         self.path = path
+        self.name = name or os.path.basename(path)  # the segment's name in the manifest
         self._file = h5py.File(path, "r", locking=False)
+
         f = self._file
         self.tokens = _memmap(path, f["tokens"])
         self.scales = _memmap(path, f["scales"]) if "scales" in f else None
         self.version = int(f.attrs.get("mvdb_segment_version", 1))
+        generation = f.attrs.get("mvdb_generation")
+        self.generation = None if generation is None else int(generation)
+        self.supersedes = json.loads(f.attrs.get("mvdb_supersedes", "[]"))
         if "checksums" in f:
             self.crcs = dict(zip(json.loads(f.attrs["checksum_names"]), (int(x) for x in f["checksums"][()])))
         else:
@@ -158,13 +172,49 @@ class SegmentReader:
             ids = f["ids"][()]
         self.ids = ids
         self.has_metadata = "metadata" in f
-        self.sparse = tuple(np.asarray(_memmap(path, f[n])) for n in ("sparse_offsets", "sparse_terms", "sparse_weights")) \
-            if "sparse_offsets" in f else None
+        self.has_sparse = "sparse_offsets" in f
+        self._sparse = tuple(np.asarray(_memmap(path, f[n])) for n in ("sparse_offsets", "sparse_terms", "sparse_weights")) \
+            if self.has_sparse else None
+        self._checked = set()  # the lazily checked datasets that passed
         self.n_docs = len(ids)
         self.n_tokens = int(self.tokens.shape[0])
         # For pread-based gathers: byte offsets of the contiguous datasets (None: not contiguous).
         self._at = {n: f[n].id.get_offset() for n in ("tokens", "scales") if n in f and f[n].chunks is None}
         self._fd = os.open(path, os.O_RDONLY)
+
+    def _damaged(self, what: str):
+        return CorruptionError(f"{self.path}: {what} (damaged segment; `mvdb verify` lists every problem)")
+
+    @property
+    def sparse(self):
+        """(offsets, terms, weights) of the segment's sparse vectors, or None; terms and weights
+        are checked against their CRC-32 on first use."""
+        if self._sparse is not None and "sparse" not in self._checked:
+            for name, arr in zip(("sparse_terms", "sparse_weights"), self._sparse[1:]):
+                if name in self.crcs and crc32(arr) != self.crcs[name]:
+                    raise self._damaged(f"dataset {name} checksum mismatch")
+            self._checked.add("sparse")
+        return self._sparse
+
+    def _texts(self, values) -> list[str]:
+        try:
+            return [v.decode() if isinstance(v, bytes) else v for v in values]
+        except UnicodeDecodeError:
+            raise self._damaged("dataset metadata is not valid UTF-8") from None
+
+    def _read_metadata(self, sel):
+        try:
+            return self._texts(self._file["metadata"][sel])
+        except CorruptionError:
+            raise
+        except Exception as e:  # noqa: BLE001 - h5py reports a damaged string heap as OSError, ValueError...
+            raise self._damaged(f"dataset metadata cannot be read ({type(e).__name__}: {e})") from None
+
+    def _metadata_values(self) -> list[str]:
+        values = self._read_metadata(())
+        if int(self._file.attrs.get("crc32_metadata", -1)) != zlib.crc32("\n".join(values).encode()):
+            raise self._damaged("dataset metadata checksum mismatch")
+        return values
 
     def read_runs(self, name: str, out: np.ndarray, src: np.ndarray, dst: np.ndarray, n: np.ndarray) -> None:
         """out[dst[i] : dst[i] + n[i]] = dataset[src[i] : src[i] + n[i]] (rows) for each run i.
@@ -199,13 +249,17 @@ class SegmentReader:
                 f.result()
 
     def metadata(self, rows: np.ndarray) -> list:
+        """The stored JSON text of each row's metadata (None where the segment has none)."""
         if not self.has_metadata:
             return [None] * len(rows)
         if not len(rows):
             return []
+        if "metadata" not in self._checked:
+            values = self._metadata_values()  # the whole dataset, once: its checksum covers all of it
+            self._checked.add("metadata")
+            return [values[i] for i in np.asarray(rows).tolist()]
         uniq, inverse = np.unique(np.asarray(rows), return_inverse=True)
-        values = self._file["metadata"][uniq]  # h5py wants increasing, unique indices
-        values = [v.decode() if isinstance(v, bytes) else v for v in values]
+        values = self._read_metadata(uniq)  # h5py wants increasing, unique indices
         return [values[i] for i in inverse]
 
     def check(self, n_docs: int, n_tokens: int) -> None:
@@ -213,7 +267,7 @@ class SegmentReader:
         is wrong): the counts the manifest recorded, offsets increasing from 0 to the token count,
         and the CRC-32s of the small datasets (offsets, ids, sparse offsets)."""
         def bad(what):
-            raise CorruptionError(f"{self.path}: {what} (damaged segment; `mvdb verify` lists every problem)")
+            raise self._damaged(what)
 
         if self.n_docs != n_docs or self.n_tokens != n_tokens:
             bad(f"holds {self.n_docs} documents / {self.n_tokens} tokens, the manifest says {n_docs} / {n_tokens}")
@@ -224,10 +278,24 @@ class SegmentReader:
         off = self.offsets
         if len(off) != n_docs + 1 or (len(off) and (off[0] != 0 or off[-1] != n_tokens)) or (np.diff(off) < 1).any():
             bad("offsets are not increasing from 0 to the token count")
-        if self.sparse is not None:
-            so = self.sparse[0]
-            if len(so) != n_docs + 1 or so[0] != 0 or (np.diff(so) < 0).any() or so[-1] != len(self.sparse[1]):
+        if self._sparse is not None:
+            so = self._sparse[0]
+            if len(so) != n_docs + 1 or so[0] != 0 or (np.diff(so) < 0).any() or so[-1] != len(self._sparse[1]):
                 bad("sparse offsets are not increasing from 0 to the term count")
+
+    def mismatch(self, manifest: dict) -> str | None:
+        """What in this segment disagrees with the manifest's dim, dtype and id kind (None if nothing)."""
+        dim, dtype = manifest["dim"], manifest["dtype"]
+        if self.tokens.ndim != 2 or dim is None or self.tokens.shape[1] != dim:
+            return f"token shape {tuple(self.tokens.shape)}, the manifest says dim {dim}"
+        stored = "int8" if self.tokens.dtype == np.int8 and self.scales is not None else \
+            "float16" if self.tokens.dtype == np.float16 and self.scales is None else f"{self.tokens.dtype} tokens"
+        if stored != dtype:
+            return f"stored as {stored}, the manifest says {dtype}"
+        kind = "str" if self.ids.dtype.kind == "S" else "int"
+        if self.n_docs and manifest["id_type"] != kind:
+            return f"holds {kind} ids, the manifest says {manifest['id_type']}"
+        return None
 
     def checksum_problems(self) -> list[str]:
         """Recompute every dataset's CRC-32 and compare with the one written."""
@@ -241,8 +309,9 @@ class SegmentReader:
             if want is None or int(want) != got:
                 problems.append(f"{os.path.basename(self.path)}: dataset {name} checksum mismatch")
         if self.has_metadata:
-            values = [v.decode() if isinstance(v, bytes) else v for v in f["metadata"][()]]
-            if int(f.attrs.get("crc32_metadata", -1)) != zlib.crc32("\n".join(values).encode()):
+            try:
+                self._metadata_values()
+            except CorruptionError:
                 problems.append(f"{os.path.basename(self.path)}: dataset metadata checksum mismatch")
         return problems
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +15,40 @@ FP16_MAX = 65504.0
 MAX_STR_ID_BYTES = 1024  # a str id's UTF-8 length
 MAX_DEPTH = 32  # nesting levels of a metadata entry (dicts and lists); also of a where filter
 MAX_ID = 2**63 - 1
+MAX_DIM = 1 << 16  # an embedding's dimensions (ColBERT 128, ColPali 128, the widest models a few thousand)
+
+
+def db_path(path) -> str:
+    """A database path argument as a str: a non-empty str or os.PathLike without NUL characters."""
+    if isinstance(path, bytes):
+        raise InvalidTypeError(f"path: expected a str or os.PathLike, got bytes {path[:40]!r} (decode it first)")
+    try:
+        p = os.fspath(path)
+    except TypeError:
+        raise InvalidTypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
+    if not isinstance(p, str):
+        raise InvalidTypeError(f"path: expected a str or os.PathLike, got one giving {type(p).__name__}")
+    if not p:
+        raise InvalidInputError("path: expected a directory path, got an empty string")
+    if "\x00" in p:
+        raise InvalidInputError(f"path: expected a path without NUL characters, got {p[:60]!r}")
+    return p
+
+
+def positive_int(v, name: str, hi: int | None = None) -> int:
+    """``v`` when it is an int (not a bool) in [1, hi]; InvalidTypeError / InvalidInputError naming ``name``."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise InvalidTypeError(f"{name}: expected a positive int, got {type(v).__name__} {v!r}")
+    if v < 1 or (hi is not None and v > hi):
+        raise InvalidInputError(f"{name}: expected an int from 1 to {hi:,}, got {v}" if hi else
+                                f"{name}: expected a positive int, got {v}")
+    return int(v)
+
+
+def dim(value) -> None:
+    """A ``dim=`` argument: None, or an int from 1 to MAX_DIM."""
+    if value is not None:
+        positive_int(value, "dim", MAX_DIM)
 
 
 @dataclass
@@ -33,11 +68,25 @@ def _to_numpy(x, where: str) -> np.ndarray:
     if mod.startswith("torch"):
         import torch
 
+        if not isinstance(x, torch.Tensor):
+            raise InvalidTypeError(f"{where}: expected a 2-D numpy array or torch tensor, got {type(x).__name__}")
+        dense_tensor(x, where)
         t = x.detach().cpu()
         if t.dtype == torch.bfloat16:
             t = t.float()
         return t.numpy()
     raise InvalidTypeError(f"{where}: expected a 2-D numpy array or torch tensor, got {type(x).__name__}")
+
+
+def dense_tensor(x, where: str) -> None:
+    """InvalidInputError for a torch tensor that holds no plain data: on the meta device, sparse or
+    another layout, quantized."""
+    import torch
+
+    if x.device.type == "meta" or x.layout != torch.strided or x.is_quantized:
+        what = "on the meta device (no data)" if x.device.type == "meta" else f"with layout {x.layout}" \
+            if x.layout != torch.strided else f"quantized ({x.dtype})"
+        raise InvalidInputError(f"{where}: expected a dense tensor with data, got one {what}")
 
 
 def _numeric(a: np.ndarray, where: str) -> None:
@@ -158,9 +207,12 @@ def ids(given, n: int, id_type: str | None, next_id: int) -> tuple[np.ndarray, s
                 f"and ids are int64: at most {MAX_ID}); expected room for {n} new ids, pass ids="
             )
         return np.arange(next_id, next_id + n, dtype=np.int64), "int"
-    if isinstance(given, np.ndarray):
-        values = given.tolist()
-    elif type(given).__module__.startswith("torch"):
+    if isinstance(given, np.ndarray) or type(given).__module__.startswith("torch"):
+        if getattr(given, "ndim", None) != 1 or not hasattr(given, "tolist"):
+            raise InvalidTypeError(f"ids: expected a 1-D array or list of ids, got {type(given).__name__} of shape "
+                                   f"{tuple(getattr(given, 'shape', ()))}")
+        if type(given).__module__.startswith("torch"):
+            dense_tensor(given, "ids")
         values = given.tolist()
     elif isinstance(given, (list, tuple)):
         values = list(given)
@@ -177,13 +229,7 @@ def ids(given, n: int, id_type: str | None, next_id: int) -> tuple[np.ndarray, s
         elif isinstance(v, str):
             if "\x00" in v:
                 raise InvalidInputError(f"ids[{i}]: NUL characters are not allowed in str ids")
-            try:
-                b = v.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise InvalidInputError(
-                    f"ids[{i}]: expected a str that encodes to UTF-8, got a lone surrogate {v[e.start]!r} at "
-                    f"position {e.start}"
-                ) from None
+            b = unicode_text(v, f"ids[{i}]")
             if len(b) > MAX_STR_ID_BYTES:
                 raise InvalidInputError(
                     f"ids[{i}]: expected at most {MAX_STR_ID_BYTES} UTF-8 bytes per str id, got {len(b)}"
@@ -248,10 +294,22 @@ def metadata(given, n: int) -> list[str] | None:
             raise InvalidInputError(f"metadata[{i}]: expected at most {MAX_DEPTH} nested levels (dicts and lists), "
                                     f"got more")
         try:
-            out.append(json.dumps(m, allow_nan=False, separators=(",", ":")))
+            text = json.dumps(m, allow_nan=False, separators=(",", ":"))
         except (TypeError, ValueError) as e:
             raise InvalidInputError(f"metadata[{i}]: not JSON-serialisable ({e})") from None
+        if "\\ud" in text:  # surrogate escapes: a pair (one character) or a lone one (not text)
+            unicode_text(json.dumps(m, ensure_ascii=False), f"metadata[{i}]")
+        out.append(text)
     return out
+
+
+def unicode_text(text: str, where: str) -> bytes:
+    """``text`` as UTF-8; InvalidInputError when it holds a lone surrogate (no UTF-8 for it)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidInputError(f"{where}: expected a str that encodes to UTF-8, got a lone surrogate "
+                                f"{text[e.start]!r} at position {e.start}") from None
 
 
 def sparse(given, n: int):
@@ -267,15 +325,19 @@ def sparse(given, n: int):
         raise InvalidInputError(f"sparse: expected {n} entries (one per document), got {len(given)}")
     terms, weights, counts = [], [], []
     for i, e in enumerate(given):
-        if e is None:
-            t, w = np.zeros(0, np.int64), np.zeros(0, np.float64)
-        elif isinstance(e, dict):
-            t, w = np.array(list(e.keys())), np.array(list(e.values()))
-        elif isinstance(e, (list, tuple)) and len(e) == 2:
-            t, w = np.asarray(e[0]), np.asarray(e[1])
-        else:
+        if e is not None and not isinstance(e, dict) and not (isinstance(e, (list, tuple)) and len(e) == 2):
             raise InvalidTypeError(f"sparse[{i}]: expected a {{term: weight}} dict or a (terms, weights) pair, got "
                                    f"{type(e).__name__}")
+        try:
+            if e is None:
+                t, w = np.zeros(0, np.int64), np.zeros(0, np.float64)
+            elif isinstance(e, dict):
+                t, w = np.array(list(e.keys())), np.array(list(e.values()))
+            else:
+                t, w = np.asarray(e[0]), np.asarray(e[1])
+        except (TypeError, ValueError, OverflowError) as err:  # UnicodeDecodeError is a ValueError
+            raise InvalidInputError(f"sparse[{i}]: expected int terms and numeric weights ({type(err).__name__}: "
+                                    f"{str(err)[:80]})") from None
         if t.shape != w.shape or t.ndim != 1:
             raise InvalidInputError(f"sparse[{i}]: expected as many weights as terms, got {t.shape} terms and "
                                     f"{w.shape} weights")

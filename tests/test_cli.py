@@ -397,7 +397,7 @@ def test_verify_lists_damage_and_recover_rebuilds_a_lost_manifest(tmp_path):
     with open(seg, "r+b") as f:
         f.truncate(seg.stat().st_size - 100)
     r = CliRunner().invoke(main, ["verify", str(db)])
-    assert r.exit_code == 1 and seg.name in r.output and "size" in r.output
+    assert r.exit_code == 1 and seg.name in r.output and "bytes, the manifest says" in r.output
 
 
 # ---- search options, get / delete / export, metadata on ingest, --json (issue #18)

@@ -17,9 +17,9 @@ import h5py
 import numpy as np
 import pytest
 from mvdb.storage import Store
-from mvdb.storage.manifest import checksum
 
 import mvdb
+from damage_tools import edit_manifest, flip
 from mvdb import CorruptionError, DatabaseLockedError
 
 DIM = 8
@@ -32,15 +32,6 @@ def _docs(rng, n, lo=2, hi=12):
 
 def _segments(path) -> list[Path]:
     return sorted((Path(path) / "segments").glob("seg-*.h5"))
-
-
-def _edit_manifest(path, fn) -> None:
-    """Rewrite the manifest through ``fn`` with a valid checksum (damage a checksum cannot see)."""
-    p = Path(path) / "MANIFEST.json"
-    doc = json.loads(p.read_text())
-    body = {k: v for k, v in doc.items() if k != "checksum"}
-    fn(body)
-    p.write_text(json.dumps(dict(body, checksum=checksum(body))))
 
 
 @pytest.fixture
@@ -95,34 +86,24 @@ def test_recover_leaves_out_damaged_segments_and_newest_copy_wins(tmp_path):
         st.add([d + 1 for d in docs[:3]], ids=[1, 2, 3])
     shutil.copy(_segments(tmp_path / "older")[0], path / "segments" / "seg-00000000-00000000.h5")
     (path / "MANIFEST.json").unlink()
-    _flip(second, "tokens")
+    flip(second, "tokens")
     report = mvdb.recover(path)
     assert any("left out" in p and second.name in p for p in report.problems), report
     with Store(path) as st:
         assert sorted(st.ids()) == [1, 2, 3]
         np.testing.assert_allclose(st.get([1])[0], docs[0], atol=2e-3)  # the newer copy
     assert mvdb.verify(path).ok
+    assert (path / "segments" / (second.name + ".left-out")).exists(), "the damaged segment is kept aside"
 
 
 # ---- 3. damage: CorruptionError naming the file, and verify lists it
-
-
-def _flip(path: Path, dataset: str, nbytes: int = 8) -> None:
-    with h5py.File(path, "r") as f:
-        at = f[dataset].id.get_offset()
-        size = f[dataset].id.get_storage_size()
-    with open(path, "r+b") as f:
-        f.seek(at + size // 2)
-        raw = f.read(nbytes)
-        f.seek(at + size // 2)
-        f.write(bytes(b ^ 0xA5 for b in raw))
 
 
 def _damage(kind: str, path: Path) -> str:
     """Damage the database at path one way; returns a pattern the error must match."""
     seg = _segments(path)[1]
     if kind in ("tokens", "offsets", "id_bytes", "id_offsets"):
-        _flip(seg, kind)
+        flip(seg, kind)
         return seg.name
     if kind == "truncated":
         with open(seg, "r+b") as f:
@@ -135,13 +116,13 @@ def _damage(kind: str, path: Path) -> str:
         seg.unlink()
         return seg.name
     if kind == "deleted_row_out_of_range":
-        _edit_manifest(path, lambda m: m["segments"][0].update(deleted=[10**6]))
+        edit_manifest(path, lambda m: m["segments"][0].update(deleted=[10**6]))
         return "deleted rows out of range"
     if kind == "absolute_segment_name":
-        _edit_manifest(path, lambda m: m["segments"][0].update(name=str(path.parent / "victim.h5")))
+        edit_manifest(path, lambda m: m["segments"][0].update(name=str(path.parent / "victim.h5")))
         return "not a plain .h5 file name"
     if kind == "dotdot_index_file":
-        _edit_manifest(path, lambda m: m.update(index_files=[{"name": "../../victim.npy", "nbytes": 1, "crc32": 1}]))
+        edit_manifest(path, lambda m: m.update(index_files=[{"name": "../../victim.npy", "nbytes": 1, "crc32": 1}]))
         return "not a plain .npy file name"
     if kind == "same_id_twice":
         # segment 2's ids (d10-d19) replaced by segment 3's (d20-d29, same byte lengths) with matching
@@ -195,7 +176,7 @@ def test_damage_is_a_corruption_error_on_open_and_verify_lists_it(built, kind, t
 def test_verify_lists_every_problem_of_a_database_that_cannot_open(built):
     path, _ = built
     segs = _segments(path)
-    _flip(segs[0], "tokens")
+    flip(segs[0], "tokens")
     segs[2].unlink()
     report = mvdb.verify(path)
     assert len(report.problems) >= 2
@@ -205,7 +186,7 @@ def test_verify_lists_every_problem_of_a_database_that_cannot_open(built):
 
 def test_load_checksums_can_be_turned_off(built):
     path, _ = built
-    _flip(_segments(path)[1], "tokens")
+    flip(_segments(path)[1], "tokens")
     with pytest.raises(CorruptionError, match="tokens checksum mismatch while loading"):
         mvdb.open(path, device="cpu", progress=False)
     with mvdb.open(path, device="cpu", progress=False, checksums=False) as db:  # documented escape hatch

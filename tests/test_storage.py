@@ -18,6 +18,8 @@ from mvdb import (
     UnknownIdError,
 )
 from mvdb.storage import Store
+from mvdb.storage import segment as segment_mod
+from mvdb.storage import snapshot as snapshot_mod
 from mvdb.storage import store as store_mod
 
 DIM = 16
@@ -182,7 +184,7 @@ class StoreConformance:
         st.add(_docs(np.random.default_rng(15), 5))
         assert st.verify().ok
         seg = os.path.join(st.path, "segments", st.manifest["segments"][0]["name"])
-        r = store_mod.SegmentReader(seg)
+        r = segment_mod.SegmentReader(seg)
         tok_offset = int(r._file["tokens"].id.get_offset())
         r.close()
         with open(seg, "r+b") as f:
@@ -354,16 +356,13 @@ def _fail(*args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device (injected)")
 
 
-@pytest.mark.parametrize("where", ["segment-write", "segment-rename", "manifest-write", "manifest-rename"])
+@pytest.mark.parametrize("where", ["segment-write", "manifest-write", "manifest-rename"])
 def test_failed_write_leaves_committed_state_intact(db, monkeypatch, where):
     docs_before = db.get([0, 1])
     before = _state(db.path)
     with monkeypatch.context() as m:
         if where == "segment-write":
             m.setattr(store_mod, "write_segment", _fail)
-        elif where == "segment-rename":
-            real = os.replace
-            m.setattr(store_mod.os, "replace", lambda a, b: _fail() if a.endswith(".h5") else real(a, b))
         elif where == "manifest-write":
             from mvdb.storage import manifest as manifest_mod
 
@@ -386,6 +385,25 @@ def test_failed_write_leaves_committed_state_intact(db, monkeypatch, where):
         assert r.ids() == [0, 1, 2]
 
 
+def test_segment_rename_failing_after_the_commit_loses_nothing(db, monkeypatch):
+    """A segment's rename to its final name follows the manifest commit: when it fails, the add is
+    committed anyway, readers read the segment at its temp name, and the next writer renames it."""
+    real = os.replace
+    with monkeypatch.context() as m:
+        m.setattr(store_mod.os, "replace", lambda a, b: _fail() if a.endswith(".h5") else real(a, b))
+        assert db.add(_docs(np.random.default_rng(1), 3)) == [2, 3, 4]
+    seg_dir = os.path.join(db.path, "segments")
+    name = db.manifest["segments"][-1]["name"]
+    assert os.listdir(seg_dir).count(".tmp-" + name) == 1 and name not in os.listdir(seg_dir)
+    with Store(db.path, read_only=True) as r:
+        assert r.ids() == [0, 1, 2, 3, 4] and r.verify().ok
+        assert len(r.get([4])) == 1
+    db.close()
+    with Store(db.path) as w:
+        assert w.ids() == [0, 1, 2, 3, 4]
+    assert name in os.listdir(seg_dir) and ".tmp-" + name not in os.listdir(seg_dir)
+
+
 def test_failed_compaction_keeps_old_segments(db, monkeypatch):
     db.delete([0])
     before = _state(db.path)
@@ -400,6 +418,9 @@ def test_failed_compaction_keeps_old_segments(db, monkeypatch):
 
 
 def test_orphans_removed_by_next_writer_not_by_readers(db):
+    """Temp files no manifest names are a crashed write's: the next writer removes them. A final
+    segment name the manifest does not know is never an orphan (segments get their final name
+    only once committed): it is kept and verify() lists it."""
     seg_dir = os.path.join(db.path, "segments")
     path = db.path
     db.close()
@@ -407,12 +428,13 @@ def test_orphans_removed_by_next_writer_not_by_readers(db):
         open(os.path.join(seg_dir, name), "wb").write(b"partial")
     open(os.path.join(path, "MANIFEST.json.tmp-123"), "wb").write(b"{")
     with Store(path, read_only=True) as r:
-        assert r.verify().ok
+        report = r.verify()
+        assert [p.split(":")[0] for p in report.problems] == ["seg-99999999-deadbeef.h5"]
     assert ".tmp-seg-x.h5" in os.listdir(seg_dir), "a reader removes nothing"
     with Store(path) as w:
         assert len(w) == 2
         names = [s["name"] for s in w.manifest["segments"]]
-    assert sorted(os.listdir(seg_dir)) == sorted(names)
+    assert sorted(os.listdir(seg_dir)) == sorted(names + ["seg-99999999-deadbeef.h5"])
     assert "MANIFEST.json.tmp-123" not in os.listdir(path)
 
 
@@ -438,15 +460,15 @@ def test_load_all_to_gpu_matches_host(tmp_path, dtype, monkeypatch):
 
 def test_failure_after_the_commit_keeps_the_committed_segments(db, monkeypatch):
     """If opening the new snapshot fails after the manifest rename, the new segment stays."""
-    real = store_mod.SegmentReader
+    real = snapshot_mod.SegmentReader
 
-    def boom(path):
+    def boom(*args, **kwargs):
         raise OSError(errno.EMFILE, "Too many open files (injected)")
 
-    monkeypatch.setattr(store_mod, "SegmentReader", boom)
+    monkeypatch.setattr(snapshot_mod, "SegmentReader", boom)
     with pytest.raises(OSError, match="Too many open files"):
         db.add(_docs(np.random.default_rng(3), 2))
-    monkeypatch.setattr(store_mod, "SegmentReader", real)
+    monkeypatch.setattr(snapshot_mod, "SegmentReader", real)
     with Store(db.path, read_only=True) as r:
         assert r.verify().ok and len(r) == 4, "the committed add is intact"
 

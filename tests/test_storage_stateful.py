@@ -6,8 +6,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precondition, rule
 
-from mvdb import DuplicateIdError, UnknownIdError
-from mvdb.storage import Store
+import glob
+import os
+
+from mvdb import CorruptionError, DuplicateIdError, UnknownIdError
+from mvdb.storage import Store, recover, verify
 
 DIM = 8
 
@@ -20,6 +23,8 @@ class StoreMachine(RuleBasedStateMachine):
         self.dir = tempfile.mkdtemp(prefix="mvdb-stateful-")
         self.store = Store(self.dir + "/db", dim=DIM, segment_tokens=40)
         self.model = {}  # id -> (float16 tokens, metadata)
+        self.history = {}  # every id ever added -> its latest (tokens, metadata): what a recovery may bring back
+        self.backup = None  # (MANIFEST.json bytes, the model then)
         self.next_auto = 0
 
     ids = Bundle("ids")
@@ -44,7 +49,7 @@ class StoreMachine(RuleBasedStateMachine):
         else:
             assert got == ids
         for k, (i, d) in enumerate(zip(got, docs)):
-            self.model[i] = (d.astype(np.float16), metadata[k] if metadata else None)
+            self.model[i] = self.history[i] = (d.astype(np.float16), metadata[k] if metadata else None)
         self.next_auto = max([self.next_auto] + [i + 1 for i in got])
         return multiple(*got)
 
@@ -69,9 +74,75 @@ class StoreMachine(RuleBasedStateMachine):
         self.store.close()
         self.store = Store(self.dir + "/db")
 
+    @rule()
+    def back_up_the_manifest(self):
+        with open(self.dir + "/db/MANIFEST.json", "rb") as f:
+            self.backup = (f.read(), dict(self.model))
+
+    @precondition(lambda self: self.backup is not None)
+    @rule()
+    def put_the_backup_back(self):
+        """An older manifest put back never costs a committed document: either nothing was
+        committed beside it since (the writer opens on the backup's state) or the writer refuses,
+        and recover() brings back every document (deletions made since may come back too)."""
+        self.store.close()
+        with open(self.dir + "/db/MANIFEST.json", "wb") as f:
+            f.write(self.backup[0])
+        try:
+            self.store = Store(self.dir + "/db")
+        except CorruptionError:
+            assert not verify(self.dir + "/db").ok
+            report = recover(self.dir + "/db")
+            assert report.ok, report
+            self.store = Store(self.dir + "/db")
+            ids = set(self.store.ids())
+            assert set(self.model) <= ids <= set(self.history)
+            self.model = {i: self.history[i] for i in ids}
+        else:
+            assert set(self.store.ids()) == set(self.backup[1])
+            self.model = {i: self.history[i] for i in self.backup[1]}
+        self.next_auto = self.store.manifest["next_id"]
+        self.backup = None
+        self.read_all()
+
+    @precondition(lambda self: any(m is not None for _, m in self.model.values()))
+    @rule(data=st.data())
+    def damage_metadata_then_mend_it(self, data):
+        """A flipped byte of stored metadata is a CorruptionError naming the segment, never an answer."""
+        segs = sorted(glob.glob(self.dir + "/db/segments/seg-*.h5"))
+        hits = [(s, raw.find(b'"seed":')) for s in segs for raw in [open(s, "rb").read()] if b'"seed":' in raw]
+        seg, at = data.draw(st.sampled_from(hits))
+        self.store.close()  # HDF5 shares an open file's caches within a process: damage what nobody holds
+        with open(seg, "r+b") as f:
+            f.seek(at + 1)
+            before = f.read(1)
+            f.seek(at + 1)
+            f.write(b"S")
+        try:
+            with Store(self.dir + "/db", read_only=True) as fresh:
+                snap = fresh.snapshot()
+                with pytest.raises(CorruptionError, match=os.path.basename(seg)):
+                    snap.metadata(np.arange(snap.n_rows))  # every row, as a filter reads them
+            assert any("metadata checksum mismatch" in p for p in verify(self.dir + "/db").problems)
+        finally:
+            with open(seg, "r+b") as f:
+                f.seek(at + 1)
+                f.write(before)
+            self.store = Store(self.dir + "/db")
+
+
+    def read_all(self):
+        keys = sorted(self.model)
+        if keys:
+            p = self.store.gather(keys)
+            for k, i in enumerate(keys):
+                assert np.array_equal(p.tokens[p.offsets[k] : p.offsets[k + 1]], self.model[i][0])
+            assert self.store.metadata(keys) == [self.model[i][1] for i in keys]
+
     @precondition(lambda self: self.model)
     @rule(data=st.data())
     def read_back(self, data):
+
         keys = sorted(self.model)
         pick = data.draw(st.lists(st.sampled_from(keys), min_size=1, max_size=5))
         p = self.store.gather(pick)
