@@ -4,6 +4,7 @@ or shards over several devices). Kept apart from both classes so neither imports
 from __future__ import annotations
 
 from mvdb.database import Database
+from mvdb.engine.args import open_args
 from mvdb.shards.layout import is_sharded
 from mvdb.shards.local import ShardedDatabase
 
@@ -31,6 +32,8 @@ def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=No
     PyLate model, a callable ``f(texts, is_query)``, or an :class:`mvdb.Encoder` with settings);
     an EncoderMismatchError when the database's vectors were made by another (:mod:`mvdb.text`).
     """
+    path = open_args(path, dim=dim, dtype=dtype, index=index, nlist=nlist, residency=residency,
+                     read_only=read_only, checksums=checksums, progress=progress)
     if devices is not None or is_sharded(path):
         return ShardedDatabase(path, devices=devices, dim=dim, dtype=dtype, device=device, read_only=read_only,
                                index=index, nlist=nlist, residency=residency, progress=progress, checksums=checksums,

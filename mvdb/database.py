@@ -18,12 +18,10 @@ new state when done, so a search never sees half a write (mvdb.engine.published)
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from mvdb.encoders import as_encoder
-from mvdb.engine.args import RESIDENCY, device_arg, ids_arg, search_args
+from mvdb.engine.args import device_arg, ids_arg, open_args, search_args
 from mvdb.engine.filters import allowed_rows
 from mvdb.engine.inline import rerank
 from mvdb.engine.progress import Progress
@@ -45,9 +43,9 @@ class Database(TextMethods):
 
     def __init__(self, path, *, dim=None, dtype=None, device="auto", read_only=False, index=None, nlist=None,
                  residency="auto", progress=None, checksums=True, encoder=None):
+        path = open_args(path, dim=dim, dtype=dtype, index=index, nlist=nlist, residency=residency,
+                         read_only=read_only, checksums=checksums, progress=progress)
         self.device = device_arg(device)
-        if residency not in RESIDENCY:
-            raise InvalidInputError(f"residency: expected 'auto', 'device' or 'host', got {residency!r}")
         self.encoder = as_encoder(encoder)
         self.store = Store(path, dim=dim, dtype=dtype, read_only=read_only, checksums=checksums)
         try:
@@ -56,6 +54,7 @@ class Database(TextMethods):
             self._engine = Engine(self.store, self.device, residency, config, Progress(progress))
         except BaseException:
             self.store.close()
+            self.store.discard_new()  # a new database this open created: no trace left
             raise
         self._pub = Published(self._engine, self.store)
 
@@ -99,8 +98,19 @@ class Database(TextMethods):
         the current centroids and persisted; retrained when the corpus calls for more lists, or
         has grown 4x since the centroids were trained).
         """
+        return self._add(docs, ids, metadata, sparse)
+
+    def _add(self, docs, ids=None, metadata=None, sparse=None, encoder_record: dict | None = None) -> list:
+        """``add``; with ``encoder_record``, the encoder of the vectors is recorded in the same commit
+        (``add_texts``: a refused batch leaves no record behind; with no documents, the record alone:
+        a shard that gets none of a sharded batch)."""
+        config = None if encoder_record is None else dict(self.store.config, encoder=encoder_record)
         with self._pub.write():
-            out = self.store.add(docs, ids=ids, metadata=metadata, sparse=sparse)
+            if config is not None and isinstance(docs, list) and not docs:
+                self.store.commit_config(config)
+                out = []
+            else:
+                out = self.store.add(docs, ids=ids, metadata=metadata, sparse=sparse, config=config)
             self._pub.advance()
         return out
 
@@ -112,12 +122,6 @@ class Database(TextMethods):
 
     def _check_writable(self) -> None:
         self.store.check_writable()
-
-    def _commit_encoder(self, record: dict) -> None:
-        """Record the encoder of the vectors in the manifest (mvdb.text)."""
-        with self._pub.write():
-            self.store.commit_config(dict(self.store.config, encoder=record))
-            self._pub.advance()
 
     def delete(self, ids) -> None:
         ids = ids_arg(ids)
@@ -155,7 +159,7 @@ class Database(TextMethods):
     def metadata(self, ids) -> list:
         ids = ids_arg(ids)
         with self._pub.read() as st:
-            return [json.loads(v) for v in st.snap.metadata(st.snap.rows(ids))]
+            return st.snap.metadata_values(st.snap.rows(ids))
 
     def verify(self):
         return self.store.verify()

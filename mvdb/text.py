@@ -93,10 +93,11 @@ def merge_text(texts: list[str], metadata, store_text: bool) -> list | None:
 
 
 class TextMethods:
-    """``add_texts`` / ``search_text`` over a class with ``add``, ``search``, ``contains``,
-    ``dim``, ``__len__``, ``path`` (or ``store.path``), ``encoder`` and the hooks
-    ``_text_stores()`` (its stores), ``_text_progress()`` (a Progress), ``_check_writable()`` and
-    ``_commit_encoder(record)``."""
+    """``add_texts`` / ``search_text`` over a class with ``search``, ``contains``, ``dim``,
+    ``__len__``, ``path`` (or ``store.path``), ``encoder`` and the hooks ``_text_stores()`` (its
+    stores), ``_text_progress()`` (a Progress), ``_check_writable()`` and
+    ``_add(docs, ids, metadata, encoder_record=record)`` (``add`` that records the encoder in the
+    commit of the batch)."""
 
     encoder: Encoder | None = None
 
@@ -145,9 +146,8 @@ class TextMethods:
         self._check_dim(enc)
         rec = recorded_encoder(self._text_stores())
         check_encoder(enc, rec, self._text_path(), len(self))  # the dim is known now
-        if rec is None or enc.differences(rec):
-            self._commit_encoder(enc.record())
-        return self.add(vecs, ids=ids, metadata=meta)
+        record = enc.record() if rec is None or enc.differences(rec) else None
+        return self._add(vecs, ids=ids, metadata=meta, encoder_record=record)  # the record commits with the batch
 
     def search_text(self, queries, k: int = 10, where=None, *, encoder=None, **options):
         """Encode ``queries`` (one str, or a list) as queries (``is_query=True``) and ``search``

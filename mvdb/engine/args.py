@@ -8,8 +8,33 @@ import torch
 from mvdb.engine.filters import parse as parse_where
 from mvdb.engine.search import check_k
 from mvdb.errors import InvalidInputError, InvalidTypeError
+from mvdb.storage import validate
 
 RESIDENCY = ("auto", "device", "host")
+INDEX_KINDS = ("auto", "flat", "ivf")
+DTYPES = ("float16", "int8")
+
+
+def open_args(path, *, dim=None, dtype=None, index=None, nlist=None, residency="auto", read_only=False,
+              checksums=True, progress=None) -> str:
+    """Check the arguments of ``mvdb.open`` that need no device, before anything touches the disk
+    (a refused open leaves no trace); returns the path as a str."""
+    path = validate.db_path(path)
+    validate.dim(dim)
+    if dtype is not None and dtype not in DTYPES:
+        raise InvalidInputError(f"dtype: expected one of {DTYPES} (or None), got {dtype!r}")
+    if index is not None and index not in INDEX_KINDS:
+        raise InvalidInputError(f"index: expected 'auto', 'flat' or 'ivf', got {index!r}")
+    if nlist is not None and (isinstance(nlist, bool) or not isinstance(nlist, int) or nlist < 1):
+        raise InvalidInputError(f"nlist: expected a positive int or None, got {nlist!r}")
+    if residency not in RESIDENCY:
+        raise InvalidInputError(f"residency: expected 'auto', 'device' or 'host', got {residency!r}")
+    for name, v in (("read_only", read_only), ("checksums", checksums)):
+        if not isinstance(v, bool):
+            raise InvalidTypeError(f"{name}: expected a bool, got {type(v).__name__}")
+    if progress is not None and not isinstance(progress, bool):
+        raise InvalidTypeError(f"progress: expected a bool or None, got {type(progress).__name__}")
+    return path
 
 
 def device_arg(device) -> torch.device:
@@ -56,11 +81,7 @@ def ids_arg(ids):
     for i, v in enumerate(values):
         if isinstance(v, str):
             kinds.add("str")
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise InvalidInputError(f"ids[{i}]: expected a str that encodes to UTF-8, got a lone surrogate "
-                                        f"at position {e.start}") from None
+            validate.unicode_text(v, f"ids[{i}]")
         elif isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
             kinds.add("int")
         else:

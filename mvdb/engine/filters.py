@@ -11,23 +11,28 @@ Equality is type-strict (bool, number, str, null, list, dict are different kinds
 equals ``1``; ``1`` equals ``1.0``) and compares lists and dicts whole. ``$gt``/``$gte``/``$lt``/
 ``$lte`` take a number or a str and match only values of the same kind. A missing field (or a
 document without metadata) matches ``$ne``, ``$nin`` and ``$exists: False`` and nothing else.
-Unknown ``$`` operators are an error. The snapshot's metadata is parsed once per state and cached
-with it.
+Unknown ``$`` operators are an error. A filter holds at most ``MAX_FILTER_NODES`` conditions
+(field conditions and ``$and``/``$or``/``$not`` entries, counted as written out: a sub-filter used
+twice counts twice) and ``MAX_FILTER_VALUES`` operand values, so compiling it and testing one
+document take time linear in its size; ``$in`` / ``$nin`` test membership in a hashed set. The
+snapshot's metadata is parsed once per state and cached with it.
 """
 
 from __future__ import annotations
 
 import math
 import reprlib
-from json import loads as json_loads
 
 import numpy as np
 import torch
 
 from mvdb.errors import InvalidInputError, InvalidTypeError
+from mvdb.storage import validate
 from mvdb.storage.validate import MAX_DEPTH, too_deep
 
 LOGICAL = ("$and", "$or", "$not")
+MAX_FILTER_NODES = 1_000  # conditions; for many values of one field, use {"$in": [...]}
+MAX_FILTER_VALUES = 1_000_000  # scalars inside operands (a $in list of ids, say)
 FIELD_OPS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$exists")
 
 _repr = reprlib.Repr()
@@ -68,24 +73,58 @@ def _equal(a, b) -> bool:
     return a == b
 
 
-def _operand(v, where: str):
+class _Budget:
+    """What is left of a filter's size limits while it compiles (see the module docstring)."""
+
+    def __init__(self):
+        self.nodes, self.values = MAX_FILTER_NODES, MAX_FILTER_VALUES
+
+    def node(self, where: str) -> None:
+        self.nodes -= 1
+        if self.nodes < 0:
+            raise InvalidInputError(f"{where}: the filter holds more than {MAX_FILTER_NODES:,} conditions (a sub-filter "
+                                    f"used n times counts n times); to match many values of one field use "
+                                    f"{{'field': {{'$in': [...]}}}}")
+
+    def value(self, where: str, n: int = 1) -> None:
+        self.values -= n
+        if self.values < 0:
+            raise InvalidInputError(f"{where}: the filter holds more than {MAX_FILTER_VALUES:,} operand values")
+
+
+def _key(v):
+    """A hashable form of a JSON value with the equality of ``_equal`` (type-strict; 1 == 1.0)."""
+    kind = _kind(v)
+    if kind == "list":
+        return "list", tuple(_key(x) for x in v)
+    if kind == "dict":
+        return "dict", frozenset((f, _key(x)) for f, x in v.items())
+    return kind, v
+
+
+def _operand(v, where: str, budget: _Budget | None = None):
     """A filter operand as a plain JSON value (numpy scalars unwrapped, tuples as lists)."""
+    if budget is not None:
+        budget.value(where)
     if isinstance(v, np.generic):
         v = v.item()
-    if v is None or isinstance(v, (bool, int, str)):
+    if isinstance(v, str):
+        validate.unicode_text(v, where)
+        return v
+    if v is None or isinstance(v, (bool, int)):
         return v
     if isinstance(v, float):
         if math.isnan(v):
             raise InvalidInputError(f"{where}: expected a JSON value, got NaN (it never matches)")
         return v
     if isinstance(v, (list, tuple)):
-        return [_operand(x, f"{where}[{i}]") for i, x in enumerate(v)]
+        return [_operand(x, f"{where}[{i}]", budget) for i, x in enumerate(v)]
     if isinstance(v, dict):
         out = {}
         for f, x in v.items():
             if not isinstance(f, str):
                 raise InvalidInputError(f"{where}: expected str keys in a dict value, got {type(f).__name__}")
-            out[f] = _operand(x, f"{where}[{f!r}]")
+            out[f] = _operand(x, f"{where}[{f!r}]", budget)
         return out
     raise InvalidInputError(f"{where}: expected a JSON value (None, bool, number, str, list or dict), "
                             f"got {type(v).__name__}")
@@ -100,10 +139,10 @@ def _compare(op: str, operand, where: str):
     return lambda v: v is not _MISSING and _kind(v) == kind and test(v)
 
 
-def _field(field: str, cond, where: str) -> list:
+def _field(field: str, cond, where: str, budget: _Budget) -> list:
     """Predicates on one field's value (``_MISSING`` when absent) for a value or a dict of operators."""
     if not isinstance(cond, dict):
-        value = _operand(cond, where)
+        value = _operand(cond, where, budget)
         return [lambda v: v is not _MISSING and _equal(v, value)]
     ops = ", ".join(FIELD_OPS)
     if not cond:
@@ -120,7 +159,7 @@ def _field(field: str, cond, where: str) -> list:
     for op, arg in cond.items():
         at = f"{where}[{op!r}]"
         if op in ("$eq", "$ne"):
-            value = _operand(arg, at)
+            value = _operand(arg, at, budget)
             if op == "$eq":
                 preds.append(lambda v, value=value: v is not _MISSING and _equal(v, value))
             else:
@@ -128,21 +167,21 @@ def _field(field: str, cond, where: str) -> list:
         elif op in ("$in", "$nin"):
             if not isinstance(arg, (list, tuple, np.ndarray)):
                 raise InvalidInputError(f"{at}: expected a list of values, got {type(arg).__name__}")
-            values = _operand(list(arg), at)
+            keys = frozenset(_key(x) for x in _operand(list(arg), at, budget))
             if op == "$in":
-                preds.append(lambda v, vs=values: v is not _MISSING and any(_equal(v, x) for x in vs))
+                preds.append(lambda v, keys=keys: v is not _MISSING and _key(v) in keys)
             else:
-                preds.append(lambda v, vs=values: v is _MISSING or not any(_equal(v, x) for x in vs))
+                preds.append(lambda v, keys=keys: v is _MISSING or _key(v) not in keys)
         elif op == "$exists":
             if not isinstance(arg, (bool, np.bool_)):
                 raise InvalidInputError(f"{at}: expected True or False, got {_show(arg)}")
             preds.append(lambda v, want=bool(arg): (v is not _MISSING) == want)
         else:
-            preds.append(_compare(op, _operand(arg, at), at))
+            preds.append(_compare(op, _operand(arg, at, budget), at))
     return preds
 
 
-def _filter(where, path: str, depth: int):
+def _filter(where, path: str, depth: int, budget: _Budget):
     """A predicate over one document's metadata (a dict, or None) for a filter dict."""
     if not isinstance(where, dict) or not where:
         expected = "a non-empty dict of field conditions"
@@ -154,6 +193,7 @@ def _filter(where, path: str, depth: int):
     preds = []
     for key, cond in where.items():
         at = f"{path}[{key!r}]"
+        budget.node(at)
         if not isinstance(key, str):
             raise InvalidInputError(f"{at}: expected a str field name or operator, got {type(key).__name__}")
         if key.startswith("$"):
@@ -163,18 +203,19 @@ def _filter(where, path: str, depth: int):
                     f"field: {', '.join(FIELD_OPS)})"
                 )
             if key == "$not":
-                inner = _filter(cond, at, depth + 1)
+                inner = _filter(cond, at, depth + 1, budget)
                 preds.append(lambda m, inner=inner: not inner(m))
                 continue
             if not isinstance(cond, (list, tuple)) or not cond:
                 raise InvalidInputError(f"{at}: expected a non-empty list of filters, got {_show(cond)}")
-            inner = [_filter(c, f"{at}[{i}]", depth + 1) for i, c in enumerate(cond)]
+            inner = [_filter(c, f"{at}[{i}]", depth + 1, budget) for i, c in enumerate(cond)]
             combine = all if key == "$and" else any
             preds.append(lambda m, inner=inner, combine=combine: combine(p(m) for p in inner))
             continue
         if too_deep(cond, MAX_DEPTH + 1):  # a value as deep as stored metadata allows, in {"$op": value}
             raise InvalidInputError(f"{at}: expected a value nested at most {MAX_DEPTH} levels, got more")
-        for p in _field(key, cond, at):
+        validate.unicode_text(key, at)
+        for p in _field(key, cond, at, budget):
             preds.append(lambda m, p=p, key=key: p(m.get(key, _MISSING) if isinstance(m, dict) else _MISSING))
     if len(preds) == 1:
         return preds[0]
@@ -185,14 +226,14 @@ def parse(where):
     """Check a filter and compile it: a predicate over one document's metadata (dict or None).
     InvalidTypeError when ``where`` is not a dict; InvalidInputError, naming the place, for
     anything wrong inside it."""
-    return _filter(where, "where", 1)
+    return _filter(where, "where", 1, _Budget())
 
 
 def _metadata(state) -> list:
     meta = state.cache.get("metadata")
     if meta is None:
         n = state.n_rows
-        meta = [json_loads(m) for m in state.snap.metadata(np.arange(n))] if n else []
+        meta = state.snap.metadata_values(np.arange(n)) if n else []
         state.cache["metadata"] = meta
     return meta
 

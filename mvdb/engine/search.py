@@ -19,6 +19,7 @@ from mvdb.engine.filters import allowed_rows
 from mvdb.engine.flat import approximate_candidates
 from mvdb.engine.sparse import query_sparse, sparse_candidates
 from mvdb.kernels.host import upload_all
+from mvdb.storage import validate
 from mvdb.errors import InvalidInputError, InvalidTypeError
 
 # Defaults chosen so that nobody needs to tune them (measured: README "Database benchmarks").
@@ -81,6 +82,7 @@ def prepare(queries, dim: int, device: torch.device) -> Queries:
                 raise InvalidTypeError(f"{where}: expected a numeric array, got dtype {x.dtype}")
             return torch.from_numpy(np.ascontiguousarray(x))
         if isinstance(x, torch.Tensor):
+            validate.dense_tensor(x, where)
             if x.is_complex() or x.dtype == torch.bool:
                 raise InvalidTypeError(f"{where}: expected a real-valued tensor, got dtype {x.dtype}")
             return x.detach()

@@ -30,7 +30,7 @@ from mvdb.engine import ivf
 from mvdb.engine.flat import FlatIndex, FlatView, build_flat
 from mvdb.engine.progress import Progress
 from mvdb.engine.resident import Resident, Tokens
-from mvdb.errors import CorruptionError, InvalidInputError
+from mvdb.errors import CorruptionError
 
 FLAT_MAX_TOKENS = 1 << 20  # "auto" on a GPU: exact token search below this many tokens, centroid lists above
 # "auto" on a CPU: below this many tokens no token index is trained and searches score every
@@ -38,7 +38,6 @@ FLAT_MAX_TOKENS = 1 << 20  # "auto" on a GPU: exact token search below this many
 # CPU exhaustive MaxSim costs about what the IVF path does at 4.4M tokens, and nothing at open
 # (benchmarks/results/cpu-crossover.json).
 CPU_FLAT_MAX_TOKENS = 1 << 23
-INDEX_KINDS = ("auto", "flat", "ivf")
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,10 +86,6 @@ def stored_config(manifest: dict) -> dict:
 def resolve_config(store, index: str | None, nlist: int | None) -> dict:
     """The index configuration for this handle: the stored one, unless an argument says otherwise
     (honoured, with a warning naming both; recorded when the handle can write)."""
-    if index is not None and index not in INDEX_KINDS:
-        raise InvalidInputError(f"index: expected 'auto', 'flat' or 'ivf', got {index!r}")
-    if nlist is not None and (isinstance(nlist, bool) or not isinstance(nlist, int) or nlist < 1):
-        raise InvalidInputError(f"nlist: expected a positive int or None, got {nlist!r}")
     manifest = store.manifest
     recorded = "index" in (manifest.get("config") or {})
     cfg = stored_config(manifest)

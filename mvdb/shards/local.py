@@ -28,6 +28,7 @@ import torch
 
 from mvdb.database import Database
 from mvdb.encoders import as_encoder
+from mvdb.engine.args import open_args
 from mvdb.engine.progress import Progress
 from mvdb.engine.search import check_k as _check_k
 from mvdb.errors import DuplicateIdError, FormatError, InvalidInputError
@@ -56,7 +57,7 @@ class ShardedDatabase(TextMethods):
 
     def __init__(self, path, *, devices=None, dim=None, dtype=None, device="auto", read_only=False, encoder=None,
                  **options):
-        path = os.fspath(path)
+        path = open_args(path, dim=dim, dtype=dtype, read_only=read_only, **options)
         self.path = path
         self.encoder = as_encoder(encoder)
         self._progress = Progress(options.get("progress"))
@@ -70,6 +71,7 @@ class ShardedDatabase(TextMethods):
             raise InvalidInputError(
                 f"{path}: holds a single-shard database; open it without devices= (it cannot be split in place)"
             )
+        created = []  # what this open made on disk: removed again if it fails
         if layout.is_sharded(path):
             names = layout.read(path).shards
         elif read_only:
@@ -77,11 +79,16 @@ class ShardedDatabase(TextMethods):
         else:
             if devices is None:
                 raise InvalidInputError(f"devices: creating a sharded database at {path} needs the list of devices")
-            os.makedirs(path, exist_ok=True)
-            if layout.has_other_files(path):
+            if os.path.lexists(path) and not os.path.isdir(path):
+                raise FormatError(f"{path}: is not a directory; expected an mvdb database directory")
+            if os.path.isdir(path) and layout.has_other_files(path):
                 raise FormatError(f"{path}: holds other files and no {layout.SHARDS}; not an mvdb database")
+            if not os.path.isdir(path):
+                os.makedirs(path)
+                created.append(path)
             names = [layout.shard_name(i) for i in range(len(devices))]
             layout.write(path, names)
+            created.append(os.path.join(path, layout.SHARDS))
         on = [devices[i % len(devices)] for i in range(len(names))] if devices else [device] * len(names)
         self.names = list(names)
         self.shards: list[Database] = []
@@ -93,6 +100,10 @@ class ShardedDatabase(TextMethods):
             check_encoder(self.encoder, recorded_encoder(stores), path, sum(len(s) for s in self.shards))
         except BaseException:
             self.close()
+            if created and not any(len(s) for s in self.shards):
+                for s in self.shards:
+                    s.store.discard_new()
+                _remove_new(path, created, names)
             raise
         self._pool = ThreadPoolExecutor(max_workers=len(self.shards), thread_name_prefix="mvdb-shard")
 
@@ -161,10 +172,15 @@ class ShardedDatabase(TextMethods):
         """Store documents, each on the shard holding the fewest tokens; returns their (global) ids.
         Everything is checked before any shard writes. Writes are serialised across threads (ids
         are allocated over all shards); searches run concurrently with them."""
-        with self._writer:
-            return self._add(docs, ids, metadata, sparse)
+        return self._add(docs, ids, metadata, sparse)
 
-    def _add(self, docs, ids, metadata, sparse) -> list:
+    def _add(self, docs, ids=None, metadata=None, sparse=None, encoder_record: dict | None = None) -> list:
+        """``add``; with ``encoder_record`` (``add_texts``), every shard records the encoder once the
+        whole batch passed its checks (with its part of the batch, or alone)."""
+        with self._writer:
+            return self._add_locked(docs, ids, metadata, sparse, encoder_record)
+
+    def _add_locked(self, docs, ids, metadata, sparse, encoder_record) -> list:
         for s in self._open():
             s.store.check_writable()
         tokens, lengths, _ = validate.documents(docs, self.dim)  # shapes, dtypes, dim
@@ -185,9 +201,14 @@ class ShardedDatabase(TextMethods):
 
         def add_part(shard):
             part = jobs[id(shard)]
-            return shard.add([items[i] for i in part], ids=[ids[i] for i in part],
-                             metadata=None if metadata is None else [metadata[i] for i in part],
-                             sparse=None if sparse is None else [sparse[i] for i in part])
+            return shard._add([items[i] for i in part], ids=[ids[i] for i in part],
+                              metadata=None if metadata is None else [metadata[i] for i in part],
+                              sparse=None if sparse is None else [sparse[i] for i in part], encoder_record=encoder_record)
+
+        if encoder_record is not None:
+            for s in self.shards:
+                if id(s) not in jobs:
+                    s._add([], encoder_record=encoder_record)
 
         self._each(add_part, [s for s in self.shards if id(s) in jobs])
         return ids
@@ -201,12 +222,6 @@ class ShardedDatabase(TextMethods):
     def _check_writable(self) -> None:
         for s in self._open():
             s.store.check_writable()
-
-    def _commit_encoder(self, record: dict) -> None:
-        """Record the encoder in every shard (each shard's manifest names the model of its vectors)."""
-        with self._writer:
-            for s in self._open():
-                s._commit_encoder(record)
 
     def delete(self, ids) -> None:
         with self._writer:
@@ -285,3 +300,17 @@ class ShardedDatabase(TextMethods):
         out = [merge([p[qi] for p in per], k) for qi in range(len(lists))]
         return out[0] if single else out
 
+
+
+def _remove_new(path: str, created: list[str], names: list[str]) -> None:
+    """Undo a failed open that created a sharded database: its layout file, empty shard folders
+    left by the shards' own clean-up, and the directory when this open made it."""
+    for p in reversed(created):
+        if p != path and os.path.isfile(p):
+            os.unlink(p)
+    for name in names:
+        d = os.path.join(path, name)
+        if os.path.isdir(d) and not os.listdir(d):
+            os.rmdir(d)
+    if path in created and os.path.isdir(path) and not os.listdir(path):
+        os.rmdir(path)
