@@ -103,9 +103,13 @@ def ingest(db: str, sources: tuple[str, ...], dtype: str | None, batch: int, bui
     """
     from mvdb.ingest import open_source, sources_of
 
+    from mvdb.engine.args import device_arg
+
     if batch < 1:
         raise InvalidInputError(f"--batch: expected 1 or more documents, got {batch}")
+    device_arg(device)  # before anything is written: the index step at the end opens on it
     with contextlib.ExitStack() as opened:
+
         srcs = []
         for path in sources_of(sources):
             srcs.append(open_source(path))
@@ -558,9 +562,11 @@ def compact(db: str, as_json: bool, device: str, quiet: bool) -> None:
 @JSON_OUT
 @DEBUG
 def recover(db: str, force: bool, as_json: bool) -> None:
-    """Rebuild a lost or damaged MANIFEST.json from the segments whose checksums hold (the newest
-    copy of an id wins; deletions made after a segment was written are lost; the index is rebuilt
-    on the next open). Prints what was left out; exit 1 when anything was.
+    """Rebuild a lost, damaged or outdated MANIFEST.json from the segments whose checksums hold (the
+    newest copy of an id wins; an older manifest put back keeps its deletions and takes the newer
+    segments in; deletions recorded only in a lost manifest are lost; the index is rebuilt on the
+    next open). Prints what was left out; exit 1 when anything was.
+
 
     Example: mvdb recover my.mvdb
     """
@@ -594,11 +600,15 @@ def recover(db: str, force: bool, as_json: bool) -> None:
                    "which runs one search loop over them all (default 8).")
 @click.option("--gil-switch-us", default=100.0, show_default=True,
               help="Python's thread switch interval in the server's processes (0: Python's 5,000 us).")
+@click.option("--header-timeout", default=10.0, show_default=True,
+              help="Seconds a connection has to send a request's headers (408 and closed after).")
+@click.option("--body-timeout", default=60.0, show_default=True,
+              help="Seconds a request has to send its whole body once its headers are in (408 and closed after).")
 @DEVICE
 @DEBUG
 def serve(db: str, host: str, port: int, read_only: bool, api_key_file: str | None, create: bool, max_body_mb: float,
           batch_queries: int, batch_window_ms: float, workers: int | None, search_threads: int | None, gil_switch_us: float,
-          device: str) -> None:
+          header_timeout: float, body_timeout: float, device: str) -> None:
     """Serve DB over HTTP until SIGTERM / Ctrl-C (graceful: requests in flight finish). Clients:
     mvdb.connect("http://HOST:PORT"), or any HTTP client (MessagePack or JSON; docs at /docs).
 
@@ -621,9 +631,13 @@ def serve(db: str, host: str, port: int, read_only: bool, api_key_file: str | No
         raise InvalidInputError(f"--search-threads: expected 1 or more, got {search_threads}")
     if gil_switch_us < 0:
         raise InvalidInputError(f"--gil-switch-us: expected 0 or more, got {gil_switch_us}")
+    if not header_timeout > 0 or not body_timeout > 0:
+        raise InvalidInputError(f"--header-timeout and --body-timeout: expected seconds above 0, got {header_timeout}, "
+                                f"{body_timeout}")
     run(db, host=host, port=port, read_only=read_only, api_key=key, device=device, max_body_mb=max_body_mb,
         batch_queries=batch_queries, batch_window_ms=batch_window_ms, workers=workers,
-        search_threads=search_threads, gil_switch_us=gil_switch_us, on_ready=main_ready)
+        search_threads=search_threads, gil_switch_us=gil_switch_us, header_timeout_s=header_timeout,
+        body_timeout_s=body_timeout, on_ready=main_ready)
 
 
 def _require_database(db: str, command: str) -> None:

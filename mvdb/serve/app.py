@@ -97,9 +97,12 @@ def _only(body: dict, route: str, allowed) -> None:
 
 
 def create_app(db, *, read_only: bool = False, api_key: str | None = None, max_body_mb: float = 256,
-               batch_queries: int = 256, batch_window_ms: float = 0.0, search_threads: int = 1) -> FastAPI:
+               batch_queries: int = 256, batch_window_ms: float = 0.0, search_threads: int = 1,
+               header_timeout_s: float = 10.0, body_timeout_s: float = 60.0) -> FastAPI:
     """The application serving ``db`` (an open ``Database`` or ``ShardedDatabase``); the caller
-    owns ``db``. ``read_only`` refuses writes (403, ReadOnlyError) even on a writable handle."""
+    owns ``db``. ``read_only`` refuses writes (403, ReadOnlyError) even on a writable handle.
+    ``header_timeout_s`` / ``body_timeout_s``: the read timeouts of its connections
+    (mvdb.serve.protocol), applied by :func:`uvicorn_config`."""
     limit = int(max_body_mb * (1 << 20))
     key = api_key.encode() if api_key else None
     batcher = Batcher(db, max_queries=batch_queries, window_s=batch_window_ms / 1e3, threads=search_threads)
@@ -115,6 +118,7 @@ def create_app(db, *, read_only: bool = False, api_key: str | None = None, max_b
                               "MessagePack (arrays as {'$nd': dtype, 'shape', 'data': bytes}) or JSON "
                               "(embeddings as nested lists); see the README's 'Serving' section.")
     app.state.db, app.state.batcher, app.state.started = db, batcher, time.time()
+    app.state.read_timeouts = (header_timeout_s, body_timeout_s)
 
     def guard(request: Request) -> None:
         """The API key and the declared body size, before anything is read."""
@@ -277,9 +281,12 @@ def _plain(x):
 
 
 def uvicorn_config(app, graceful_s: float, log_level: str):
-    """How every mvdb server runs ``app`` on uvicorn (the main process and each worker)."""
+    """How every mvdb server runs ``app`` on uvicorn (the main process and each worker): httptools
+    with the app's read timeouts (mvdb.serve.protocol)."""
     import uvicorn
 
+    from mvdb.serve.protocol import timed_protocol
+
     return uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=graceful_s,
-                          timeout_keep_alive=60,
+                          timeout_keep_alive=60, http=timed_protocol(*app.state.read_timeouts),
                           lifespan="on", server_header=False, date_header=False)

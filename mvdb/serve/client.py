@@ -71,7 +71,7 @@ class Client:
             except HTTPError as e:
                 raise errors.ServerError(f"{self.url}{path}: {type(e).__name__}: {e}") from None
         if (r.headers.get("content-type") or "").startswith(codec.MSGPACK):
-            out = codec.unpack(r.data)
+            out = codec.unpack(r.data, limits=False)
         else:
             text = r.data[:200].decode(errors="replace")
             raise errors.ServerError(f"{self.url}{path}: HTTP {r.status}, not an mvdb answer: {text!r}")

@@ -66,7 +66,8 @@ def default_workers() -> int:
 def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = False, api_key: str | None = None,
           device: str = "auto", workers: int | None = None, max_body_mb: float = 256, batch_queries: int = 256,
           batch_window_ms: float = 0.0, search_threads: int | None = None, graceful_s: float = 30.0, log_level: str = "warning",
-          on_ready=None, gil_switch_us: float = GIL_SWITCH_US) -> None:
+          on_ready=None, gil_switch_us: float = GIL_SWITCH_US, header_timeout_s: float = 10.0,
+          body_timeout_s: float = 60.0) -> None:
     """Open the database at ``path`` and serve it until SIGTERM or Ctrl-C. ``port=0`` picks a free
     port; ``on_ready(url)`` is called once it answers (the CLI prints the URL).
 
@@ -89,7 +90,8 @@ def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = 
     sock = _bind(host, port)
     db = mvdb.open(path, device=device, read_only=read_only)
     options = dict(api_key=api_key, max_body_mb=max_body_mb, batch_queries=batch_queries,
-                   batch_window_ms=batch_window_ms, search_threads=search_threads)
+                   batch_window_ms=batch_window_ms, search_threads=search_threads, header_timeout_s=header_timeout_s,
+                   body_timeout_s=body_timeout_s)
     try:
         if workers <= 1:
             app = create_app(db, read_only=read_only, **options)

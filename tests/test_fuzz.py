@@ -1,0 +1,236 @@
+"""Hypothesis over the public API and the HTTP payloads: any value in any argument either works or
+raises an mvdb error (never a raw TypeError, KeyError, RecursionError...), a refused write leaves
+every file as it was, and no request body makes the server answer 500."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mvdb
+from mvdb.errors import MvdbError
+
+DIM = 8
+SETTINGS = settings(max_examples=int(os.environ.get("MVDB_FUZZ_EXAMPLES", 150)), deadline=None, suppress_health_check=list(HealthCheck))
+
+# ---- values of every shape an argument might be given
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True),
+                    st.text(max_size=8), st.binary(max_size=8))
+json_like = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                          st.dictionaries(st.text(max_size=4), inner, max_size=4)),
+                         max_leaves=20)
+
+
+@st.composite
+def arrays(draw):
+    ndim = draw(st.integers(0, 4))
+    shape = tuple(draw(st.lists(st.integers(0, 5), min_size=ndim, max_size=ndim)))
+    if ndim == 2 and draw(st.booleans()):
+        shape = (shape[0], DIM)  # often the right width, so the checks past the shape run too
+    dtype = draw(st.sampled_from(["float32", "float16", "float64", "int8", "int64", "bool", "complex64", "object"]))
+    a = np.zeros(shape, dtype=dtype) if dtype != "object" else np.empty(shape, dtype=object)
+    if dtype.startswith("float") and a.size:
+        a[...] = draw(st.sampled_from([0.0, 1.0, np.nan, np.inf, 1e30, -7.5]))
+    return torch.from_numpy(a) if draw(st.booleans()) and dtype not in ("object", "float16") else a
+
+
+anything = st.one_of(json_like, arrays(), st.lists(arrays(), max_size=3),
+                     st.builds(set, st.lists(st.integers(), max_size=3)), st.just(object()))
+
+
+def _digest(path) -> str:
+    h = hashlib.sha256()
+    for root, _, names in sorted(os.walk(path)):
+        for n in sorted(names):
+            h.update(n.encode())
+            with open(os.path.join(root, n), "rb") as f:
+                h.update(f.read())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fuzz") / "db"
+    rng = np.random.default_rng(0)
+    handle = mvdb.open(path, device="cpu", index="flat", progress=False)
+    handle.add([rng.standard_normal((4, DIM)).astype(np.float32) for _ in range(6)], ids=[f"d{i}" for i in range(6)],
+               metadata=[{"n": i, "tag": ["a", "b"][i % 2]} for i in range(6)])
+    yield handle
+    handle.close()
+
+
+def _only_mvdb_errors(call) -> bool:
+    try:
+        call()
+    except MvdbError:
+        return False
+    return True
+
+
+WRITES = {
+    "add": lambda db, a, b, c: db.add(a, ids=b, metadata=c),
+    "add_sparse": lambda db, a, b, c: db.add([np.ones((2, DIM), np.float32)], ids=["s-new"], sparse=a),
+    "delete": lambda db, a, b, c: db.delete(a),
+}
+READS = {
+    "search": lambda db, a, b, c: db.search(a, k=b),
+    "search_where": lambda db, a, b, c: db.search(np.ones((2, DIM), np.float32), where=a),
+    "search_options": lambda db, a, b, c: db.search(np.ones((2, DIM), np.float32), n_candidates=a, k_tokens=b,
+                                                    exact=c if isinstance(c, bool) else False),
+    "search_sparse": lambda db, a, b, c: db.search(np.ones((2, DIM), np.float32), sparse=a, n_sparse=b),
+    "rerank": lambda db, a, b, c: db.rerank(a, b),
+    "rerank_k": lambda db, a, b, c: db.rerank(np.ones((2, DIM), np.float32), ["d1", "d2"], k=a),
+    "candidates": lambda db, a, b, c: db.candidates(a, k=b),
+    "get": lambda db, a, b, c: db.get(a),
+    "metadata": lambda db, a, b, c: db.metadata(a),
+    "contains": lambda db, a, b, c: db.contains(a),
+}
+
+
+@SETTINGS
+@given(name=st.sampled_from(sorted(WRITES)), a=anything, b=anything, c=anything)
+def test_writes_refuse_with_mvdb_errors_and_leave_no_trace(db, name, a, b, c):
+    before, n = _digest(db.store.path), len(db)
+    stored = _only_mvdb_errors(lambda: WRITES[name](db, a, b, c))
+    if not stored:
+        assert _digest(db.store.path) == before and len(db) == n
+    elif name != "delete":
+        ids = db.store.ids()
+        db.delete([i for i in ids if i not in {f"d{k}" for k in range(6)}])  # back to the six documents
+    assert db.verify().ok
+
+
+@SETTINGS
+@given(name=st.sampled_from(sorted(READS)), a=anything, b=anything, c=anything)
+def test_reads_answer_or_raise_mvdb_errors(db, name, a, b, c):
+    _only_mvdb_errors(lambda: READS[name](db, a, b, c))
+
+
+filters = st.recursive(
+    st.dictionaries(st.sampled_from(["n", "tag", "x", "$eq", "$foo"]),
+                    st.one_of(scalars, st.dictionaries(st.sampled_from(["$eq", "$ne", "$gt", "$lte", "$in", "$nin",
+                                                                        "$exists", "$bad"]),
+                                                       st.one_of(scalars, st.lists(scalars, max_size=3)), max_size=2)),
+                    max_size=2),
+    lambda inner: st.one_of(st.dictionaries(st.sampled_from(["$and", "$or"]), st.lists(inner, max_size=3), max_size=1),
+                            st.builds(lambda f: {"$not": f}, inner)),
+    max_leaves=10)
+
+
+@SETTINGS
+@given(where=filters)
+def test_filters_match_a_reference_or_are_refused(db, where):
+    """A filter the library takes selects exactly what a plain evaluation of the same rules does."""
+    try:
+        hits = db.search(np.ones((2, DIM), np.float32), k=10, where=where, exact=True)
+    except MvdbError:
+        return
+    meta = dict(zip(db.store.ids(), db.metadata(db.store.ids())))
+    assert {h.id for h in hits} == {i for i, m in meta.items() if _reference(where, m)}
+
+
+def _kind(v):
+    return "bool" if isinstance(v, bool) else "number" if isinstance(v, (int, float)) else type(v).__name__
+
+
+def _same(a, b):
+    return _kind(a) == _kind(b) and (a == b if not isinstance(a, (list, dict)) else json.dumps(a) == json.dumps(b))
+
+
+def _reference(where: dict, m: dict) -> bool:
+    missing = object()
+    for key, cond in where.items():
+        if key == "$and" and not all(_reference(c, m) for c in cond):
+            return False
+        if key == "$or" and not any(_reference(c, m) for c in cond):
+            return False
+        if key == "$not" and _reference(cond, m):
+            return False
+        if key.startswith("$"):
+            continue
+        v = m.get(key, missing)
+        ops = cond if isinstance(cond, dict) else {"$eq": cond}
+        for op, arg in ops.items():
+            ok = {"$eq": lambda: v is not missing and _same(v, arg),
+                  "$ne": lambda: v is missing or not _same(v, arg),
+                  "$in": lambda: v is not missing and any(_same(v, x) for x in arg),
+                  "$nin": lambda: v is missing or not any(_same(v, x) for x in arg),
+                  "$exists": lambda: (v is not missing) == arg,
+                  "$gt": lambda: v is not missing and _kind(v) == _kind(arg) and v > arg,
+                  "$lte": lambda: v is not missing and _kind(v) == _kind(arg) and v <= arg}[op]()
+            if not ok:
+                return False
+    return True
+
+
+# ---- HTTP payloads
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+urllib3 = pytest.importorskip("urllib3")
+
+ROUTES = ["/search", "/candidates", "/rerank", "/add", "/delete", "/get", "/metadata", "/contains", "/compact",
+          "/refresh"]
+nested = st.recursive(scalars.filter(lambda v: not isinstance(v, float) or np.isfinite(v)),
+                      lambda inner: st.one_of(st.lists(inner, max_size=5),
+                                              st.dictionaries(st.sampled_from(["queries", "docs", "ids", "k", "where",
+                                                                               "metadata", "$obj", "$nd", "shape",
+                                                                               "data", "candidate_ids", "x"]),
+                                                              inner, max_size=5)),
+                      max_leaves=30)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from mvdb.serve import Server
+
+    path = tmp_path_factory.mktemp("fuzz-http") / "db"
+    with mvdb.open(path, device="cpu", index="flat", progress=False) as d:
+        d.add([np.ones((3, DIM), np.float32) * i for i in range(1, 5)], ids=["a", "b", "c", "d"])
+    with Server(str(path), device="cpu", open_options={"index": "flat", "progress": False}) as srv:
+        yield srv, urllib3.PoolManager(retries=False)
+
+
+def _answer_is_not_a_crash(r) -> None:
+    assert r.status < 500, (r.status, r.data[:300])
+    if r.status >= 400:
+        body = json.loads(r.data)
+        assert body["error"] in dir(mvdb.errors) and body["message"], body
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(route=st.sampled_from(ROUTES), body=nested, fmt=st.sampled_from(["json", "msgpack"]))
+def test_http_bodies_never_answer_500(server, route, body, fmt):
+    import msgpack
+
+    srv, http = server
+    if fmt == "json":
+        try:
+            raw = json.dumps(body).encode("utf-8", "surrogatepass")
+        except (TypeError, ValueError):
+            return
+        ctype = "application/json"
+    else:
+        try:
+            raw, ctype = msgpack.packb(body, use_bin_type=True, unicode_errors="surrogatepass"), "application/msgpack"
+        except (OverflowError, ValueError):  # no MessagePack for ints past 64 bits
+            return
+    r = http.request("POST", srv.url + route, body=raw, headers={"content-type": ctype, "accept": "application/json"})
+    _answer_is_not_a_crash(r)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(route=st.sampled_from(ROUTES), raw=st.one_of(st.binary(max_size=200), st.text(max_size=200).map(str.encode)),
+       ctype=st.sampled_from(["application/json", "application/msgpack", "text/plain"]))
+def test_http_garbage_never_answers_500(server, route, raw, ctype):
+    srv, http = server
+    r = http.request("POST", srv.url + route, body=raw, headers={"content-type": ctype, "accept": "application/json"})
+    _answer_is_not_a_crash(r)
