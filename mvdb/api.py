@@ -12,7 +12,7 @@ __all__ = ["open"]
 
 
 def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=None, nlist=None,  # noqa: A001
-         residency="auto", devices=None, progress=None, checksums=True, encoder=None):
+         residency="auto", devices=None, progress=None, checksums=True, encoder=None, max_gpu_bytes=None):
     """Open (or create) a database directory.
 
     ``dtype``: "float16" (the default) or "int8" for a new database; for an existing one, None or
@@ -20,9 +20,13 @@ def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=No
     or "auto" (flat below 1M tokens, 8M on a CPU); recorded in the database, so it need not be given again
     (None: the recorded choice, "auto" for a new database; a different one is used and recorded,
     with a warning). ``nlist``: IVF lists when training (default about 2 * sqrt(tokens)), recorded
-    likewise. ``residency``: where the stored tokens live for the exact rerank: "device", "host"
-    (pinned memory, candidates copied per search), or "auto" (the device when they fit in 80% of
-    its free memory). ``devices``: a list of devices to shard the documents over, one shard each
+    likewise. ``residency``: where the exact tokens live (the tier; ``stats()["tier"]`` names it):
+    "device"; "host" (pinned host memory, read in place by the exact rerank) or "disk" (read from
+    the segments per search), both with a compressed copy of every token on the device (its IVF
+    list and 2-bit residual codes, mvdb.engine.codes) that ranks a large pool of candidates; or
+    "auto": the device when the tokens fit 80% of its free memory, else host memory when they fit
+    80% of what is available there, else disk. ``max_gpu_bytes``: the device memory the exact
+    tokens may take at most (to share a GPU with a model): above it, "auto" picks another tier. ``devices``: a list of devices to shard the documents over, one shard each
     (:class:`mvdb.sharded.ShardedDatabase`; a directory created sharded is always opened sharded).
     ``progress``: report long index builds on stderr (default: on, ``MVDB_PROGRESS=0`` turns it off).
     ``checksums``: check each segment's tokens against their CRC-32 as they are loaded into memory
@@ -33,11 +37,12 @@ def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=No
     an EncoderMismatchError when the database's vectors were made by another (:mod:`mvdb.text`).
     """
     path = open_args(path, dim=dim, dtype=dtype, index=index, nlist=nlist, residency=residency,
-                     read_only=read_only, checksums=checksums, progress=progress)
+                     read_only=read_only, checksums=checksums, progress=progress, max_gpu_bytes=max_gpu_bytes)
     if devices is not None or is_sharded(path):
         return ShardedDatabase(path, devices=devices, dim=dim, dtype=dtype, device=device, read_only=read_only,
                                index=index, nlist=nlist, residency=residency, progress=progress, checksums=checksums,
-                               encoder=encoder)
+                               encoder=encoder, max_gpu_bytes=max_gpu_bytes)
     return Database(path, dim=dim, dtype=dtype, device=device, read_only=read_only, index=index, nlist=nlist,
-                    residency=residency, progress=progress, checksums=checksums, encoder=encoder)
+                    residency=residency, progress=progress, checksums=checksums, encoder=encoder,
+                    max_gpu_bytes=max_gpu_bytes)
 

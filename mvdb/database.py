@@ -42,16 +42,16 @@ class Database(TextMethods):
     ``add_texts`` / ``search_text`` (:mod:`mvdb.text`), None for embeddings only."""
 
     def __init__(self, path, *, dim=None, dtype=None, device="auto", read_only=False, index=None, nlist=None,
-                 residency="auto", progress=None, checksums=True, encoder=None):
+                 residency="auto", progress=None, checksums=True, encoder=None, max_gpu_bytes=None):
         path = open_args(path, dim=dim, dtype=dtype, index=index, nlist=nlist, residency=residency,
-                         read_only=read_only, checksums=checksums, progress=progress)
+                         read_only=read_only, checksums=checksums, progress=progress, max_gpu_bytes=max_gpu_bytes)
         self.device = device_arg(device)
         self.encoder = as_encoder(encoder)
         self.store = Store(path, dim=dim, dtype=dtype, read_only=read_only, checksums=checksums)
         try:
             check_encoder(self.encoder, recorded_encoder([self.store]), self.store.path, self.store.snapshot().n_live)
             config = resolve_config(self.store, index, nlist)
-            self._engine = Engine(self.store, self.device, residency, config, Progress(progress))
+            self._engine = Engine(self.store, self.device, residency, config, Progress(progress), max_gpu_bytes)
         except BaseException:
             self.store.close()
             self.store.discard_new()  # a new database this open created: no trace left

@@ -1,9 +1,10 @@
 """Crash-test writer: runs planned operations on a store, journaling each one that returned.
 
-    python tests/crash_writer.py DB SEED JOURNAL [database]
+    python tests/crash_writer.py DB SEED JOURNAL [database | codes]
 
 With ``database``, the operations go through ``mvdb.open`` with an IVF index that retrains
-after almost every add (RETRAIN_GROWTH 1.05), so kills land in retrains too.
+after almost every add (RETRAIN_GROWTH 1.05), so kills land in retrains too; with ``codes``, the
+same with the compressed tier (residency="host"), so kills land in code rebuilds.
 """
 
 import os
@@ -17,12 +18,14 @@ from mvdb.storage import Store  # noqa: E402
 
 
 def main(db: str, seed: int, journal: str, kind: str = "store") -> None:
-    if kind == "database":
+    if kind in ("database", "codes"):
         import mvdb
         from mvdb.engine import ivf
 
         ivf.RETRAIN_GROWTH = 1.05
-        store = mvdb.open(db, dim=16, index="ivf", nlist=4, device="cpu", progress=False)
+        # "codes": the compressed tier too (residency="host"), rebuilt with every retrain
+        store = mvdb.open(db, dim=16, index="ivf", nlist=4, device="cpu", progress=False,
+                          residency="host" if kind == "codes" else "auto")
         ops = plan(seed, store.store.ids(), store.store.manifest["next_id"])
     else:
         store = Store(db, dim=16)

@@ -70,8 +70,9 @@ def crash_loop(tmp_path, kills: int, seed: int = 0, kind: str = "store") -> dict
             got = _content(st)
             next_id = st.manifest["next_id"]
         assert got == before or got == after, f"kill {k}: the store matches neither {done} nor {done + 1} operations"
-        if kind == "database":  # the index files named by the manifest are intact, the database opens
-            with mvdb.open(db, read_only=True, device="cpu", progress=False) as d:
+        if kind in ("database", "codes"):  # the index files named by the manifest are intact, the database opens
+            residency = "host" if kind == "codes" else "auto"
+            with mvdb.open(db, read_only=True, device="cpu", progress=False, residency=residency) as d:
                 assert len(d) == len(got) and d.verify().ok
                 if got:
                     q = d.get(list(got)[:1])[0]
@@ -109,3 +110,11 @@ def test_sigkill_writer_300_times(tmp_path):
     stats = crash_loop(tmp_path, kills=300, seed=1)
     print(stats)
     assert stats["kills"] == 300
+
+
+def test_sigkill_codes_writer_during_code_rebuilds(tmp_path):
+    """The same with the compressed tier (issue #45): its residual codes are rebuilt with every
+    retrain; a kill in the middle loses nothing and leaves the codes' files consistent."""
+    stats = crash_loop(tmp_path, kills=int(os.environ.get("MVDB_CRASH_KILLS_CODES", 6)), seed=3, kind="codes")
+    assert stats["mid_run_kills"] >= stats["kills"] * 0.8, stats
+    print(stats)

@@ -362,8 +362,8 @@ def test_host_residency_gives_the_same_results(tmp_path, index, dtype, engine_ov
         q = _query(docs[120], rng)
         assert [h.id for h in db.search(q, k=3)] == _exhaustive(db, q, 3)
         assert [h.id for h in db.rerank(q, [120, 7])] == [120, 7]
-    with pytest.raises(InvalidInputError, match="residency: expected 'auto', 'device' or 'host', got 'disk'"):
-        mvdb.open(tmp_path / "db", residency="disk")
+    with pytest.raises(InvalidInputError, match="residency: expected 'auto', 'device', 'host' or 'disk', got 'gpu'"):
+        mvdb.open(tmp_path / "db", residency="gpu")
 
 
 # ---- the sparse (lexical) channel (issue #7)

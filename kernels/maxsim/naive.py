@@ -182,3 +182,23 @@ def maxsim_csr(
             out[a:b] = torch.where(valid, got, out[a:b])
         a = b
     return out
+
+
+def distinct_candidates(cand: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct rows of cand [Nq, K] (-1 pads), ascending, and cand renumbered into them
+    (-1 stays) -> (rows [R] int64, local cand [Nq, K] int64)."""
+    valid = cand >= 0
+    rows, inv = torch.unique(cand[valid], return_inverse=True)
+    local = torch.full_like(cand, -1)
+    local[valid] = inv
+    return rows, local
+
+
+def token_rows(starts: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [starts[i], starts[i] + lens[i]) of every document i, concatenated, and their CSR
+    offsets -> (token indices [sum(lens)] int64, offsets [n + 1] int64)."""
+    local = torch.zeros(lens.numel() + 1, dtype=torch.int64, device=lens.device)
+    local[1:] = lens.cumsum(0)
+    total = int(local[-1])
+    idx = torch.repeat_interleave(starts - local[:-1], lens, output_size=total)
+    return idx + torch.arange(total, device=lens.device), local

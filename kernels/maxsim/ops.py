@@ -239,6 +239,9 @@ def maxsim_candidates(
     int64, cand [Nq, K] int64 with -1 for padding (scores -inf). Documents are read in place:
     no padded copy of the candidates is made.
 
+    ``tokens`` (and ``scales``) may be pinned host memory with everything else on a CUDA device:
+    the kernel then reads them in place through unified addressing (no staging copy).
+
     Paged stores (Triton only): with ``starts`` [n_docs] int64, document j's tokens start at row
     ``starts[j]`` counted from ``tokens``' first row, which may lie in another allocation of the
     same device (a page), and ``offsets`` give only the lengths; int8 pages also need
@@ -256,7 +259,11 @@ def maxsim_candidates(
     if cand.shape[0] != nq:
         raise InvalidInputError(f"cand: expected {nq} rows (one per query in cu_q), got {cand.shape[0]}")
     _checks.scales("tokens", tokens, scales, (tokens.shape[0],))
-    device = _checks.same_device(q=q, cu_q=cu_q, tokens=tokens, offsets=offsets, cand=cand, scales=scales)
+    # tokens (and scales) in pinned host memory are read in place by a CUDA launch (UVA)
+    mapped = q.is_cuda and tokens.device.type == "cpu" and tokens.is_pinned() and \
+        (scales is None or (scales.device.type == "cpu" and scales.is_pinned()))
+    device = _checks.same_device(q=q, cu_q=cu_q, offsets=offsets, cand=cand,
+                                 **({} if mapped else {"tokens": tokens, "scales": scales}))
     n_docs = offsets.numel() - 1
     max_seqlen_q = _longest_query(
         check, max_seqlen_q, q, cu_q, [("cu_q", cu_q, q.shape[0]), ("offsets", offsets, tokens.shape[0])],
@@ -267,7 +274,7 @@ def maxsim_candidates(
     if starts is not None:
         _checks.tensor("starts", starts, (1,), (torch.int64,))
         _checks.shape_match("starts", starts, (n_docs,))
-        _checks.same_device(tokens=tokens, starts=starts, scale_starts=scale_starts)
+        _checks.same_device(**({"q": q} if mapped else {"tokens": tokens}), starts=starts, scale_starts=scale_starts)
         if (scales is None) != (scale_starts is None):
             raise InvalidInputError("scale_starts: expected it exactly when the tokens are int8 (with scales) and "
                                     f"starts are given, got scales={scales is not None}, "

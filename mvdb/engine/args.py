@@ -10,13 +10,13 @@ from mvdb.engine.search import check_k
 from mvdb.errors import InvalidInputError, InvalidTypeError
 from mvdb.storage import validate
 
-RESIDENCY = ("auto", "device", "host")
+RESIDENCY = ("auto", "device", "host", "disk")
 INDEX_KINDS = ("auto", "flat", "ivf")
 DTYPES = ("float16", "int8")
 
 
 def open_args(path, *, dim=None, dtype=None, index=None, nlist=None, residency="auto", read_only=False,
-              checksums=True, progress=None) -> str:
+              checksums=True, progress=None, max_gpu_bytes=None) -> str:
     """Check the arguments of ``mvdb.open`` that need no device, before anything touches the disk
     (a refused open leaves no trace); returns the path as a str."""
     path = validate.db_path(path)
@@ -28,7 +28,9 @@ def open_args(path, *, dim=None, dtype=None, index=None, nlist=None, residency="
     if nlist is not None and (isinstance(nlist, bool) or not isinstance(nlist, int) or nlist < 1):
         raise InvalidInputError(f"nlist: expected a positive int or None, got {nlist!r}")
     if residency not in RESIDENCY:
-        raise InvalidInputError(f"residency: expected 'auto', 'device' or 'host', got {residency!r}")
+        raise InvalidInputError(f"residency: expected 'auto', 'device', 'host' or 'disk', got {residency!r}")
+    if max_gpu_bytes is not None:
+        validate.positive_int(max_gpu_bytes, "max_gpu_bytes")
     for name, v in (("read_only", read_only), ("checksums", checksums)):
         if not isinstance(v, bool):
             raise InvalidTypeError(f"{name}: expected a bool, got {type(v).__name__}")

@@ -23,8 +23,16 @@ import torch
 
 from mvdb.kernels import maxsim_candidates, maxsim_varlen
 from mvdb.kernels.maxsim.fused import interpreting
+from mvdb.kernels.maxsim.gather import gather_rows
+from mvdb.kernels.maxsim.naive import distinct_candidates, token_rows
 
 GROWTH = 0.25  # a new page holds at least this share of the tokens already resident
+# How the rerank reads pinned host pages from a CUDA device: "gather" (the distinct candidates'
+# tokens copied to the device by one launch of many independent row loads, then scored there) or
+# "in_place" (the MaxSim kernel reads each document through unified addressing). docs/scale.md
+# has the measurement behind the default.
+HOST_READ = "gather"
+GATHER_BUDGET = 1 << 29  # bytes of gathered candidate tokens at a time
 MIN_PAGE_BYTES = 4 << 20  # the smallest page allocated for an add
 
 
@@ -63,6 +71,11 @@ class Tokens:
     @property
     def on_host(self) -> bool:
         return self.staged
+
+    @property
+    def mapped(self) -> bool:
+        """Host pages a CUDA launch reads in place (pinned: unified addressing)."""
+        return self.staged and self.device.type == "cuda" and self.home.type == "cpu"  # Resident pins them
 
     @property
     def capacity_bytes(self) -> int:
@@ -109,11 +122,8 @@ class Tokens:
     def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """The tokens of ``rows`` packed in order on the pages' device -> (tokens, scales, offsets)."""
         rows = rows.to(torch.int64).cpu()
-        starts, ends = self.host_offsets[rows], self.host_offsets[rows + 1]
-        lens = ends - starts
-        local = torch.zeros(rows.numel() + 1, dtype=torch.int64)
-        local[1:] = lens.cumsum(0)
-        idx = torch.repeat_interleave(starts - local[:-1], lens) + torch.arange(int(local[-1]))
+        starts = self.host_offsets[rows]
+        idx, local = token_rows(starts, self.host_offsets[rows + 1] - starts)
         tok, sc = self.take(idx)
         return tok, sc, local
 
@@ -121,12 +131,16 @@ class Tokens:
               budget: int = 1 << 31) -> torch.Tensor:
         """Exact MaxSim of each query against its candidate rows cand [Nq, K] (-1 = padding -> -inf).
 
-        Pages the kernel can read (the device; the CPU under the Triton interpreter) are read in
-        place, all in one launch. Otherwise (pinned host pages; several pages on a CPU without the
-        Triton kernel) the distinct candidates' tokens are gathered per chunk of queries (about
-        ``budget`` bytes at a time), copied to the device and scored there.
+        Pages the kernel can read are read in place, all in one launch: the device's; pinned host
+        pages from a CUDA device (unified addressing: each candidate's tokens cross the link once,
+        no gather or staging copy); the CPU's under the Triton interpreter. Otherwise (several pages
+        on a CPU without the Triton kernel) the distinct candidates' tokens are gathered per chunk
+        of queries (about ``budget`` bytes at a time) and scored.
         """
-        in_place = not self.on_host and (len(self.pages) <= 1 or self.device.type == "cuda" or interpreting())
+        if self.mapped and HOST_READ == "gather" and self.pages:
+            return self._score_gathered(q, cu_q, cand, max_lq)
+        in_place = (not self.on_host or self.mapped) and (len(self.pages) <= 1 or self.device.type == "cuda"
+                                                          or interpreting())
         if in_place:
             if not self.pages:
                 return torch.full(cand.shape, float("-inf"), device=self.device)
@@ -140,24 +154,45 @@ class Tokens:
         pin = self.device.type == "cuda"
         for a in range(0, nq, chunk):
             b = min(nq, a + chunk)
-            c = cand[a:b]
-            valid = c >= 0
-            if not bool(valid.any()):
+            rows, lc = distinct_candidates(cand[a:b])
+            if not rows.numel():
                 continue
-            rows, inv = torch.unique(c[valid], return_inverse=True)
             tok, sc, local = self.gather(rows)
             if pin:
                 tok = tok.pin_memory()
                 sc = sc.pin_memory() if sc is not None else None
             tok = tok.to(self.device, non_blocking=True)
             sc = sc.to(self.device, non_blocking=True) if sc is not None else None
-            lc = torch.full_like(c, -1)
-            lc[valid] = inv
             cu = cu_q[a : b + 1] - cu_q[a]
             qa = q[int(cu_q[a]) : int(cu_q[b])]
             out[a:b] = maxsim_candidates(qa, cu, tok, local.to(self.device), lc, sc, max_seqlen_q=max_lq, check=False)
         return out
 
+
+    def _score_gathered(self, q: torch.Tensor, cu_q: torch.Tensor, cand: torch.Tensor, max_lq: int) -> torch.Tensor:
+        """score() over pinned host pages: per chunk of queries (about GATHER_BUDGET bytes of
+        tokens), the distinct candidates' tokens gathered onto the device in one launch, then
+        scored there."""
+        nq, width = cand.shape
+        out = torch.full((nq, width), float("-inf"), device=self.device)
+        per_row = max(1, self.n_tokens // max(1, self.n_rows)) * self.dim * (1 if self.int8 else 2)
+        chunk = max(1, GATHER_BUDGET // max(1, width * per_row))
+        p = self.pages[0]
+        for a in range(0, nq, chunk):
+            b = min(nq, a + chunk)
+            rows, local_cand = distinct_candidates(cand[a:b])
+            if not rows.numel():
+                continue
+            lens = self.offsets[rows + 1] - self.offsets[rows]
+            idx, local = token_rows(self.starts[rows] if self.starts is not None else self.offsets[rows], lens)
+            sidx = None
+            if self.scale_starts is not None:
+                sidx, _ = token_rows(self.scale_starts[rows], lens)
+            tok, sc = gather_rows(p.tokens, idx, p.scales, sidx)
+            cu = cu_q[a : b + 1] - cu_q[a]
+            out[a:b] = maxsim_candidates(q[int(cu_q[a]) : int(cu_q[b])], cu, tok, local, local_cand, sc,
+                                         max_seqlen_q=max_lq, check=False)
+        return out
 
     def score_all(self, q: torch.Tensor, cu_q: torch.Tensor, max_lq: int, rows_per_step: int = 1 << 26):
         """Exact MaxSim of every query against every row -> [Nq, n_rows] float32 (page by page,

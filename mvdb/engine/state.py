@@ -18,6 +18,7 @@ driven by one writer at a time) builds a state from a snapshot and follows the s
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 import warnings
@@ -26,8 +27,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from mvdb.engine import codes as codes_tier
 from mvdb.engine import ivf
+from mvdb.engine.codes import Residuals
 from mvdb.engine.flat import FlatIndex, FlatView, build_flat
+from mvdb.engine.ondisk import DiskTokens
 from mvdb.engine.progress import Progress
 from mvdb.engine.resident import Resident, Tokens
 from mvdb.errors import CorruptionError
@@ -38,6 +42,20 @@ FLAT_MAX_TOKENS = 1 << 20  # "auto" on a GPU: exact token search below this many
 # CPU exhaustive MaxSim costs about what the IVF path does at 4.4M tokens, and nothing at open
 # (benchmarks/results/cpu-crossover.json).
 CPU_FLAT_MAX_TOKENS = 1 << 23
+ENCODE_CHUNK = 1 << 20  # tokens encoded into residual codes at a time
+CODES_TIERS = ("host", "disk")  # tiers whose exact tokens are off the device: codes rank the pool
+
+
+def host_available() -> int:
+    """Bytes of host memory available (Linux MemAvailable; elsewhere the free pages)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,6 +64,7 @@ class State:
     tokens: Tokens | None
     live: torch.Tensor  # [n_rows] bool on the device
     index: object | None  # FlatView | ivf.Lists
+    residuals: Residuals | None = None  # the compressed tier (where the exact tokens are off the device)
     cache: dict = field(default_factory=dict)  # per-state derived data (metadata, sparse postings)
 
     @property
@@ -105,12 +124,16 @@ def resolve_config(store, index: str | None, nlist: int | None) -> dict:
 class Engine:
     """Builds states from store snapshots and moves them forward; see the module docstring."""
 
-    def __init__(self, store, device: torch.device, residency: str, config: dict, progress: Progress | None = None):
+    def __init__(self, store, device: torch.device, residency: str, config: dict, progress: Progress | None = None,
+                 max_gpu_bytes: int | None = None):
         self.store, self.device, self.residency = store, device, residency
+        self.max_gpu_bytes = max_gpu_bytes
         self.config = dict(config)
         self.progress = progress or Progress()
         self.resident: Resident | None = None
         self.flat: FlatIndex | None = None
+        self.growing: codes_tier.Growing | None = None  # the compressed tier's buffers (codes tiers)
+        self.tier = "device"  # where the exact tokens are: "device", or "host" (codes on the device)
         self.load_seconds = 0.0
         self.state = self.build(store.snapshot())
 
@@ -120,29 +143,40 @@ class Engine:
         k = self.config["kind"]
         if k != "auto":
             return k
+        if self.tier in CODES_TIERS:  # the codes rank the pool: they need the lists' centroids
+            return "ivf"
         limit = CPU_FLAT_MAX_TOKENS if self.device.type == "cpu" else FLAT_MAX_TOKENS
         return "flat" if n_tokens < limit else "ivf"
 
-    def home(self, snap) -> torch.device:
-        """Where the tokens live: on the device, or (when they would not fit, or asked) in pinned
-        host memory, with each search copying only its candidates to the device. Memory this
-        engine already holds counts as available (it is let go of before a rebuild), as do
-        blocks PyTorch has cached but not handed out."""
-        if self.residency == "host":
-            return torch.device("cpu")
-        if self.residency == "device" or self.device.type != "cuda":
-            return self.device
+    def pick_tier(self, snap) -> str:
+        """Where the exact tokens live: "device" (where searches compute), "host" (pinned host
+        memory, read in place by the rerank; codes on the device rank the pool) or "disk" (read
+        from the segments per search; codes on the device). ``residency`` names one, or "auto":
+        the device when the tokens fit 80% of its free memory (and ``max_gpu_bytes``), else host
+        memory when they fit 80% of what the host has available, else disk. Memory this engine
+        already holds counts as available (it is let go of before a rebuild), as do blocks PyTorch
+        has cached but not handed out. On a CPU the device is the host: "device" or "disk"
+        ("host" there means the codes tier over tokens in memory)."""
+        if self.residency != "auto":
+            return self.residency
         need = sum(s["n_tokens"] for s in snap.manifest["segments"]) * _token_bytes(snap)
-        free, _ = torch.cuda.mem_get_info(self.device)
         held = self.resident.capacity_bytes if self.resident is not None else 0
-        cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
-        return self.device if need <= 0.8 * (free + held + cached) - (2 << 30) else torch.device("cpu")
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+            room = 0.8 * (free + held + cached) - (2 << 30)
+            if self.max_gpu_bytes is not None:
+                room = min(room, self.max_gpu_bytes)
+            if need <= room:
+                return "device"
+            return "host" if need <= 0.8 * (host_available() + held) - (2 << 30) else "disk"
+        return "device" if need <= 0.8 * (host_available() + held) else "disk"
 
     # ---- full build
 
     def release(self) -> None:
         """Let go of the resident tokens and indexes (before a rebuild, or at close)."""
-        self.resident = self.flat = None
+        self.resident = self.flat = self.growing = None
         self.state = None
 
     def build(self, snap, retrain: bool = False) -> State:
@@ -150,22 +184,30 @@ class Engine:
         if not dim:
             self.resident = None
             return State(snap, None, torch.zeros(0, dtype=torch.bool, device=self.device), None)
-        home = self.home(snap)
+        self.tier = self.pick_tier(snap)
         self.resident = None  # before loading: a rebuild must not hold two copies
         t0 = time.perf_counter()
-        res = Resident(dim, snap.dtype == "int8", home, self.device, staged=self.residency == "host")
-        pin = home.type == "cpu" and self.device.type == "cuda"
-        n_tok = sum(s["n_tokens"] for s in snap.manifest["segments"])
-        with self.progress.step("loading tokens", n_tok, "tokens") as step:
-            whole = self.store.load_all(home, pin, include_deleted=True, snap=snap)
-            step.update(n_tok)
-        tokens = res.adopt(whole.tokens, whole.scales, _lengths(snap))
-        self.resident = res
+        if self.tier == "disk":
+            tokens = DiskTokens(snap, self.device)
+        else:
+            home = torch.device("cpu") if self.tier == "host" else self.device
+            res = Resident(dim, snap.dtype == "int8", home, self.device, staged=self.tier == "host")
+            pin = home.type == "cpu" and self.device.type == "cuda"
+            n_tok = sum(s["n_tokens"] for s in snap.manifest["segments"])
+            with self.progress.step("loading tokens", n_tok, "tokens") as step:
+                whole = self.store.load_all(home, pin, include_deleted=True, snap=snap)
+                step.update(n_tok)
+            tokens = res.adopt(whole.tokens, whole.scales, _lengths(snap))
+            self.resident = res
         self.load_seconds = time.perf_counter() - t0
         live = torch.from_numpy(snap.live.copy()).to(self.device)
         state = State(snap, tokens, live, None)
         index, snap = self._make_index(state, retrain)
-        return State(snap, tokens, live, index)
+        return State(snap, tokens, live, index, self.residuals())
+
+    def residuals(self) -> Residuals | None:
+        """The compressed tier's current view (None where the exact tokens are on the device)."""
+        return self.growing.current if self.growing is not None else None
 
     def _make_index(self, state: State, retrain: bool = False):
         tokens = state.tokens
@@ -250,10 +292,16 @@ class Engine:
         codes, written = self._codes(state, lists, cent, entries, 0, save=saved)
         lists = lists.with_rows(codes, state.tokens.offsets)
         t2 = time.perf_counter()
+        self.growing, residuals = None, None
+        if self.tier in CODES_TIERS:
+            residuals, more = self._residuals(state, lists, cent, entries, codes, 0, save=saved)
+            written += more
+        t3 = time.perf_counter()
         if saved and (fresh or written):
-            keep = [e for e in entries if e.get("kind") == "codes" and e["centroids"] == cent["id"]]
+            keep = [e for e in entries if e.get("kind") in ("codes", "buckets", "residuals")
+                    and e["centroids"] == cent["id"]]
             snap = self._commit_index(snap, [cent] + keep + written)
-        lists.build_seconds = {"train": t1 - t0, "assign": t2 - t1}
+        lists.build_seconds = {"train": t1 - t0, "assign": t2 - t1, **({"codes": t3 - t2} if residuals else {})}
         return lists, snap
 
     def _save(self, entry: dict, name: str, array: np.ndarray) -> bool:
@@ -297,14 +345,83 @@ class Engine:
         codes = torch.cat(out) if out else torch.zeros(0, dtype=torch.int32, device=self.device)
         return codes, written
 
+    def _residuals(self, state: State, lists: ivf.Lists, cent: dict, entries: list, list_codes: torch.Tensor,
+                   first_segment: int, save: bool = True) -> tuple[Residuals, list]:
+        """The compressed tier for the snapshot's segments from ``first_segment`` on (``list_codes``:
+        those segments' tokens' lists): the buckets (read, else trained on a sample of residuals)
+        and each segment's residual codes (read, else encoded; written when writable). Appends to
+        ``self.growing`` (a fresh one from segment 0) -> (its view, new manifest entries)."""
+        from mvdb.kernels.codes import encode, train_buckets
+        from mvdb.kernels.codes.naive import n_bytes
+
+        snap, tokens = state.snap, state.tokens
+        bits = codes_tier.DEFAULT_BITS
+        dim, written = snap.dim, []
+        centroids = lists.centroids.float()
+        if first_segment == 0 or self.growing is None:
+            have = next((e for e in entries if e.get("kind") == "buckets" and e["centroids"] == cent["id"]
+                         and e["bits"] == bits), None)
+            table = self._read(have, (dim, 2 * (1 << bits) - 1), np.float32) if have is not None else None
+            if table is None:
+                take = torch.from_numpy(ivf.sample(tokens.n_tokens, min(1 << 20, 64 * lists.nlist), seed=3))
+                tok, sc = tokens.take(take.to(tokens.home))
+                x = tok.to(self.device).float() * (sc.to(self.device)[:, None] if sc is not None else 1)
+                res = x - centroids[list_codes[take.to(list_codes.device)].long()].to(self.device)
+                cutoffs, weights = train_buckets(res, bits)
+                table = torch.cat([cutoffs, weights], dim=1).cpu()
+                have = {"kind": "buckets", "centroids": cent["id"], "bits": bits}
+                if save and not self.store.read_only and self._save(have, f"buckets-{cent['id']}-b{bits}.npy",
+                                                                    table.numpy()):
+                    written.append(have)
+            table = table.to(self.device)
+            self.growing = codes_tier.Growing(bits, lists.centroids, table[:, (1 << bits) - 1:],
+                                              table[:, : (1 << bits) - 1], have, self.device)
+        g = self.growing
+        have = {e["segment"]: e for e in entries if e.get("kind") == "residuals" and e["centroids"] == cent["id"]
+                and e["bits"] == bits}
+        segs = snap.manifest["segments"]
+        start = sum(seg["n_tokens"] for seg in segs[:first_segment])
+        at = 0  # into list_codes (which starts at first_segment)
+        with self.progress.step(f"encoding residuals ({bits} bits)", sum(x["n_tokens"] for x in segs[first_segment:]),
+                                "tokens") as step:
+            for seg in segs[first_segment:]:
+                n = seg["n_tokens"]
+                lc = list_codes[at : at + n]
+                e = have.get(seg["name"])
+                c = self._read(e, (n, n_bytes(dim, bits)), np.uint8) if e is not None else None
+                if c is None:
+                    parts, t0 = [], 0
+                    for tok_page, sc_page in tokens.chunks(start, start + n):
+                        for a in range(0, tok_page.shape[0], ENCODE_CHUNK):
+                            x = tok_page[a : a + ENCODE_CHUNK].to(self.device).float()
+                            if sc_page is not None:
+                                x = x * sc_page[a : a + ENCODE_CHUNK].to(self.device)[:, None]
+                            parts.append(encode(x, lc[t0 : t0 + x.shape[0]].to(self.device),
+                                                centroids.to(self.device), g.cutoffs.to(self.device), bits))
+                            t0 += x.shape[0]
+                    c = torch.cat(parts) if parts else torch.zeros((0, n_bytes(dim, bits)), dtype=torch.uint8)
+                    if save and not self.store.read_only:
+                        stem = seg["name"].rsplit(".", 1)[0]
+                        e = {"kind": "residuals", "centroids": cent["id"], "bits": bits, "segment": seg["name"]}
+                        save = self._save(e, f"residuals-{cent['id']}-b{bits}-{stem}.npy", c.cpu().numpy())
+                        if save:
+                            written.append(e)
+                g.append(lc, c)
+                step.update(n)
+                at += n
+                start += n
+        return g.current, written
+
     def _commit_index(self, snap, entries: list):
         """Name ``entries`` in a new manifest (codes of segments no longer stored are dropped);
         returns the snapshot after the commit (same rows as ``snap``)."""
         if self.store.read_only:
             return snap
         names = {s["name"] for s in snap.manifest["segments"]}
+        latest = {e["name"]: e for e in entries}  # a file written again (it was damaged): its new entry
         try:
-            self.store.commit_index([e for e in entries if e.get("kind") != "codes" or e["segment"] in names])
+            self.store.commit_index([e for e in latest.values() if e.get("kind") not in ("codes", "residuals")
+                                     or e["segment"] in names])
         except OSError as e:
             warnings.warn(f"mvdb: could not commit the index files ({e}); the index is kept in memory and "
                           f"rebuilt when the database is next opened", RuntimeWarning, stacklevel=3)
@@ -349,7 +466,7 @@ class Engine:
         if cent is None or cent["id"] == st.index.entry["id"]:
             return st
         index, snap = self._ivf(st)
-        return replace(st, snap=snap, index=index)
+        return replace(st, snap=snap, index=index, residuals=self.residuals())
 
     def _append(self, st: State, snap, first: int) -> State:
         lengths = _lengths(snap, first)
@@ -358,7 +475,7 @@ class Engine:
         def loader(pieces):
             self.store.load_all(None, False, include_deleted=True, from_segment=first, snap=snap, out=pieces)
 
-        tokens = self.resident.load(loader, lengths)
+        tokens = DiskTokens(snap, self.device) if self.tier == "disk" else self.resident.load(loader, lengths)
         live = torch.from_numpy(snap.live.copy()).to(self.device)
         new = State(snap, tokens, live, None)
         index = st.index
@@ -367,20 +484,24 @@ class Engine:
                 return replace(new, index=index.index.view(tokens))
             self.flat = None  # let go of the flat index (a filled one holds float32 copies of the tokens)
             index, snap = self._ivf(new)  # grown past the flat index's range: train the IVF index now
-            return replace(new, snap=snap, index=index)
+            return replace(new, snap=snap, index=index, residuals=self.residuals())
         if index is None:
             index, snap = self._make_index(new)
-            return replace(new, snap=snap, index=index)
+            return replace(new, snap=snap, index=index, residuals=self.residuals())
         if not self.store.read_only and self._outgrown(new, index):
             index, snap = self._ivf(new, retrain=True)
-            return replace(new, snap=snap, index=index)
+            return replace(new, snap=snap, index=index, residuals=self.residuals())
         entries = snap.manifest.get("index_files", [])
-        codes, written = self._codes(new, index, index.entry, entries, first, save="crc32" in index.entry)
+        save = "crc32" in index.entry
+        codes, written = self._codes(new, index, index.entry, entries, first, save=save)
         rel = tokens.offsets[old_rows:] - tokens.offsets[old_rows]
         index = index.with_rows(codes, rel)
+        if st.residuals is not None:  # the compressed tier follows: the new tokens' codes appended
+            _, more = self._residuals(new, index, index.entry, entries, codes, first, save=save)
+            written += more
         if written:
             snap = self._commit_index(snap, entries + written)
-        return replace(new, snap=snap, index=index)
+        return replace(new, snap=snap, index=index, residuals=self.residuals())
 
     def stats(self, st: State) -> dict:
         """What ``Database.stats`` reports about a state."""
@@ -395,8 +516,13 @@ class Engine:
             "segments": len(m["segments"]),
             "deleted": sum(len(s["deleted"]) for s in m["segments"]),
             "device": str(self.device),
-            "residency": None if t is None else ("host" if t.on_host else "device"),
-            "resident_bytes": t.token_bytes if t is not None else 0,
+            "residency": None if t is None else ("disk" if self.tier == "disk" else "host" if t.on_host else "device"),
+            # where the exact tokens are, and whether a compressed tier ranks the pool on the device
+            "tier": None if t is None else (f"codes+{self.tier}" if st.residuals is not None else
+                                            "host" if t.on_host else "device"),
+            "codes_bits": st.residuals.bits if st.residuals is not None else None,
+            "codes_bytes": st.residuals.nbytes if st.residuals is not None else 0,
+            "resident_bytes": t.token_bytes if t is not None and self.tier != "disk" else 0,
             "resident_capacity_bytes": t.capacity_bytes if t is not None else 0,
             "pages": len(t.pages) if t is not None else 0,
             "page_allocations": self.resident.allocations if self.resident is not None else 0,

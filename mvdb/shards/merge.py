@@ -40,14 +40,14 @@ def merge_reports(named) -> VerifyReport:
 
 # Database.stats() keys that add up over shards, and those that describe every shard alike
 SUMMED = ("documents", "rows", "tokens", "segments", "deleted", "resident_bytes", "resident_capacity_bytes",
-          "pages", "index_tokens")
-SHARED = ("dim", "dtype", "id_type", "residency", "index")
+          "pages", "index_tokens", "codes_bytes")
+SHARED = ("dim", "dtype", "id_type", "residency", "index", "tier", "codes_bits")
 
 
 def merge_stats(per_shard: list[dict], path=None) -> dict:
     """Per-shard ``Database.stats()`` dicts as one dict with the same keys where they make sense:
-    counts (``SUMMED``) added up; ``dim``, ``dtype``, ``id_type``, ``residency`` and ``index`` the value the
-    shards agree on (shards with none yet, e.g. an empty shard's ``dim``, left out; None if they
+    counts (``SUMMED``) added up; ``dim``, ``dtype``, ``id_type``, ``residency``, ``index``, ``tier`` and
+    ``codes_bits`` the value the shards agree on (shards with none yet, e.g. an empty shard's ``dim``, left out; None if they
     differ); ``devices`` each shard's device; ``shards`` the per-shard dicts themselves."""
     out: dict = {"path": path}
     for key in SUMMED:

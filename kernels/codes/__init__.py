@@ -1,0 +1,14 @@
+"""Residual codes: each stored token as its IVF list plus ``bits`` bits per dimension of its
+residual (PLAID-style, with per-dimension quantile buckets), and approximate MaxSim over them.
+
+    x ~ centroids[lists[t]] + weights[d, code[t, d]]        for each dimension d
+
+At dim 128 a token takes 4 + 32 bytes at 2 bits (4 + 64 at 4), against 256 in float16, so a
+large candidate pool can be ranked on the device while the exact tokens live in host memory or
+on disk. Layout: ``naive.py`` (torch: training, packing, the reference and the CPU path),
+``fused.py`` (the Triton kernel), ``ops.py`` (the public functions).
+"""
+
+from mvdb.kernels.codes.ops import BITS, approx_maxsim_candidates, decode, encode, train_buckets
+
+__all__ = ["BITS", "approx_maxsim_candidates", "decode", "encode", "train_buckets"]
