@@ -110,19 +110,21 @@ def exhaustive_reference(db, q: torch.Tensor, k: int = 10, batch: int = 64) -> t
     return ref, q.shape[0] / (time.perf_counter() - t0)
 
 
-def measure(db, q: torch.Tensor, ref: list, kw: dict, latency_queries: int = 100, passes: int = 3) -> dict:
-    """Batched QPS (median of ``passes`` over all queries), single-query p50/p99 and recall@k
-    against ``ref`` for one search setting."""
+def measure(db, q: torch.Tensor, ref: list, kw: dict, latency_queries: int = 100, passes: int = 3,
+            batch: int | None = None) -> dict:
+    """Batched QPS (median of ``passes`` over all queries, in batches of ``batch``: all at once
+    where None), single-query p50/p99 and recall@k against ``ref`` for one search setting."""
     n, dev = q.shape[0], q.device
     db.search(q[:8], **kw)  # warm-up: compile, autotune
     sync(dev)
+    step = batch or n
     times = []
     for _ in range(passes):
         t0 = time.perf_counter()
-        hits = db.search(q, **kw)
+        hits = [h for a in range(0, n, step) for h in db.search(q[a : a + step], **kw)]
         sync(dev)
         times.append(time.perf_counter() - t0)
-    row = {**kw, "batch_qps": n / statistics.median(times)}
+    row = {**kw, "batch_qps": n / statistics.median(times), **({"batch": batch} if batch else {})}
     lat = []
     for i in range(min(latency_queries, n)):
         t0 = time.perf_counter()

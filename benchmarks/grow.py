@@ -97,11 +97,11 @@ def run_mode(mode: str, args, tokens: np.ndarray, lengths: np.ndarray, q, ref, d
     if mode == "bulk":
         out["ingest_s"] = bulk_ingest(path, tokens, lengths)
         t1 = time.perf_counter()
-        db = mvdb.open(path, device=dev)
+        db = mvdb.open(path, device=dev, residency=args.residency)
         out["first_open_s"] = time.perf_counter() - t1
     else:
         batches = int(mode.removeprefix("grow"))
-        db = mvdb.open(path, device=dev)
+        db = mvdb.open(path, device=dev, residency=args.residency)
         per = -(-n // batches)
         add_s, store_s, retrains = [], [], []
         store_add = db.store.add
@@ -134,7 +134,7 @@ def run_mode(mode: str, args, tokens: np.ndarray, lengths: np.ndarray, q, ref, d
         out["trainings"] = retrains
     out["build_s"] = time.perf_counter() - t0
     st = db.stats()
-    out["after_build"] = {k: st[k] for k in ("residency", "pages", "resident_bytes", "resident_capacity_bytes", "index",
+    out["after_build"] = {k: st[k] for k in ("residency", "tier", "pages", "resident_bytes", "resident_capacity_bytes", "index",
                                              "nlist", "trained_tokens", "segments")}
     out["after_build"]["device_used_gb"] = _device_used_gb(dev)
     print(f"{mode}: built in {out['build_s']:.1f} s {json.dumps(out['after_build'])}", flush=True)
@@ -161,7 +161,7 @@ def run_mode(mode: str, args, tokens: np.ndarray, lengths: np.ndarray, q, ref, d
     if dev == "cuda":
         torch.cuda.empty_cache()
     t1 = time.perf_counter()
-    db = mvdb.open(path, device=dev, read_only=True)
+    db = mvdb.open(path, device=dev, read_only=True, residency=args.residency)
     out["reopen_s"] = time.perf_counter() - t1
     out["after_reopen"] = {k: db.stats()[k] for k in ("residency", "pages", "index", "nlist")}
     out["after_reopen"]["device_used_gb"] = _device_used_gb(dev)
@@ -182,12 +182,13 @@ def main():
     p.add_argument("--latency-queries", type=int, default=100)
     p.add_argument("--int8", action="store_true", help="also time a bulk ingest stored as int8")
     p.add_argument("--no-compact", action="store_true")
+    p.add_argument("--residency", default="auto", help="where the exact tokens live: auto, device, host, disk")
     p.add_argument("--seed", type=int, default=41)
     p.add_argument("--path", default="/tmp/mvdb-grow.mvdb")
     p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
     args = p.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    res = {"docs": args.docs, "generator": args.generator, "spec": GENERATORS[args.generator],
+    res = {"docs": args.docs, "generator": args.generator, "residency": args.residency, "spec": GENERATORS[args.generator],
            "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "faiss_gpu": mvdb.engine.gpu_available(), "torch": torch.__version__}
@@ -206,7 +207,8 @@ def main():
         torch.cuda.empty_cache()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = f"grow-{args.generator}-{args.docs}-{'H100' if 'H100' in res['device'] else dev}.json"
+    tier = "" if args.residency == "auto" else f"-{args.residency}"
+    name = f"grow-{args.generator}-{args.docs}{tier}-{'H100' if 'H100' in res['device'] else dev}.json"
     res["modes"] = []
     for m in args.modes.split(","):
         res["modes"].append(run_mode(m, args, tokens, lengths, q, ref, dev))

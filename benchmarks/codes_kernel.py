@@ -1,0 +1,90 @@
+"""Launch configs of the approximate MaxSim kernel over residual codes (mvdb.kernels.codes), timed on
+candidate pools of the size the codes tier ranks (issue #45): checked against the torch reference first.
+
+    python benchmarks/codes_kernel.py --queries 100 --pool 8192
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton.testing
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_json  # noqa: E402
+
+from mvdb.kernels.codes import ops  # noqa: E402
+from mvdb.kernels.codes.naive import approx_candidates_torch, encode, train_buckets  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--docs", type=int, default=200_000)
+    p.add_argument("--queries", type=int, default=100)
+    p.add_argument("--pool", type=int, default=8192)
+    p.add_argument("--nlist", type=int, default=16384)
+    p.add_argument("--bits", type=int, default=2)
+    p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
+    a = p.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator(device=dev).manual_seed(0)
+    lens = torch.randint(16, 201, (a.docs,), device=dev, generator=g)
+    mean_len = float(lens.float().mean())
+    off = torch.zeros(a.docs + 1, dtype=torch.int64, device=dev)
+    off[1:] = lens.cumsum(0)
+    T = int(off[-1])
+    cent = torch.nn.functional.normalize(torch.randn(a.nlist, 128, device=dev, generator=g), dim=1)
+    lists = torch.randint(0, a.nlist, (T,), device=dev, generator=g, dtype=torch.int32)
+    def tokens(a0, a1):  # stored tokens near their list's centroid, made in chunks
+        return torch.nn.functional.normalize(cent[lists[a0:a1].long()] + 0.3 * torch.randn(a1 - a0, 128, device=dev,
+                                                                                           generator=g), dim=1)
+
+    x = tokens(0, min(T, 200_000))
+    cut, w = train_buckets(x - cent[lists[: x.shape[0]].long()], a.bits)
+    step = 1 << 22
+    codes = torch.cat([encode(tokens(i, min(T, i + step)), lists[i:i + step], cent, cut, a.bits) for i in range(0, T, step)])
+    del x
+    q = torch.nn.functional.normalize(torch.randn(a.queries * 32, 128, device=dev, generator=g), dim=1)
+    cu = torch.arange(0, a.queries * 32 + 1, 32, dtype=torch.int32, device=dev)
+    cand = torch.randint(0, a.docs, (a.queries, a.pool), device=dev, generator=g)
+    # the reference on a slice (a query longer than one tile among them), then every config
+    qc = torch.nn.functional.normalize(torch.randn(144, 128, device=dev, generator=g), dim=1)
+    cuc = torch.tensor([0, 32, 64, 144], dtype=torch.int32, device=dev)
+    sub = torch.randint(0, a.docs, (3, 61), device=dev, generator=g)
+    ref = approx_candidates_torch(qc, cuc, cent, lists, codes, w, off, sub, a.bits)
+    rows = []
+    grid = itertools.product((16, 32), (2, 4), (2,), (1, 4, 8), (False, True))
+    for bd, warps, stages, group, half in grid:
+        ops.BLOCK_D, ops.WARPS, ops.STAGES, ops.GROUP, ops.HALF = bd, warps, stages, group, half
+        cfg = {"block_d": bd, "warps": warps, "stages": stages, "group": group, "half": half}
+        try:
+            got = ops.approx_maxsim_candidates(qc, cuc, cent, lists, codes, w, off, sub, a.bits)
+            err = float((got - ref).abs().max())
+            ok = err <= 0.3
+            ms = triton.testing.do_bench(lambda: ops.approx_maxsim_candidates(q, cu, cent, lists, codes, w, off, cand,
+                                                                              a.bits, max_seqlen_q=32),
+                                         warmup=5, rep=30)
+        except Exception as e:  # noqa: BLE001 - a config that does not compile is a row too
+            rows.append({**cfg, "error": str(e)[:120]})
+            continue
+        tokens = a.queries * a.pool * mean_len
+        rows.append({**cfg, "correct": ok, "max_err": err, "ms": ms, "ms_per_query": ms / a.queries,
+                     "gtokens_s": tokens / ms / 1e6})
+        print(json.dumps(rows[-1]), flush=True)
+    good = [r for r in rows if r.get("correct")]
+    best = min(good, key=lambda r: r["ms"]) if good else None
+    print("best", json.dumps(best))
+    write_json(a.out, f"codes-kernel-{a.pool}.json", {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "args": vars(a),
+                                                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                                 "tokens": T, "rows": rows, "best": best})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""Each tier forced in turn on one corpus, same queries: recall@10 against exhaustive MaxSim over
+every document, batched QPS, single-query p50, GPU memory in use, open time (issue #45).
+
+    python benchmarks/tiers.py --docs 1000000 --gen dups --tiers device,host
+    python benchmarks/tiers.py --docs 20000 --sweep "pool=4096,8192;exact=256,512"   # defaults study
+
+Tiers: ``device`` (exact tokens on the GPU), ``host`` (codes on the GPU, exact tokens in pinned
+host memory read in place), ``disk`` (codes on the GPU, exact tokens read from the segments: the
+page cache is warm after the ingest), ``disk-cold`` (the disk tier, with one batched pass timed first
+right after the segments left the page cache). The corpus comes from benchmarks/synthetic.py (``--gen``: one of
+``GENERATORS``); the reference is the fused MaxSim kernel over
+every generated document before anything is stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import bulk_ingest, measure, sync  # noqa: E402
+from grow import structured_case  # noqa: E402
+from synthetic import GENERATORS  # noqa: E402
+
+import mvdb  # noqa: E402
+from mvdb.engine import codes as codes_tier  # noqa: E402
+
+
+def used_gb(dev: str) -> float | None:
+    if dev != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 1e9
+
+
+def sweep_settings(spec: str | None) -> list[dict]:
+    """"pool=4096,8192;exact=256,512;nprobe=20,40" -> the grid of settings (empty: the defaults)."""
+    if not spec:
+        return [{}]
+    axes = {}
+    for part in spec.split(";"):
+        name, values = part.split("=")
+        axes[name] = [int(v) for v in values.split(",")]
+    grid = [{}]
+    for name, values in axes.items():
+        grid = [dict(g, **{name: v}) for g in grid for v in values]
+    return grid
+
+
+def apply(setting: dict) -> None:
+    if "pool" in setting:
+        codes_tier.POOL_MIN = codes_tier.POOL_MAX = setting["pool"]
+    if "exact" in setting:
+        codes_tier.EXACT_MIN = setting["exact"]
+
+
+def search_kw(setting: dict) -> dict:
+    """The search arguments of a setting (the rest are module defaults, set by :func:`apply`)."""
+    return {"k": 10, **({"nprobe": setting["nprobe"]} if "nprobe" in setting else {}),
+            **({"n_candidates": setting["cand"]} if "cand" in setting else {})}
+
+
+def parts(db, q: torch.Tensor, setting: dict) -> dict:
+    """Milliseconds per query of each stage of a codes-tier search over the batch ``q``: the lists'
+    pool, the codes' approximate ranking of it, and the exact rerank (where the tokens are)."""
+    from mvdb.engine import search as S
+
+    dev = q.device
+    with db._pub.read() as st:
+        qs = S.prepare(q, st.dim, dev)
+        k = 10
+        pool = min(codes_tier.default_pool(st.snap.n_live), st.snap.n_live)
+        n_exact = min(codes_tier.default_exact(k), pool)
+        nprobe = setting.get("nprobe", S.DEFAULT_LISTS_PROBE)
+        out = {}
+
+        def timed(name, fn, reps=3):
+            fn()
+            sync(dev)
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                r = fn()
+            sync(dev)
+            out[name] = (time.perf_counter() - t0) * 1e3 / reps / qs.n
+            return r
+
+        cand = timed("pool_ms", lambda: st.index.candidates(qs.q, qs.cu_host, st.live, pool, nprobe, cu_dev=qs.cu,
+                                                             qid=qs.qid, ordered=False))
+        from mvdb.kernels.codes import ops as codes_ops
+
+        codes_ops.WORDS = False  # the byte-by-byte decode, for the A/B
+        timed("codes_bytewise_ms", lambda: st.residuals.score(qs.q, qs.cu, st.tokens.offsets, cand, qs.longest))
+        codes_ops.WORDS = True
+        approx = timed("codes_ms", lambda: st.residuals.score(qs.q, qs.cu, st.tokens.offsets, cand, qs.longest))
+        top = approx.topk(n_exact, dim=1).indices
+        exact_cand = cand.gather(1, top)
+        timed("exact_ms", lambda: st.tokens.score(qs.q, qs.cu, exact_cand, qs.longest))
+        if st.tokens.mapped:  # the other read of pinned host pages, for the A/B
+            from mvdb.engine import resident
+
+            default = resident.HOST_READ
+            resident.HOST_READ = "in_place" if default == "gather" else "gather"
+            timed(f"exact_{resident.HOST_READ}_ms", lambda: st.tokens.score(qs.q, qs.cu, exact_cand, qs.longest))
+            resident.HOST_READ = default
+        out.update(pool=pool, exact=n_exact)
+    return out
+
+
+def evict(path: str) -> int:
+    """Drop the segment files' pages from the page cache (posix_fadvise DONTNEED: no root needed
+    for clean pages) -> bytes advised."""
+    n = 0
+    for f in Path(path).glob("segments/seg-*.h5"):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            n += f.stat().st_size
+        finally:
+            os.close(fd)
+    return n
+
+
+def cold_pass(db, path: str, q: torch.Tensor, ref: list) -> dict:
+    """One batched pass over every query right after the segments left the page cache (the disk
+    tier's cold figure: nothing warmed first), then one single query, again cold."""
+    out = {"evicted_gb": evict(path) / 1e9}
+    t0 = time.perf_counter()
+    hits = db.search(q, k=10)
+    sync(q.device)
+    out["batch_qps"] = q.shape[0] / (time.perf_counter() - t0)
+    out["recall10"] = float(sum(len({h.id for h in g} & r) for g, r in zip(hits, ref)) / (10 * len(ref)))
+    evict(path)
+    t0 = time.perf_counter()
+    db.search(q[0], k=10)
+    sync(q.device)
+    out["single_ms"] = (time.perf_counter() - t0) * 1e3
+    return out
+
+
+def set_kernel(spec: str | None) -> dict:
+    """"GROUP=4,HALF=1" -> the codes kernel's launch settings (mvdb.kernels.codes.ops), as set."""
+    from mvdb.kernels.codes import ops as codes_ops
+
+    out = {}
+    for part in (spec or "").split(","):
+        if part:
+            name, value = part.split("=")
+            setattr(codes_ops, name, type(getattr(codes_ops, name))(int(value)))
+    for name in ("BLOCK_D", "WARPS", "STAGES", "GROUP", "HALF"):
+        out[name] = getattr(codes_ops, name)
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--docs", type=int, default=100_000)
+    p.add_argument("--queries", type=int, default=1000)
+    p.add_argument("--gen", default="dups", choices=sorted(GENERATORS))
+    p.add_argument("--dtype", default="float16", choices=["float16", "int8"])
+    p.add_argument("--tiers", default="device,host")
+    p.add_argument("--sweep", default=None, help='codes tiers: "pool=...;exact=..." grids of the defaults')
+    p.add_argument("--device-sweep", default=None, help='device tier: "cand=4096,8192" (n_candidates)')
+    p.add_argument("--parts", type=int, default=0, help="codes tiers: time each stage over this many queries")
+    p.add_argument("--kernel", default=None, help='codes kernel launch, e.g. "GROUP=4,HALF=1,BLOCK_D=16,WARPS=2"')
+    p.add_argument("--batch", type=int, default=None, help="queries a search call (default: all at once)")
+    p.add_argument("--passes", type=int, default=3)
+    p.add_argument("--latency-queries", type=int, default=100)
+    p.add_argument("--seed", type=int, default=45)
+    p.add_argument("--path", default="/tmp/mvdb-tiers.mvdb")
+    p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
+    args = p.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    res = {"docs": args.docs, "gen": args.gen, "dtype": args.dtype, "queries": args.queries,
+           "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "torch": torch.__version__,
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": [],
+           "kernel": set_kernel(args.kernel)}
+    q, ref, tokens, lengths, res["exhaustive_qps"] = structured_case(args.gen, args.docs, args.queries, args.seed, dev)
+    res["tokens"] = int(lengths.sum())
+    print(f"corpus: {args.docs:,} docs, {res['tokens']:,} tokens; exhaustive {res['exhaustive_qps']:.1f} QPS", flush=True)
+    res["ingest_s"] = bulk_ingest(args.path, tokens, lengths, dtype=args.dtype)
+    del tokens
+    for tier in args.tiers.split(","):
+        t0 = time.perf_counter()
+        db = mvdb.open(args.path, device=dev, residency=tier.removesuffix("-cold"), progress=False)
+        run = {"tier": tier, "open_s": time.perf_counter() - t0, "stats": {k: v for k, v in db.stats().items()
+                                                                           if k not in ("path", "encoder")},
+               "gpu_used_gb": used_gb(dev), "rows": [],
+               # what the database's tensors hold (mem_get_info adds the CUDA context, FAISS's and
+               # PyTorch's caches)
+               "gpu_allocated_gb": torch.cuda.memory_allocated() / 1e9 if dev == "cuda" else None}
+        print(f"{tier}: open {run['open_s']:.1f} s, tier {run['stats']['tier']}, GPU {run['gpu_used_gb']} GB used, "
+              f"{run['gpu_allocated_gb']} GB allocated, "
+              f"codes {run['stats']['codes_bytes'] / 1e9:.2f} GB", flush=True)
+        if tier == "disk-cold":
+            run["cold"] = cold_pass(db, args.path, q.to(dev), ref)
+            print(f"  cold: {json.dumps(run['cold'])}", flush=True)
+        for setting in sweep_settings(args.device_sweep if tier == "device" else args.sweep):
+            saved = (codes_tier.POOL_MIN, codes_tier.POOL_MAX, codes_tier.EXACT_MIN)
+            apply(setting)
+            try:
+                row = measure(db, q.to(dev), ref, search_kw(setting), latency_queries=args.latency_queries,
+                              passes=args.passes, batch=args.batch)
+                if tier != "device" and args.parts:
+                    row["parts"] = parts(db, q[: args.parts].to(dev), setting)
+            finally:
+                codes_tier.POOL_MIN, codes_tier.POOL_MAX, codes_tier.EXACT_MIN = saved
+            row.update(setting, peak_gb=torch.cuda.max_memory_allocated() / 1e9 if dev == "cuda" else None)
+            run["rows"].append(row)
+            print(f"  {json.dumps(row)}", flush=True)
+        db.close()
+        del db
+        if dev == "cuda":
+            import gc
+
+            gc.collect()
+            torch.cuda.empty_cache()
+        res["runs"].append(run)
+    shutil.rmtree(args.path, ignore_errors=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"tiers-{args.gen}-{args.docs}-{args.dtype}.json"
+    (out / name).write_text(json.dumps(res, indent=1, default=str))
+    print("wrote", out / name)
+    sync(dev)
+
+
+if __name__ == "__main__":
+    main()
