@@ -21,7 +21,7 @@ def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=No
     (None: the recorded choice, "auto" for a new database; a different one is used and recorded,
     with a warning). ``nlist``: IVF lists when training (default about 2 * sqrt(tokens)), recorded
     likewise. ``residency``: where the exact tokens live (the tier; ``stats()["tier"]`` names it):
-    "device"; "host" (pinned host memory, read in place by the exact rerank) or "disk" (read from
+    "device"; "host" (pinned host memory, the candidates read over the link by the exact rerank) or "disk" (read from
     the segments per search), both with a compressed copy of every token on the device (its IVF
     list and 2-bit residual codes, mvdb.engine.codes) that ranks a large pool of candidates; or
     "auto": the device when the tokens fit 80% of its free memory, else host memory when they fit

@@ -85,6 +85,8 @@ def test_fused_kernel_matches_the_reference(bits, dim, group, half, monkeypatch)
     wide[:, :7] = cand  # a strided view: the kernel must not assume rows of n_k
     torch.testing.assert_close(approx_maxsim_candidates(q, cu, centroids, lists, codes, weights, off, wide[:, :7], bits),
                                got)
+    strided = torch.cat([codes, torch.zeros_like(codes)], dim=1)[:, : codes.shape[1]]  # rows 2 x n_bytes apart
+    torch.testing.assert_close(approx_maxsim_candidates(q, cu, centroids, lists, strided, weights, off, cand, bits), got)
     assert bool(torch.isinf(got[cand < 0]).all()) and bool(torch.isinf(ref[cand < 0]).all())
     ok = cand >= 0
     torch.testing.assert_close(got[ok], ref[ok], atol=2e-2 * max(q_lens), rtol=2e-2)

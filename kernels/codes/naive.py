@@ -12,6 +12,9 @@ from __future__ import annotations
 import torch
 
 
+DECODE_BYTES = 24
+
+
 def n_bytes(dim: int, bits: int) -> int:
     """Bytes of one token's packed residual codes."""
     return (dim * bits + 7) // 8
@@ -24,7 +27,8 @@ def train_buckets(residuals: torch.Tensor, bits: int) -> tuple[torch.Tensor, tor
     r = residuals.float()
     levels = 1 << bits
     q = torch.arange(1, levels, dtype=torch.float32, device=r.device) / levels
-    cutoffs = torch.quantile(r, q, dim=0).T.contiguous() if r.shape[0] else torch.zeros(r.shape[1], levels - 1)
+    cutoffs = torch.quantile(r, q, dim=0).T.contiguous() if r.shape[0] else \
+        torch.zeros(r.shape[1], levels - 1, device=r.device)
     codes = bucketize(r, cutoffs)
     weights = torch.zeros(r.shape[1], levels, dtype=torch.float32, device=r.device)
     counts = torch.zeros_like(weights)
@@ -93,15 +97,19 @@ def approx_candidates_torch(q: torch.Tensor, cu_q: torch.Tensor, centroids: torc
     cu = cu_q.to(torch.int64)
     lens_all = off[1:] - off[:-1]
     mean_len = max(1, int(off[-1]) // max(1, off.numel() - 1))
-    step = max(1, budget // max(1, width * mean_len * centroids.shape[1] * 4))
+    # about DECODE_BYTES a decoded value (unpacking, the weights gathered, the centroids, the sum)
+    per_row = mean_len * centroids.shape[1] * DECODE_BYTES
+    step = max(1, budget // max(1, width * per_row))
+    rows_step = max(1, budget // per_row)
     for a in range(0, nq, step):
         b = min(nq, a + step)
         rows, lc = distinct_candidates(cand[a:b])
-        if not rows.numel():
-            continue
-        starts = off[rows]
-        idx, local = token_rows(starts, lens_all[rows])
-        d = decode(packed[idx], lists[idx], centroids, weights, bits)
         qa = q[int(cu[a]) : int(cu[b])]
-        out[a:b] = maxsim_csr(qa, cu[a : b + 1] - cu[a], d, local, lc, dtype=torch.float32)
+        for r0 in range(0, rows.numel(), rows_step):  # a pool wider than the budget: in slices of rows
+            part = rows[r0 : r0 + rows_step]
+            inside = (lc >= r0) & (lc < r0 + part.numel())
+            idx, local = token_rows(off[part], lens_all[part])
+            d = decode(packed[idx], lists[idx], centroids, weights, bits)
+            s = maxsim_csr(qa, cu[a : b + 1] - cu[a], d, local, torch.where(inside, lc - r0, -1), dtype=torch.float32)
+            out[a:b] = torch.where(inside, s, out[a:b])
     return out

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from mvdb.kernels import _checks
@@ -70,10 +72,10 @@ def approx_maxsim_candidates(q: torch.Tensor, cu_q: torch.Tensor, centroids: tor
         cand = torch.nn.functional.pad(cand, (0, padded - width), value=-1)
     out = torch.empty((nq, padded), dtype=torch.float32, device=device)
     bq = block_q(max_seqlen_q)
-    with launch_guard():
+    with launch_guard(), torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         _approx_kernel[(nq * padded // GROUP,)](
             q.to(torch.float16).contiguous(), cu_q.to(torch.int32), centroids.to(torch.float16).contiguous(),
-            lists.contiguous(), codes.view(torch.int32) if words else codes, weights.float().contiguous(),
+            lists.contiguous(), codes.view(torch.int32) if words else codes.contiguous(), weights.float().contiguous(),
             offsets.contiguous(), cand.contiguous(), out,
             padded, padded // GROUP, DIM=dim, BLOCK_DIM=bdim, BITS=bits, NB=nb, WORDS=words, BLOCK_Q=bq,
             BLOCK_D=BLOCK_D, GROUP=GROUP, ONE_QB=max_seqlen_q <= bq, HALF=HALF, num_warps=WARPS,

@@ -4,10 +4,13 @@ separate load in flight, so the link's bandwidth is reached whatever the documen
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
 
+from mvdb.kernels.errors import InvalidInputError
 from mvdb.kernels.maxsim.fused import interpreting, launch_guard
 
 BLOCK_ROWS = 32
@@ -42,8 +45,11 @@ def gather_rows(src: torch.Tensor, idx: torch.Tensor, scales: torch.Tensor | Non
         if scales is not None:
             dst_sc.copy_(scales.index_select(0, (idx if scale_idx is None else scale_idx).to(scales.device)))
         return dst, dst_sc
+    if dev.type == "cuda" and src.device.type == "cpu" and not src.is_pinned():
+        raise InvalidInputError("src: expected pinned host memory or a tensor on idx's device, got pageable host "
+                                "memory")
     if n:
-        with launch_guard():
+        with launch_guard(), torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
             _gather_kernel[(triton.cdiv(n, BLOCK_ROWS),)](
                 src, scales if scales is not None else dst, idx.contiguous(),
                 (idx if scale_idx is None else scale_idx).contiguous(), dst, dst_sc if dst_sc is not None else dst, n,

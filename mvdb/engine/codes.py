@@ -3,8 +3,8 @@
 
 A search over this tier ranks a large pool of candidates from the IVF lists by approximate MaxSim
 over the codes (one fused kernel: the tokens are decoded in registers), and only the best few go
-to the exact rerank, which reads the exact tokens where they are (pinned host memory in place, or
-the segments on disk). Final scores stay exact MaxSim.
+to the exact rerank, which reads the exact tokens where they are (pinned host memory, gathered onto
+the device by one launch, or the segments on disk). Final scores stay exact MaxSim.
 
 :class:`Residuals` views are immutable: an add appends past the end of every earlier view (the
 buffers grow by at least ``GROWTH`` of their size, so appends copy each token a bounded number of

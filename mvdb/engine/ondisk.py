@@ -2,10 +2,10 @@
 interface with nothing resident but the row offsets (the codes tier, mvdb.engine.codes, ranks the
 pool on the device; only the best few candidates' tokens are read, per search).
 
-Reads go through the snapshot's segment readers (pread, in parallel threads for large requests,
-mvdb.storage.segment), into host memory, then to the device. A batch of queries is scored in
-chunks of about ``budget`` bytes of candidate tokens, the next chunk read while the device scores
-the one before.
+Reads gather the candidates' rows from each segment's memory map (torch's multi-threaded
+index_select, from the page cache) into one pinned buffer, then copy it to the device. A batch of
+queries is scored in chunks of about ``budget`` bytes of candidate tokens, the next chunk read (in
+a worker thread) while the device scores the one before.
 """
 
 from __future__ import annotations
@@ -101,10 +101,10 @@ class DiskTokens:
         return v
 
     def _read(self, rows: np.ndarray):
-        """The tokens of distinct rows (ascending), packed, on the device -> (tokens, scales, local
-        offsets). Each segment's rows are gathered from its memory map by torch's multi-threaded
-        index_select straight into one pinned buffer (the page cache's pages, no per-document
-        system call), then copied to the device."""
+        """The tokens of distinct rows (ascending), packed in host memory (pinned where the device is
+        a GPU) -> (tokens, scales, local offsets). Each segment's rows are gathered from its memory
+        map by torch's multi-threaded index_select straight into one buffer (the page cache's
+        pages, no per-document system call)."""
         off = self.host_offsets
         rows_t = torch.from_numpy(rows)
         starts = off[rows_t]
@@ -124,8 +124,7 @@ class DiskTokens:
             torch.index_select(t_map, 0, part, out=tok[a:b])
             if sc is not None:
                 torch.index_select(s_map, 0, part, out=sc[a:b])
-        return (tok.to(self.device, non_blocking=pin), None if sc is None else sc.to(self.device, non_blocking=pin),
-                local_t.to(self.device))
+        return tok, sc, local_t
 
     def score(self, q: torch.Tensor, cu_q: torch.Tensor, cand: torch.Tensor, max_lq: int,
               budget: int = 1 << 29) -> torch.Tensor:
@@ -153,6 +152,10 @@ class DiskTokens:
             if got is None:
                 continue
             lc, (tok, sc, local) = got
+            # copied on the caller's stream (the one the kernel runs on), not the reading thread's
+            pin = self.device.type == "cuda"
+            tok, local = tok.to(self.device, non_blocking=pin), local.to(self.device)
+            sc = None if sc is None else sc.to(self.device, non_blocking=pin)
             cu = cu_q[a : b + 1] - cu_q[a]
             qa = q[int(cu_q[a]) : int(cu_q[b])]
             out[a:b] = maxsim_candidates(qa, cu, tok, local, lc.to(self.device), sc, max_seqlen_q=max_lq, check=False)

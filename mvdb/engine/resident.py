@@ -131,9 +131,11 @@ class Tokens:
               budget: int = 1 << 31) -> torch.Tensor:
         """Exact MaxSim of each query against its candidate rows cand [Nq, K] (-1 = padding -> -inf).
 
-        Pages the kernel can read are read in place, all in one launch: the device's; pinned host
-        pages from a CUDA device (unified addressing: each candidate's tokens cross the link once,
-        no gather or staging copy); the CPU's under the Triton interpreter. Otherwise (several pages
+        Pinned host pages from a CUDA device: with HOST_READ "gather" (the default) the distinct
+        candidates' tokens are copied onto the device by one launch of row loads through unified
+        addressing (no CPU gather, no staging copy) and scored there; with "in_place" the MaxSim
+        kernel reads them where they are. Other pages the kernel can read are read in place, all
+        in one launch: the device's; the CPU's under the Triton interpreter. Otherwise (several pages
         on a CPU without the Triton kernel) the distinct candidates' tokens are gathered per chunk
         of queries (about ``budget`` bytes at a time) and scored.
         """

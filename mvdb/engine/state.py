@@ -382,6 +382,7 @@ class Engine:
         segs = snap.manifest["segments"]
         start = sum(seg["n_tokens"] for seg in segs[:first_segment])
         at = 0  # into list_codes (which starts at first_segment)
+        new_lists, new_codes = [], []  # appended once, after every segment's codes: a failure appends nothing
         with self.progress.step(f"encoding residuals ({bits} bits)", sum(x["n_tokens"] for x in segs[first_segment:]),
                                 "tokens") as step:
             for seg in segs[first_segment:]:
@@ -406,10 +407,13 @@ class Engine:
                         save = self._save(e, f"residuals-{cent['id']}-b{bits}-{stem}.npy", c.cpu().numpy())
                         if save:
                             written.append(e)
-                g.append(lc, c)
+                new_lists.append(lc)
+                new_codes.append(c.to(self.device))
                 step.update(n)
                 at += n
                 start += n
+        if new_lists:
+            g.append(torch.cat(new_lists), torch.cat(new_codes))
         return g.current, written
 
     def _commit_index(self, snap, entries: list):
