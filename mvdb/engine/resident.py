@@ -149,52 +149,57 @@ class Tokens:
             p = self.pages[0]
             return maxsim_candidates(q, cu_q, p.tokens, self.offsets, cand, p.scales, max_seqlen_q=max_lq, check=False,
                                      starts=self.starts, scale_starts=self.scale_starts)
-        nq, width = cand.shape
-        out = torch.full((nq, width), float("-inf"), device=self.device)
-        per_row = max(1, self.n_tokens // max(1, self.n_rows)) * self.dim * (1 if self.int8 else 2)
-        chunk = max(1, budget // max(1, width * per_row))
-        pin = self.device.type == "cuda"
-        for a in range(0, nq, chunk):
-            b = min(nq, a + chunk)
-            rows, lc = distinct_candidates(cand[a:b])
-            if not rows.numel():
-                continue
-            tok, sc, local = self.gather(rows)
-            if pin:
-                tok = tok.pin_memory()
-                sc = sc.pin_memory() if sc is not None else None
-            tok = tok.to(self.device, non_blocking=True)
-            sc = sc.to(self.device, non_blocking=True) if sc is not None else None
-            cu = cu_q[a : b + 1] - cu_q[a]
-            qa = q[int(cu_q[a]) : int(cu_q[b])]
-            out[a:b] = maxsim_candidates(qa, cu, tok, local.to(self.device), lc, sc, max_seqlen_q=max_lq, check=False)
-        return out
-
+        return self._score_chunked(q, cu_q, cand, max_lq, budget, self._staged_rows)
 
     def _score_gathered(self, q: torch.Tensor, cu_q: torch.Tensor, cand: torch.Tensor, max_lq: int) -> torch.Tensor:
         """score() over pinned host pages: per chunk of queries (about GATHER_BUDGET bytes of
         tokens), the distinct candidates' tokens gathered onto the device in one launch, then
         scored there."""
+        return self._score_chunked(q, cu_q, cand, max_lq, GATHER_BUDGET, self._device_rows)
+
+    def _score_chunked(self, q: torch.Tensor, cu_q: torch.Tensor, cand: torch.Tensor, max_lq: int, budget: int,
+                       fetch) -> torch.Tensor:
+        """Per chunk of queries (about ``budget`` bytes of candidate tokens), the distinct
+        candidates' tokens brought to the device by ``fetch(rows) -> (tokens, scales, offsets)``,
+        then scored there."""
         nq, width = cand.shape
         out = torch.full((nq, width), float("-inf"), device=self.device)
         per_row = max(1, self.n_tokens // max(1, self.n_rows)) * self.dim * (1 if self.int8 else 2)
-        chunk = max(1, GATHER_BUDGET // max(1, width * per_row))
-        p = self.pages[0]
+        chunk = max(1, budget // max(1, width * per_row))
+        cu_host = cu_q.tolist()
         for a in range(0, nq, chunk):
             b = min(nq, a + chunk)
-            rows, local_cand = distinct_candidates(cand[a:b])
+            rows, lc = distinct_candidates(cand[a:b])
             if not rows.numel():
                 continue
-            lens = self.offsets[rows + 1] - self.offsets[rows]
-            idx, local = token_rows(self.starts[rows] if self.starts is not None else self.offsets[rows], lens)
-            sidx = None
-            if self.scale_starts is not None:
-                sidx, _ = token_rows(self.scale_starts[rows], lens)
-            tok, sc = gather_rows(p.tokens, idx, p.scales, sidx)
+            tok, sc, local = fetch(rows)
             cu = cu_q[a : b + 1] - cu_q[a]
-            out[a:b] = maxsim_candidates(q[int(cu_q[a]) : int(cu_q[b])], cu, tok, local, local_cand, sc,
-                                         max_seqlen_q=max_lq, check=False)
+            out[a:b] = maxsim_candidates(q[cu_host[a] : cu_host[b]], cu, tok, local, lc, sc, max_seqlen_q=max_lq,
+                                         check=False)
         return out
+
+    def _staged_rows(self, rows: torch.Tensor):
+        """The rows' tokens gathered on the host, copied to the device (through pinned memory)."""
+        tok, sc, local = self.gather(rows)
+        if self.device.type == "cuda":
+            tok = tok.pin_memory()
+            sc = sc.pin_memory() if sc is not None else None
+        tok = tok.to(self.device, non_blocking=True)
+        sc = sc.to(self.device, non_blocking=True) if sc is not None else None
+        return tok, sc, local.to(self.device)
+
+    def _device_rows(self, rows: torch.Tensor):
+        """The rows' tokens read from the pages by one gather launch on the device (pinned host
+        pages through unified addressing; page rows counted from the first page)."""
+        p = self.pages[0]
+        lens = self.offsets[rows + 1] - self.offsets[rows]
+        starts = self.starts[rows] if self.starts is not None else self.offsets[rows]
+        idx, local = token_rows(starts, lens)
+        sidx = None
+        if self.scale_starts is not None:  # the scales' rows: the tokens' shifted by each page's offset
+            sidx = idx + torch.repeat_interleave((self.scale_starts - self.starts)[rows], lens, output_size=idx.numel())
+        tok, sc = gather_rows(p.tokens, idx, p.scales, sidx)
+        return tok, sc, local
 
     def score_all(self, q: torch.Tensor, cu_q: torch.Tensor, max_lq: int, rows_per_step: int = 1 << 26):
         """Exact MaxSim of every query against every row -> [Nq, n_rows] float32 (page by page,
