@@ -70,12 +70,12 @@ def make_corpus(
 
 def make_queries(corpus: Corpus, n_queries: int, lq: int, *, noise: float = 0.3, seed: int = 1):
     """n_queries queries of lq tokens, each sampled from one source document -> (Q [n, lq, dim] fp32, sources)."""
-    device = corpus.tokens.device
+    device = corpus.offsets.device
     g = torch.Generator(device=device).manual_seed(seed)
     src = torch.randint(0, corpus.n_docs, (n_queries,), device=device, generator=g)
     start, length = corpus.offsets[src], corpus.lengths[src]
     pos = (torch.rand(n_queries, lq, device=device, generator=g) * length[:, None]).long()
-    q = corpus.tokens[start[:, None] + pos].float()  # [n, lq, dim]
+    q = corpus.tokens[(start[:, None] + pos).to(corpus.tokens.device)].to(device).float()  # [n, lq, dim]
     q = q + noise * torch.nn.functional.normalize(torch.randn(q.shape, device=device, generator=g), dim=-1)
     return torch.nn.functional.normalize(q, dim=-1), src
 
@@ -112,10 +112,12 @@ def _lengths(spec, n: int, device, g) -> torch.Tensor:
 
 def make_structured(kind: str, n_docs: int, *, dim: int | None = None, dtype: torch.dtype = torch.float16,
                     device: str | torch.device = "cuda", seed: int = 0, vocab: int = 50_000,
-                    chunk_tokens: int = 1 << 22) -> Corpus:
+                    chunk_tokens: int = 1 << 22, store: str | torch.device | None = None) -> Corpus:
     """A corpus of one of the GENERATORS: documents mix Zipf-distributed general words, words of
     their topic(s), and words of their own; near-duplicates copy an earlier document's tokens
-    (cyclically, from a random offset) with a little noise."""
+    (cyclically, from a random offset) with a little noise. Generated on ``device``, the tokens
+    kept on ``store`` (default: the same; "cpu" for corpora larger than the device), the same
+    values either way."""
     p = GENERATORS[kind]
     dim = dim or p["dim"]
     device = torch.device(device)
@@ -131,7 +133,8 @@ def make_structured(kind: str, n_docs: int, *, dim: int | None = None, dtype: to
     topics = torch.randint(0, n_topics, (n_docs, p["topics_per_doc"]), device=device, generator=g)
     private = torch.randint(0, vocab, (n_docs, 6), device=device, generator=g)
     total = int(offsets[-1])
-    tokens = torch.empty(total, dim, dtype=dtype, device=device)
+    store = torch.device(store) if store is not None else device
+    tokens = torch.empty(total, dim, dtype=dtype, device=store)
     doc_of = torch.repeat_interleave(torch.arange(n_docs, device=device), lengths)
     for t0 in range(0, total, chunk_tokens):
         t1 = min(total, t0 + chunk_tokens)
@@ -144,7 +147,7 @@ def make_structured(kind: str, n_docs: int, *, dim: int | None = None, dtype: to
         w = torch.where(u < p["topic_share"], from_topic,
                         torch.where(u < p["topic_share"] + p["private_share"], own, general))
         x = words[w] + p["noise"] * torch.nn.functional.normalize(torch.randn(n, dim, device=device, generator=g), dim=-1)
-        tokens[t0:t1] = torch.nn.functional.normalize(x, dim=-1).to(dtype)
+        tokens[t0:t1] = torch.nn.functional.normalize(x, dim=-1).to(dtype).to(store)
     n_dup = int(p["dup_share"] * n_docs)
     if n_dup:
         dups = torch.randperm(n_docs - 1, device=device, generator=g)[:n_dup] + 1
@@ -156,9 +159,9 @@ def make_structured(kind: str, n_docs: int, *, dim: int | None = None, dtype: to
             j = torch.arange(int(n_tok.sum()), device=device) - torch.repeat_interleave(n_tok.cumsum(0) - n_tok, n_tok)
             shift = torch.randint(0, 1 << 20, (dd.numel(),), device=device, generator=g)
             from_src = offsets[src][rows] + (j + shift[rows]) % lengths[src][rows]
-            x = tokens[from_src].float() + 0.1 * torch.nn.functional.normalize(
+            x = tokens[from_src.to(store)].to(device).float() + 0.1 * torch.nn.functional.normalize(
                 torch.randn(rows.numel(), dim, device=device, generator=g), dim=-1)
-            tokens[offsets[dd][rows] + j] = torch.nn.functional.normalize(x, dim=-1).to(dtype)
+            tokens[(offsets[dd][rows] + j).to(store)] = torch.nn.functional.normalize(x, dim=-1).to(dtype).to(store)
     return Corpus(tokens, offsets, topics[:, 0], words)
 
 

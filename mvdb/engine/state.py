@@ -257,7 +257,9 @@ class Engine:
         per = ivf.TRAIN_PER_LIST_TWO_LEVEL if two_level else ivf.TRAIN_PER_LIST
         if self.device.type == "cuda":  # k-means on the GPU (faiss-gpu, else torch)
             per = max(per, ivf.TRAIN_PER_LIST_GPU)
-        take = torch.from_numpy(ivf.sample(tokens.n_tokens, min(ivf.TRAIN_MAX, per * nlist)))
+        # at most TRAIN_MAX tokens, but never fewer than TRAIN_PER_LIST a list (FAISS's minimum)
+        want = min(max(ivf.TRAIN_MAX, ivf.TRAIN_PER_LIST * nlist), per * nlist)
+        take = torch.from_numpy(ivf.sample(tokens.n_tokens, want))
         how = "two-level k-means" if two_level else "k-means"
         with self.progress.step(f"training {nlist} centroids ({how}) on {take.numel():,} tokens"):
             tok, sc = tokens.take(take.to(tokens.home))
