@@ -4,15 +4,15 @@ PYTHON ?= python3
 # torch==2.13.0 is a CPU build on the dev/CI machines; elsewhere any torch >= 2.4 works.
 TORCH ?= torch==2.13.0
 
-.PHONY: install install-demo demo test test-gpu bench-kernels
+.PHONY: install install-demo demo test test-gpu docs bench-kernels
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
-	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev,cpu,pylate,distributed,serve]"
+	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev,docs,cpu,pylate,distributed,serve]"
 	@$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps pylate==1.6.0 colpali-engine==0.3.18
 
 install-demo: install
-	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev,cpu,pylate,distributed,serve,demo]"
+	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev,docs,cpu,pylate,distributed,serve,demo]"
 
 demo: install-demo
 	$(PYTHON) -m mvdb demo
@@ -22,6 +22,9 @@ test: install
 
 test-gpu:
 	$(PYTHON) -m pytest -q -m gpu
+
+docs: install
+	$(PYTHON) -m mkdocs build --strict
 
 bench-kernels:
 	$(PYTHON) benchmarks/kernels.py
