@@ -1,6 +1,6 @@
-"""Every code block of the README runs as written (issue #18).
+"""Every code block of the README and of docs/ runs as written (issues #18, #46).
 
-Each ```python block runs in a fresh interpreter in its own empty directory (so relative paths
+Each ```python block of README.md and docs/**/*.md runs in a fresh interpreter in its own empty directory (so relative paths
 such as "my.mvdb" land there), with ``TRITON_INTERPRET=1`` where there is no CUDA. A block may be
 preceded by a marker comment:
 
@@ -10,7 +10,8 @@ preceded by a marker comment:
 - ``<!-- readme-test: skip (reason) -->``: not run; the reason must say why (and is listed by
   ``test_every_block_is_run_or_says_why_not``).
 
-```bash`` blocks without a marker run under bash the same way; ```text blocks are not code.
+```bash`` blocks without a marker run under bash the same way; ```text and ```mermaid blocks are
+not code. The markers are documented in CONTRIBUTING.md.
 """
 
 from __future__ import annotations
@@ -28,13 +29,19 @@ ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"(?:<!-- readme-test: (?P<mark>\w+)(?P<why>[^>]*)-->\n)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S)
 
 
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+NOT_CODE = ("text", "mermaid")
+
+
 def _blocks():
-    text = (ROOT / "README.md").read_text()
     out = []
-    for m in FENCE.finditer(text):
-        line = text.count("\n", 0, m.start("lang")) + 1
-        out.append({"line": line, "lang": m["lang"], "mark": m["mark"], "why": (m["why"] or "").strip(),
-                    "body": m["body"]})
+    for page in PAGES:
+        text = page.read_text()
+        name = page.relative_to(ROOT).as_posix()
+        for m in FENCE.finditer(text):
+            line = text.count("\n", 0, m.start("lang")) + 1
+            out.append({"where": f"{name}:{line}", "line": line, "lang": m["lang"], "mark": m["mark"],
+                        "why": (m["why"] or "").strip(), "body": m["body"]})
     return out
 
 
@@ -44,11 +51,13 @@ RUNNABLE = [b for b in BLOCKS if b["lang"] in ("python", "bash") and b["mark"] !
 
 def test_every_block_is_run_or_says_why_not():
     for b in BLOCKS:
-        assert b["lang"] in ("python", "bash", "text"), f"README line {b['line']}: a code block needs a language"
-        assert b["mark"] in (None, "gpu", "server", "skip"), f"README line {b['line']}: unknown marker {b['mark']}"
+        assert b["lang"] in ("python", "bash", *NOT_CODE), f"{b['where']}: a code block needs a language"
+        assert b["mark"] in (None, "gpu", "server", "skip"), f"{b['where']}: unknown marker {b['mark']}"
         if b["mark"] == "skip":
-            assert b["why"].startswith("(") and len(b["why"]) > 10, f"README line {b['line']}: skip without a reason"
-    assert len(RUNNABLE) >= 6
+            assert b["why"].startswith("(") and len(b["why"]) > 10, f"{b['where']}: skip without a reason"
+    assert len(RUNNABLE) >= 15
+    skipped = [b for b in BLOCKS if b["mark"] == "skip"]
+    assert len(skipped) <= 6, f"keep skipped blocks few: {[b['where'] for b in skipped]}"
 
 
 def _env():
@@ -58,12 +67,13 @@ def _env():
     return env
 
 
-@pytest.mark.parametrize("block", RUNNABLE, ids=[f"line{b['line']}" for b in RUNNABLE])
+@pytest.mark.parametrize("block", RUNNABLE, ids=[b["where"] for b in RUNNABLE])
 def test_readme_block_runs(block, tmp_path):
     if block["mark"] == "gpu" and not torch.cuda.is_available():
         pytest.skip("a GPU-only block")
-    if "import ray" in block["body"]:
-        pytest.importorskip("ray")
+    for module in ("ray", "pylate"):
+        if f"import {module}" in block["body"] or f"from {module} " in block["body"]:
+            pytest.importorskip(module)
     server = None
     if block["mark"] == "server":
         pytest.importorskip("fastapi")
@@ -80,4 +90,4 @@ def test_readme_block_runs(block, tmp_path):
     finally:
         if server is not None:
             server.stop()
-    assert r.returncode == 0, f"README line {block['line']} failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+    assert r.returncode == 0, f"{block['where']} failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
