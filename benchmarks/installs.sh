@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Clean-venv installs of mvdb from this checkout (issue #18): wall time, venv size, `pip check`, and
 # a tiny database built and searched with the index backend it reports.
-#   bash benchmarks/installs.sh cpu gpu plain        -> benchmarks/results/installs-cpu.json
+#   bash benchmarks/installs.sh cpu gpu plain        -> $OUT or benchmarks/results/installs-cpu.json
 #   KEEP=1 keeps the venvs (/tmp/venv-CASE); SMOKE_ONLY=1 reinstalls only mvdb into kept venvs and
 #   reruns the smoke test (the install figures already recorded stay).
 # Cases (the README's commands, with this checkout in place of the package name):
@@ -15,6 +15,10 @@
 #   plain  pip install mvdb (CPU torch as for cpu, no FAISS): the pure-torch token index.
 # Every install runs with --no-cache-dir (downloads counted) on Python 3.11.
 set -uo pipefail
+if [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then
+    sed -n '2,/^set /p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+    exit 0
+fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PY:-python3.11}
 RAW=${RAW:-/tmp/mvdb-installs}
@@ -103,7 +107,7 @@ print(json.dumps({'seconds': $u, 'faiss-gpu': v('faiss-gpu'), 'faiss-cpu': v('fa
 done
 
 # every case recorded so far, one JSON file
-python3 - "$RAW" "$ROOT/benchmarks/results/installs-cpu.json" <<'EOF'
+python3 - "$RAW" "${OUT:-$ROOT/benchmarks/results}/installs-cpu.json" <<'EOF'
 import datetime, glob, json, os, platform, sys
 raw, out = sys.argv[1:]
 cases = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(raw, "*.json")))]
