@@ -54,10 +54,7 @@ print('mvdb.engine.index_backend():', mvdb.engine.index_backend(), '| db.stats()
                    2>&1 | tee "$OUT/tests.log" | tail -15 ;;
         ktests) (cd "$TESTROOT" && MVDB_AUTOTUNE=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels.py) 2>&1 \
                     | tee "$OUT/ktests.log" | tail -8 ;;
-        longq) timeout ${LONGQ_TIMEOUT:-400} python3 benchmarks/long_query.py --out "$OUT" ${LONGQ_ARGS:-} 2>&1 | tee -a "$OUT/longq.log" | grep -v '^{' ;;
         bench:*) timeout 480 python3 benchmarks/kernels.py --cases "${step#bench:}" --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
-        variants:*) timeout ${VARIANTS_TIMEOUT:-480} python3 benchmarks/kernel_variants.py --cases "${step#variants:}" ${VARIANTS_ARGS:-} \
-                        --out "$OUT" 2>&1 | tee -a "$OUT/variants.log" | grep -v '^{' ;;
         sweep:*) timeout 480 python3 benchmarks/kernels.py --sweep --no-peers --cases "${step#sweep:}" --out "$OUT" 2>&1 | tee -a "$OUT/sweep.log" ;;
         dbtests) (cd "$TESTROOT" && timeout ${DBTESTS_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider tests/test_database.py \
                      tests/test_cli.py tests/test_lists.py) 2>&1 | tee "$OUT/dbtests.log" | tail -15 ;;
@@ -66,23 +63,9 @@ print('mvdb.engine.index_backend():', mvdb.engine.index_backend(), '| db.stats()
                          .whl_fp/*.whl || { echo "fast-plaid wheels did not install (carry .whl_fp)"; continue; }
                      df -h /tmp | tail -1; PYTHONPATH=/tmp/site-fp${PYTHONPATH:+:$PYTHONPATH} timeout 570 python3 \
                          benchmarks/e2e_fastplaid.py --docs "${step#fastplaid:}" --out "$OUT" 2>&1 | tee -a "$OUT/fastplaid.log" ;;
-        int8call) timeout ${INT8CALL_TIMEOUT:-300} python3 benchmarks/int8_call.py 2>&1 | tee -a "$OUT/int8call.log" \
-                      | grep -v '^ ' ;;
         traintests) timeout 300 python3 -m pytest -q tests/test_train.py tests/test_colpali.py tests/test_pylate.py 2>&1 | tee "$OUT/traintests.log" | tail -15 ;;
-        # the previous code (carry .old: git archive REF mvdb kernels storage | tar -x -C .old) against this tree in one process
-        trainab:*) bash benchmarks/old_tree.sh /tmp/oldpk && PYTHONPATH=/tmp/oldpk${PYTHONPATH:+:$PYTHONPATH} \
-                       timeout ${TRAINHOST_TIMEOUT:-300} python3 benchmarks/train_host.py --label "${step#trainab:}" \
-                       --out "$OUT" ${TRAINHOST_ARGS:-} 2>&1 | tee -a "$OUT/trainhost.log" | grep -v '^ ' ;;
-        # the search kernels' host time per call, the previous code (carry .old) against this tree
-        searchab:*) { bash benchmarks/old_tree.sh /tmp/oldpk || true; } && PYTHONPATH=/tmp/oldpk${PYTHONPATH:+:$PYTHONPATH} \
-                        timeout ${SEARCHHOST_TIMEOUT:-400} python3 benchmarks/search_host.py --label "${step#searchab:}" \
-                        --out "$OUT" ${SEARCHHOST_ARGS:-} 2>&1 | tee -a "$OUT/searchhost.log" ;;
-        ddab) bash benchmarks/old_tree.sh /tmp/oldpk && PYTHONPATH=/tmp/oldpk${PYTHONPATH:+:$PYTHONPATH} timeout 300 \
-                  python3 benchmarks/train_ab.py --out "$OUT" 2>&1 | tee -a "$OUT/ddab.log" ;;
         py:*) timeout ${PY_TIMEOUT:-400} python3 "benchmarks/${step#py:}.py" --out "$OUT" ${PY_ARGS:-} 2>&1 | tee -a "$OUT/py.log" ;;
         training:*) timeout 400 python3 benchmarks/training.py --cases "${step#training:}" --out "$OUT" 2>&1 | tee -a "$OUT/training.log" ;;
-        tsweep:*) timeout ${TSWEEP_TIMEOUT:-420} python3 benchmarks/training_sweep.py --cases "${step#tsweep:}" ${TSWEEP_ARGS:-} \
-                      --out "$OUT" 2>&1 | tee -a "$OUT/tsweep.log" ;;
         multigpu:*) timeout ${MULTIGPU_TIMEOUT:-540} python3 benchmarks/multigpu.py --docs "${step#multigpu:}" \
                         --out "$OUT" 2>&1 | tee -a "$OUT/multigpu.log" ;;
         shardtests) timeout 300 python3 -m pytest -q tests/test_sharded.py 2>&1 | tee "$OUT/shardtests.log" | tail -5 ;;
@@ -90,20 +73,14 @@ print('mvdb.engine.index_backend():', mvdb.engine.index_backend(), '| db.stats()
                        2>&1 | tee -a "$OUT/sparton.log" ;;
         spartonsweep) timeout 400 python3 benchmarks/sparton.py --sweep --out "$OUT" 2>&1 | tee -a "$OUT/sparton.log" ;;
         spartontests) timeout 200 python3 -m pytest -q tests/test_sparton.py 2>&1 | tee "$OUT/spartontests.log" | tail -5 ;;
-        profile:*) timeout ${PROFILE_TIMEOUT:-560} python3 benchmarks/search_profile.py --docs "${step#profile:}" --out "$OUT" \
-                       ${PROFILE_ARGS:-} 2>&1 | tee -a "$OUT/profile.log" ;;
         defaults:*) timeout ${DEFAULTS_TIMEOUT:-500} python3 benchmarks/defaults.py --docs "${step#defaults:}" --out "$OUT" \
                         ${DEFAULTS_ARGS:-} 2>&1 | tee -a "$OUT/defaults.log" ;;
         grow:*) timeout ${GROW_TIMEOUT:-400} python3 benchmarks/grow.py --docs "${step#grow:}" --out "$OUT" ${GROW_ARGS:-} \
                     2>&1 | tee -a "$OUT/grow.log" ;;
         pytest:*) (cd "$TESTROOT" && MVDB_AUTOTUNE=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests \
                       -k "${step#pytest:}") 2>&1 | tee -a "$OUT/pytest.log" | tail -8 ;;
-        credit:*) timeout ${CREDIT_TIMEOUT:-300} python3 benchmarks/credit_kernels.py --rows "${step#credit:}" --out "$OUT" \
-                      ${CREDIT_ARGS:-} 2>&1 | tee -a "$OUT/credit.log" ;;
         file:*) (cd "$TESTROOT" && MVDB_AUTOTUNE=0 timeout 300 python3 -m pytest -q -p no:cacheprovider "${step#file:}") \
                     2>&1 | tee -a "$OUT/pytest.log" | tail -8 ;;
-        small:*) timeout ${SMALL_TIMEOUT:-400} python3 benchmarks/small_batch.py --docs "${step#small:}" --out "$OUT" \
-                     ${SMALL_ARGS:-} 2>&1 | tee -a "$OUT/small.log" | grep -v '^{"batch": [0-9]*, "prepare' ;;
         serve:*) timeout ${SERVE_TIMEOUT:-560} python3 benchmarks/serve.py --docs "${step#serve:}" --out "$OUT" \
                      ${SERVE_ARGS:-} 2>&1 | tee -a "$OUT/serve.log" ;;
         storage:*) df -h /tmp | tail -1; timeout 540 python3 benchmarks/storage.py --docs "${step#storage:}" \
