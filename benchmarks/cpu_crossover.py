@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic import make_corpus, make_queries  # noqa: E402
+from mvdb.testing.synthetic import make_corpus, make_queries  # noqa: E402
 
 import mvdb  # noqa: E402
 

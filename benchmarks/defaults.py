@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bulk_ingest, measure  # noqa: E402
 from grow import settings, structured_case  # noqa: E402
-from synthetic import GENERATORS  # noqa: E402
+from mvdb.testing.synthetic import GENERATORS  # noqa: E402
 
 import mvdb  # noqa: E402
 from mvdb.engine import ivf  # noqa: E402

@@ -2,7 +2,7 @@
 
     python benchmarks/e2e.py --docs 1000000 [--nlist 32768,65536] [--index ivf]
 
-Builds a database from benchmarks/synthetic.py documents (64-128 tokens, dim 128) on the GPU when
+Builds a database from mvdb/testing/synthetic.py documents (64-128 tokens, dim 128) on the GPU when
 there is one and measures: build (ingest + the first open, which trains and persists the index),
 reopening (persisted index: no training), then per index setting and search setting: batched
 search QPS over 1,000 queries, single-query p50/p99, recall@10 against exhaustive fused MaxSim over
@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import exhaustive_reference, measure, sync  # noqa: E402
-from synthetic import make_corpus, make_queries  # noqa: E402
+from mvdb.testing.synthetic import make_corpus, make_queries  # noqa: E402
 
 import mvdb  # noqa: E402
 

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic import make_corpus, make_queries  # noqa: E402
+from mvdb.testing.synthetic import make_corpus, make_queries  # noqa: E402
 
 # (n_ivf_probe, n_full_scores); "default" = fast-plaid's own defaults (8, 4096 in 1.7), the headline row
 SETTINGS = "default,4:1024,16:8192,32:16384"

@@ -31,7 +31,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from common import alternating_rounds, gpu_header, median_ms, write_json  # noqa: E402
-from synthetic import candidate_lists, one_query_inputs  # noqa: E402
+from mvdb.testing.synthetic import candidate_lists, one_query_inputs  # noqa: E402
 
 from mvdb.kernels import maxsim_candidates, maxsim_varlen, quantize_int8  # noqa: E402
 from mvdb.kernels.maxsim import naive  # noqa: E402

@@ -1,5 +1,5 @@
 """Growing a database through many ``db.add`` calls against one bulk build of the same corpus
-(issue #13), on one of the structurally different seeded generators of benchmarks/synthetic.py.
+(issue #13), on one of the structurally different seeded generators of mvdb/testing/synthetic.py.
 
     python benchmarks/grow.py --docs 1000000 --generator dups --modes bulk,grow20,grow200
 
@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bulk_ingest, measure, sync  # noqa: E402
-from synthetic import GENERATORS, make_queries, make_structured  # noqa: E402
+from mvdb.testing.synthetic import GENERATORS, make_queries, make_structured  # noqa: E402
 
 import mvdb  # noqa: E402
 from mvdb.kernels import maxsim_varlen  # noqa: E402

@@ -48,7 +48,7 @@ import torch  # noqa: E402
 
 import peers  # noqa: E402
 from common import median_ms  # noqa: E402
-from synthetic import candidate_lists, colpali_inputs, one_query_inputs  # noqa: E402
+from mvdb.testing.synthetic import candidate_lists, colpali_inputs, one_query_inputs  # noqa: E402
 
 from mvdb.kernels import maxsim, maxsim_candidates, maxsim_varlen, quantize_int8  # noqa: E402
 from mvdb.kernels.maxsim import fused, naive  # noqa: E402

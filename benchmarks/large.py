@@ -2,7 +2,7 @@
 
     python benchmarks/large.py --docs 5600000 --gen dups          # on nvidia-h100-x4: ~406M tokens, 104 GB fp16
 
-Generates a seeded corpus of a ``benchmarks/synthetic.py`` generator on GPU 0 into host memory,
+Generates a seeded corpus of a ``mvdb/testing/synthetic.py`` generator on GPU 0 into host memory,
 computes the exhaustive MaxSim top-10 of every query with the corpus split over all the machine's
 GPUs, writes the database as a bulk ingest (``Store.add_packed`` in chunks), then opens it as a
 user would, ``mvdb.open(path, device="cuda")`` with every option at its default (the tier is
@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bulk_ingest, measure  # noqa: E402
-from synthetic import GENERATORS, make_queries, make_structured  # noqa: E402
+from mvdb.testing.synthetic import GENERATORS, make_queries, make_structured  # noqa: E402
 
 import mvdb  # noqa: E402
 from mvdb.kernels import maxsim_varlen  # noqa: E402

@@ -2,7 +2,7 @@
 
     python benchmarks/multigpu.py --docs 2000000 [--devices cuda:0,cuda:1]
 
-The same seeded synthetic corpus (benchmarks/synthetic.py, 64-128 tokens, dim 128) is stored
+The same seeded synthetic corpus (mvdb/testing/synthetic.py, 64-128 tokens, dim 128) is stored
 twice: as one database on the first device, and as a sharded database with one shard per device
 (documents split by id into equal halves, ids global). Each is opened with default settings (IVF
 token index trained per shard on its own GPU) and measured like benchmarks/e2e.py: batched search
@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import exhaustive_reference  # noqa: E402
-from synthetic import make_corpus, make_queries  # noqa: E402
+from mvdb.testing.synthetic import make_corpus, make_queries  # noqa: E402
 
 import mvdb  # noqa: E402
 from mvdb.storage import Store  # noqa: E402

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic import make_structured  # noqa: E402
+from mvdb.testing.synthetic import make_structured  # noqa: E402
 
 import mvdb  # noqa: E402
 

@@ -2,7 +2,7 @@
 
     python benchmarks/ray_ingest.py [--files 8] [--docs-per-file 1000] [--workers 1,2,4]
 
-Writes seeded synthetic npz sources (benchmarks/synthetic.py documents, dim 128, float32), then
+Writes seeded synthetic npz sources (mvdb/testing/synthetic.py documents, dim 128, float32), then
 for each worker count W starts a local Ray cluster with W CPUs and ingests every source into W
 shards (W Ray Data tasks reading, validating and converting; W writer actors), without building
 the token index. Reports documents and tokens per second. JSON to --out.
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic import make_corpus  # noqa: E402
+from mvdb.testing.synthetic import make_corpus  # noqa: E402
 
 
 def main():

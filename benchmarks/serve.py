@@ -4,7 +4,7 @@
     python benchmarks/serve.py --docs 4000 --clients 1,4,16,64 --seconds 8          # the 2-core CPU
 
 1. Builds a database of ``--docs`` documents from a seeded synthetic corpus
-   (benchmarks/synthetic.py ``--generator``, default "dups": lengths 16-200, topic and private
+   (mvdb/testing/synthetic.py ``--generator``, default "dups": lengths 16-200, topic and private
    words, 10% near-duplicates) with ``Store.add_packed`` and a first ``mvdb.open``.
 2. In process: batched QPS over ``--queries`` queries (median of 3 passes) and single-query
    p50, at the default search settings; the answers are kept as the reference.
@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import sync  # noqa: E402
-from synthetic import GENERATORS, make_queries, make_structured  # noqa: E402
+from mvdb.testing.synthetic import GENERATORS, make_queries, make_structured  # noqa: E402
 
 import mvdb  # noqa: E402
 

@@ -7,7 +7,7 @@ every document, batched QPS, single-query p50, GPU memory in use, open time (iss
 Tiers: ``device`` (exact tokens on the GPU), ``host`` (codes on the GPU, exact tokens in pinned
 host memory read in place), ``disk`` (codes on the GPU, exact tokens read from the segments: the
 page cache is warm after the ingest), ``disk-cold`` (the disk tier, with one batched pass timed first
-right after the segments left the page cache). The corpus comes from benchmarks/synthetic.py (``--gen``: one of
+right after the segments left the page cache). The corpus comes from mvdb/testing/synthetic.py (``--gen``: one of
 ``GENERATORS``); the reference is the fused MaxSim kernel over
 every generated document before anything is stored.
 """
@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bulk_ingest, measure, sync  # noqa: E402
 from grow import structured_case  # noqa: E402
-from synthetic import GENERATORS  # noqa: E402
+from mvdb.testing.synthetic import GENERATORS  # noqa: E402
 
 import mvdb  # noqa: E402
 from mvdb.engine import codes as codes_tier  # noqa: E402

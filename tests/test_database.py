@@ -1,8 +1,5 @@
 """The database API: search against exhaustive MaxSim, rerank, deletes, reopen, bad input."""
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -202,11 +199,10 @@ def test_ivf_index_search_and_incremental_add(tmp_path, dtype):
 
 
 def test_ivf_recall_against_exhaustive(tmp_path):
-    """Centroid lists on a corpus with word structure (benchmarks/synthetic.py, scaled down): the
+    """Centroid lists on a corpus with word structure (mvdb/testing/synthetic.py, scaled down): the
     candidate stage must find the exhaustive top-10 among 3-7% of the documents. (The defaults
     would rerank 2048 of these 3000 documents; the GPU benchmark checks them at 1M.)"""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from synthetic import make_corpus, make_queries
+    from mvdb.testing.synthetic import make_corpus, make_queries
 
     c = make_corpus(3000, 16, 32, DIM, vocab=3000, n_topics=60, dtype=torch.float32, device="cpu", seed=3)
     queries, _ = make_queries(c, 20, 8, seed=4)

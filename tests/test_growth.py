@@ -106,8 +106,7 @@ def test_page_starts_are_whole_rows_from_the_first_page(tmp_path, small_pages):
 def test_ivf_grown_in_many_adds_keeps_its_recall(tmp_path):
     """40 adds of a topic corpus into an IVF database reach the one-add build's recall@10 (within
     0.02), before and after reopening: the index is retrained as the corpus grows (list-count steps, 4x growth)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from synthetic import make_corpus, make_queries
+    from mvdb.testing.synthetic import make_corpus, make_queries
 
     c = make_corpus(2000, 12, 28, DIM, vocab=3000, n_topics=60, dtype=torch.float32, device="cpu", seed=5)
     queries, _ = make_queries(c, 20, 8, seed=6)

@@ -7,7 +7,6 @@ and in a fresh interpreter where ``import faiss`` fails."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,8 +102,7 @@ def test_torch_ivf_recall_against_exhaustive(tmp_path, monkeypatch, no_faiss):
     """test_database.test_ivf_recall_against_exhaustive's corpus and thresholds, k-means and list
     assignment in torch, on the CPU path for many lists: two-level k-means, the coarse quantizer."""
     monkeypatch.setattr(ivf, "CPU_COARSE_NLIST", 64)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from synthetic import make_corpus, make_queries
+    from mvdb.testing.synthetic import make_corpus, make_queries
 
     c = make_corpus(3000, 16, 32, DIM, vocab=3000, n_topics=60, dtype=torch.float32, device="cpu", seed=3)
     queries, _ = make_queries(c, 20, 8, seed=4)
