@@ -75,6 +75,8 @@ SUITES: tuple[Suite, ...] = (
           "CPU: the first open (trains the index) and first search of a bulk-ingested database", "no"),
     Suite("cpu", "cpu_crossover.py", ("--docs", "40000,120000"),
           "CPU: per-query time of the IVF index against exhaustive MaxSim, and open time, by corpus size", "no"),
+    Suite("cpu-pool", "cpu_pool.py", ("--docs", "30000", "--nlist", "4096,16384", "--search", "8:1024,20:1024"),
+          "CPU: the IVF pool's recall and crediting time against list count, lists probed and pool width", "no"),
     Suite("install", "installs.sh", ("cpu", "gpu", "plain"),
           "clean-venv installs of mvdb[cpu], mvdb[gpu] and mvdb: time, size, pip check, a smoke search", "no"),
 )

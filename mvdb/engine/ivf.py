@@ -63,6 +63,9 @@ CREDIT_SPANS = 16
 # On a CPU, from this many lists on, k-means runs in two levels and tokens are assigned through a
 # coarse quantizer over the centroids (COARSE_PROBE groups deep): minutes become seconds.
 CPU_COARSE_NLIST = 1024
+# The torch crediting's score table on a CPU, bytes at a time: one query's, which stays in the
+# caches (docs/scale.md, "The 2-core CPU")
+CPU_SCRATCH = 1 << 20
 COARSE_PROBE = 6
 
 
@@ -329,8 +332,9 @@ class Lists:
             if qid is None:
                 qid = token_queries(cu, q.shape[0], dev)
             per_query = self.n_rows * 4
-        else:
+        else:  # a CPU's caches favour one query's table at a time
             per_query = self.n_rows * 4 * (max(cu[i + 1] - cu[i] for i in range(nq)) + 1)
+            scratch_bytes = min(scratch_bytes, CPU_SCRATCH)
         chunk = max(1, scratch_bytes // max(1, per_query))
         n = min(n_candidates, self.n_rows)
         dead = ~live

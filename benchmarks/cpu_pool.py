@@ -1,0 +1,112 @@
+"""The CPU's candidate stage (issue #45): how many of the exhaustive top-10 the IVF lists' pool
+holds, and what it costs, against the list count, the lists probed and the pool's width.
+
+    python benchmarks/cpu_pool.py --docs 30000 --nlist 4096,16384
+    python benchmarks/cpu_pool.py --docs 120000 --nlist 8192,32768 --search "8:512,8:1024,16:1024"
+
+A seeded ``topics`` corpus (mvdb/testing/synthetic.py) on the CPU, 40 queries of 32 tokens and their
+exhaustive MaxSim top-10; per list count a database built with ``index="ivf", nlist=N`` (the build
+timed), then per (nprobe, pool) the pool's recall (the share of the true top-10 among the pool's
+documents) and milliseconds a query of the lists' crediting (``Lists.candidates``, the batch in
+one call). ``--search "nprobe:n_candidates,..."`` also times whole searches in batches of 20 and
+their recall@10. JSON to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import bulk_ingest  # noqa: E402
+from mvdb.testing.synthetic import make_queries, make_structured  # noqa: E402
+
+import mvdb  # noqa: E402
+from mvdb.engine import search as search_mod  # noqa: E402
+
+
+def reference(tokens: torch.Tensor, lengths: torch.Tensor, q: torch.Tensor, chunk: int = 1 << 21) -> list[set]:
+    """Exhaustive MaxSim top-10 of each query (float32 GEMMs over every token)."""
+    n = lengths.numel()
+    doc_of = torch.repeat_interleave(torch.arange(n), lengths)
+    out = []
+    for i in range(q.shape[0]):
+        best = torch.full((n, q.shape[1]), -1e9)
+        for a in range(0, tokens.shape[0], chunk):
+            best.index_reduce_(0, doc_of[a : a + chunk], tokens[a : a + chunk].float() @ q[i].T, "amax")
+        out.append(set(best.sum(1).topk(10).indices.tolist()))
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--docs", type=int, default=30_000)
+    p.add_argument("--queries", type=int, default=40)
+    p.add_argument("--nlist", default="4096,16384")
+    p.add_argument("--probes", default="8,20")
+    p.add_argument("--pools", default="256,1024,4096")
+    p.add_argument("--search", default="", help='"nprobe:n_candidates,...": whole searches, batches of 20')
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=45)
+    p.add_argument("--path", default="/tmp/mvdb-cpu-pool.mvdb")
+    p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    corpus = make_structured("topics", args.docs, device="cpu", seed=args.seed)
+    q, _ = make_queries(corpus, args.queries, 32, seed=args.seed + 1)
+    t0 = time.perf_counter()
+    ref = reference(corpus.tokens, corpus.lengths, q)
+    res = {"docs": args.docs, "tokens": int(corpus.offsets[-1]), "queries": args.queries, "threads": args.threads,
+           "cpu": os.cpu_count(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "exhaustive_ms_per_query": (time.perf_counter() - t0) / args.queries * 1e3, "runs": []}
+    print(json.dumps({k: v for k, v in res.items() if k != "runs"}), flush=True)
+    bulk_ingest(args.path, corpus.tokens.numpy(), corpus.lengths.numpy())
+    del corpus
+
+    def pool_recall(cand: torch.Tensor) -> float:
+        return float(np.mean([len(set(c.tolist()) & r) / 10 for c, r in zip(cand, ref)]))
+
+    for nlist in (int(x) for x in args.nlist.split(",")):
+        shutil.rmtree(Path(args.path) / "index", ignore_errors=True)
+        t0 = time.perf_counter()
+        db = mvdb.open(args.path, device="cpu", index="ivf", nlist=nlist, progress=False)
+        run = {"nlist": db.stats()["nlist"], "build_s": time.perf_counter() - t0,
+               "build_seconds": db.stats()["build_seconds"], "pools": [], "searches": []}
+        with db._pub.read() as st:  # the lists' stage alone
+            qs = search_mod.prepare(q, q.shape[2], torch.device("cpu"))
+            for nprobe in (int(x) for x in args.probes.split(",")):
+                for pool in (int(x) for x in args.pools.split(",")):
+                    t0 = time.perf_counter()
+                    cand = st.index.candidates(qs.q, qs.cu_host, st.live, pool, nprobe, ordered=False)
+                    row = {"nprobe": nprobe, "pool": pool, "pool_recall": pool_recall(cand),
+                           "ms_per_query": (time.perf_counter() - t0) / args.queries * 1e3}
+                    run["pools"].append(row)
+                    print(nlist, json.dumps(row), flush=True)
+        for spec in filter(None, args.search.split(",")):
+            nprobe, nc = (int(x) for x in spec.split(":"))
+            hits, t0 = [], time.perf_counter()
+            for a in range(0, args.queries, 20):
+                hits += db.search(q[a : a + 20], k=10, nprobe=nprobe, n_candidates=nc)
+            row = {"nprobe": nprobe, "n_candidates": nc,
+                   "ms_per_query": (time.perf_counter() - t0) / args.queries * 1e3,
+                   "recall10": float(np.mean([len({h.id for h in g} & r) / 10 for g, r in zip(hits, ref)]))}
+            run["searches"].append(row)
+            print(nlist, json.dumps(row), flush=True)
+        db.close()
+        res["runs"].append(run)
+    shutil.rmtree(args.path, ignore_errors=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"cpu-pool-topics-{args.docs}.json").write_text(json.dumps(res, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
