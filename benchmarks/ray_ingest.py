@@ -1,4 +1,4 @@
-"""Bulk-ingest throughput of mvdb.distributed.ingest with 1, 2 and 4 Ray workers (issue #6).
+"""Bulk-ingest throughput of mvdb.shards.cluster.ingest with 1, 2 and 4 Ray workers (issue #6).
 
     python benchmarks/ray_ingest.py [--files 8] [--docs-per-file 1000] [--workers 1,2,4]
 
@@ -35,7 +35,7 @@ def main():
     args = p.parse_args()
     import ray
 
-    from mvdb import distributed as md
+    from mvdb.shards import cluster as md
 
     shutil.rmtree(args.root, ignore_errors=True)
     os.makedirs(args.root)

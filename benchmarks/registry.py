@@ -53,7 +53,7 @@ SUITES: tuple[Suite, ...] = (
     Suite("multigpu", "multigpu.py", ("--docs", "2000000"),
           "one GPU against a database sharded over two GPUs of one host, at matched recall", "2"),
     Suite("ray-ingest", "ray_ingest.py", (),
-          "bulk-ingest throughput of mvdb.distributed.ingest with 1, 2 and 4 Ray workers", "no"),
+          "bulk-ingest throughput of mvdb.shards.cluster.ingest with 1, 2 and 4 Ray workers", "no"),
     Suite("serve", "serve.py", ("--docs", "1000000"),
           "mvdb serve under concurrent clients: QPS, p50 and p99 against in-process batched search",
           "optional"),

@@ -32,6 +32,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Database": "mvdb.database",
+    "DatabaseAPI": "mvdb.contract",
     "Encoder": "mvdb.encoders",
     "Hit": "mvdb.engine.search",
     "open": "mvdb.api",
@@ -41,8 +42,8 @@ _LAZY = {
     "recover": "mvdb.storage",
     "verify": "mvdb.storage",
 }
-_SUBMODULES = ("api", "cli", "database", "demo", "distributed", "embed", "encoders", "engine", "ingest",
-               "integrations", "kernels", "serve", "sharded", "shards", "storage", "text")
+_SUBMODULES = ("api", "cli", "contract", "database", "demo", "embed", "encoders", "engine", "ingest",
+               "integrations", "kernels", "serve", "shards", "storage", "testing", "text")
 
 
 def __getattr__(name: str):
@@ -64,6 +65,7 @@ __all__ = [
     "Client",
     "CorruptionError",
     "Database",
+    "DatabaseAPI",
     "DatabaseLockedError",
     "DeviceMismatchError",
     "DuplicateIdError",

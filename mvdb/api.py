@@ -27,7 +27,7 @@ def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=No
     "auto": the device when the tokens fit 80% of its free memory, else host memory when they fit
     80% of what is available there, else disk. ``max_gpu_bytes``: the device memory the exact
     tokens may take at most (to share a GPU with a model): above it, "auto" picks another tier. ``devices``: a list of devices to shard the documents over, one shard each
-    (:class:`mvdb.sharded.ShardedDatabase`; a directory created sharded is always opened sharded).
+    (:class:`mvdb.shards.local.ShardedDatabase`; a directory created sharded is always opened sharded).
     ``progress``: report long index builds on stderr (default: on, ``MVDB_PROGRESS=0`` turns it off).
     ``checksums``: check each segment's tokens against their CRC-32 as they are loaded into memory
     (CorruptionError on a mismatch; structural checks run on every open regardless). On by default;

@@ -171,6 +171,7 @@ def _ingest(db: str, srcs: list, dim: int, dtype: str | None, batch: int, shards
             metadata: list | None = None) -> dict:
     """Add the documents of the checked sources ``srcs`` to DB (created if missing); a summary."""
     from mvdb.ingest import add_new
+    from mvdb.shards.placement import PlacedStores
     from mvdb.storage import Store
 
     paths = _shard_paths(db, create=shards)
@@ -179,7 +180,7 @@ def _ingest(db: str, srcs: list, dim: int, dtype: str | None, batch: int, shards
         for p, st in zip(paths, stores):
             if st.dim is not None and st.dim != dim:
                 raise InvalidInputError(f"{p}: stores dim {st.dim}, but the sources have dim {dim}")
-        st = _Placement(stores) if len(stores) > 1 or shards else stores[0]
+        st = PlacedStores(stores) if len(stores) > 1 or shards else stores[0]
         added = skipped = tokens_added = at = 0
         t0 = time.perf_counter()
         for src in srcs:
@@ -242,30 +243,6 @@ def _shard_paths(db: str, create: int = 0) -> list[str]:
     from mvdb.shards.layout import resolve
 
     return resolve(db, create, option="--shards")
-
-
-class _Placement:
-    """The Store calls ``ingest`` makes, over several shard stores, by mvdb.shards.placement (as
-    ShardedDatabase.add and mvdb.distributed): ids are looked up in every shard, and each document
-    goes to the shard holding the fewest tokens."""
-
-    def __init__(self, stores):
-        self.stores = stores
-
-    def __len__(self) -> int:
-        return sum(len(st) for st in self.stores)
-
-    def contains(self, ids) -> np.ndarray:
-        from mvdb.shards.placement import contains_any
-
-        return contains_any(self.stores, list(ids))
-
-    def add_packed(self, tokens, lengths, ids, metadata=None) -> None:
-        from mvdb.shards.placement import place, split_packed
-
-        for si, part, toks, lens in split_packed(tokens, lengths, place(lengths, self.stores)):
-            meta = None if metadata is None else [metadata[i] for i in part]
-            self.stores[si].add_packed(toks, lens, ids=[ids[i] for i in part], metadata=meta)
 
 
 @main.command()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mvdb.contract import DatabaseAPI
 from mvdb.encoders import as_encoder
 from mvdb.engine.args import device_arg, ids_arg, open_args, search_args
 from mvdb.engine.filters import allowed_rows
@@ -37,7 +38,7 @@ from mvdb.text import TextMethods, check_encoder, recorded_encoder
 
 __all__ = ["Database", "Hit", "rerank"]
 
-class Database(TextMethods):
+class Database(TextMethods, DatabaseAPI):
     """See the module docstring; create with :func:`mvdb.open`. ``encoder``: the model of
     ``add_texts`` / ``search_text`` (:mod:`mvdb.text`), None for embeddings only."""
 

@@ -1,7 +1,7 @@
 """One contract, one conformance suite (issue #15).
 
 Every database-shaped class (``Database`` from ``mvdb.open(path)``, ``ShardedDatabase`` from
-``mvdb.open(path, devices=[...])``, ``mvdb.distributed.Cluster`` on a local Ray, and the
+``mvdb.open(path, devices=[...])``, ``mvdb.shards.cluster.Cluster`` on a local Ray, and the
 ``mvdb.connect`` client of an ``mvdb serve`` on loopback) is held to
 the same expectations for the public API of the README's "Database" section: the same results
 (exact MaxSim, checked against a brute force computed here with numpy) and the same error types.
@@ -19,6 +19,7 @@ Cluster parameters are skipped.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 
 import numpy as np
@@ -37,7 +38,7 @@ from mvdb import (
 try:
     import ray
 
-    from mvdb import distributed as md
+    from mvdb.shards import cluster as md
 except ImportError as e:  # Ray is an optional extra (mvdb[distributed])
     ray = md = None
     RAY_MISSING = f"needs Ray (pip install 'mvdb[distributed]'): {e}"
@@ -271,6 +272,42 @@ def fresh(opener, tmp_path):
     for db in reversed(opened):
         with contextlib.suppress(Exception):  # already closed, or left broken by a failed check
             db.close()
+
+
+# ---- the declared contract
+
+
+@pytest.mark.parametrize("kind", params("states_the_contract"))
+def test_the_class_states_the_contract(kind, corpus):
+    from mvdb.contract import MEMBERS
+
+    db, cls = corpus.db, type(corpus.db)
+    assert isinstance(db, mvdb.DatabaseAPI) and mvdb.DatabaseAPI in cls.__mro__
+    for name in MEMBERS:
+        owner = next(b for b in cls.__mro__ if name in vars(b))
+        assert owner is not mvdb.DatabaseAPI, f"{cls.__name__}.{name}: the protocol's stub, not an implementation"
+        want = getattr(mvdb.DatabaseAPI, name)
+        if isinstance(want, property):
+            assert isinstance(getattr(owner, name), property), f"{cls.__name__}.{name}: expected a property"
+            continue
+        have = inspect.signature(getattr(cls, name)).parameters
+        kinds = {p.kind for p in have.values()}
+        for p in inspect.signature(want).parameters.values():
+            if p.kind is p.VAR_POSITIONAL:
+                assert p.VAR_POSITIONAL in kinds or len(have) >= 4, f"{cls.__name__}.{name}: takes no *{p.name}"
+            elif p.kind is p.VAR_KEYWORD:
+                assert p.VAR_KEYWORD in kinds or {"n_candidates", "nprobe"} <= set(have), \
+                    f"{cls.__name__}.{name}: takes no search options"
+            else:
+                assert p.name in have or p.VAR_KEYWORD in kinds, f"{cls.__name__}.{name}: no parameter {p.name!r}"
+
+
+def test_the_servers_proxy_forwards_the_contract():
+    workers = pytest.importorskip("mvdb.serve.workers")
+    from mvdb.contract import MEMBERS
+
+    local = {"dim", "close", "__contains__", "__enter__", "__exit__"}  # answered by the app itself
+    assert set(MEMBERS) - local <= workers.CALLS
 
 
 # ---- add

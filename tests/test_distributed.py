@@ -1,4 +1,4 @@
-"""mvdb.distributed on a local Ray cluster (issue #6): bulk ingest on Ray Data into one database
+"""mvdb.shards.cluster on a local Ray cluster (issue #6): bulk ingest on Ray Data into one database
 per shard, a client over one actor per shard, and an actor killed mid-ingest. Issue #15: one
 placement policy and membership routing for ShardedDatabase, the CLI and Ray, so a database
 written by one is read and extended by the others; the layout file records the placement."""
@@ -12,7 +12,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import mvdb
-from mvdb import distributed as md
+from mvdb.shards import cluster as md
 
 DIM = 16
 

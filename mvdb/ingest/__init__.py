@@ -1,4 +1,4 @@
-"""Bulk ingest shared by ``mvdb ingest`` and Ray's ``mvdb.distributed.ingest``: the sources
+"""Bulk ingest shared by ``mvdb ingest`` and Ray's ``mvdb.shards.cluster.ingest``: the sources
 (:mod:`mvdb.ingest.sources`: formats, checks, content keys) and the writer that skips what is
 already stored (:mod:`mvdb.ingest.writer`)."""
 

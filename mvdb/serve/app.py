@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hmac
 import time
+from typing import Callable, NamedTuple
 
 import anyio
 from fastapi import FastAPI, Request
@@ -96,48 +97,32 @@ def _only(body: dict, route: str, allowed) -> None:
         raise errors.InvalidInputError(f"{route}: unknown argument(s) {extra}; expected some of {sorted(allowed)}")
 
 
-def create_app(db, *, read_only: bool = False, api_key: str | None = None, max_body_mb: float = 256,
-               batch_queries: int = 256, batch_window_ms: float = 0.0, search_threads: int = 1,
-               header_timeout_s: float = 10.0, body_timeout_s: float = 60.0) -> FastAPI:
-    """The application serving ``db`` (an open ``Database`` or ``ShardedDatabase``); the caller
-    owns ``db``. ``read_only`` refuses writes (403, ReadOnlyError) even on a writable handle.
-    ``header_timeout_s`` / ``body_timeout_s``: the read timeouts of its connections
-    (mvdb.serve.protocol), applied by :func:`uvicorn_config`."""
-    limit = int(max_body_mb * (1 << 20))
-    key = api_key.encode() if api_key else None
-    batcher = Batcher(db, max_queries=batch_queries, window_s=batch_window_ms / 1e3, threads=search_threads)
+class Served:
+    """What the routes serve: the database, its batcher and the server's settings."""
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        yield
-        await anyio.to_thread.run_sync(batcher.close)  # searches in flight finish first
+    def __init__(self, db, batcher: Batcher, *, read_only: bool, key: bytes | None, limit: int):
+        self.db, self.batcher, self.read_only, self.key, self.limit = db, batcher, read_only, key, limit
+        self.refuses_writes = bool(read_only or getattr(getattr(db, "store", None), "read_only", False))
+        self.started = time.time()
 
-    refuses_writes = bool(read_only or getattr(getattr(db, "store", None), "read_only", False))
-    app = FastAPI(title="mvdb", lifespan=lifespan, version=getattr(__import__("mvdb"), "__version__", "0"),
-                  description="Multi-vector (late-interaction) retrieval over one mvdb database. Bodies are "
-                              "MessagePack (arrays as {'$nd': dtype, 'shape', 'data': bytes}) or JSON "
-                              "(embeddings as nested lists); see the README's 'Serving' section.")
-    app.state.db, app.state.batcher, app.state.started = db, batcher, time.time()
-    app.state.read_timeouts = (header_timeout_s, body_timeout_s)
-
-    def guard(request: Request) -> None:
+    def guard(self, request: Request) -> None:
         """The API key and the declared body size, before anything is read."""
-        if key is not None:
+        if self.key is not None:
             given = request.headers.get("authorization", "")
             token = given[7:] if given.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
-            if not hmac.compare_digest(token.encode(), key):
+            if not hmac.compare_digest(token.encode(), self.key):
                 raise errors.AuthenticationError("missing or wrong API key (send 'Authorization: Bearer <key>')")
         size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > limit:
-            raise BodyTooLarge(f"request body: {int(size)} bytes, more than the server's limit of {limit} "
+        if size is not None and size.isdigit() and int(size) > self.limit:
+            raise BodyTooLarge(f"request body: {int(size)} bytes, more than the server's limit of {self.limit} "
                                f"(mvdb serve --max-body-mb)")
 
-    async def body_of(request: Request, route: str) -> dict:
+    async def body_of(self, request: Request, route: str) -> dict:
         chunks, n = [], 0
         async for chunk in request.stream():
             n += len(chunk)
-            if n > limit:
-                raise BodyTooLarge(f"request body: more than the server's limit of {limit} bytes "
+            if n > self.limit:
+                raise BodyTooLarge(f"request body: more than the server's limit of {self.limit} bytes "
                                    f"(mvdb serve --max-body-mb)")
             chunks.append(chunk)
         raw = b"".join(chunks)
@@ -148,131 +133,182 @@ def create_app(db, *, read_only: bool = False, api_key: str | None = None, max_b
             return _dict(await run_in_threadpool(codec.decode, raw, ctype), route)
         return _dict(codec.decode(raw, ctype), route)
 
-    def route(path: str, method: str = "POST", summary: str = "", body: dict | None = None):
-        """Register ``fn(args) -> result`` (a coroutine) under ``path``: decodes the body, encodes
-        the result, maps errors to statuses."""
-        extra = None
-        if body is not None:
-            extra = {"requestBody": {"content": {codec.MSGPACK: {"schema": {"type": "object", "properties": body}},
-                                                 codec.JSON: {"schema": {"type": "object", "properties": body}}}}}
-
-        def deco(fn):
-            async def endpoint(request: Request):
-                accept_json = codec.JSON in request.headers.get("accept", "")
-                try:
-                    guard(request)
-                    args = await body_of(request, path) if method == "POST" else {}
-                    if body is not None:
-                        _only(args, path, body)
-                    return _respond(await fn(args), accept_json)
-                except Exception as e:  # noqa: BLE001 - every error becomes a response
-                    return error_response(e, accept_json)
-
-            endpoint.__name__ = fn.__name__
-            app.add_api_route(path, endpoint, methods=[method], summary=summary, description=fn.__doc__,
-                              openapi_extra=extra, response_class=Response)
-            return fn
-        return deco
-
-    def writable(name: str) -> None:
-        if read_only:
+    def writable(self, name: str) -> None:
+        if self.read_only:
             raise errors.ReadOnlyError(f"{name}: the server was started with --read-only")
 
-    ARR = {"description": "an embedding array: MessagePack {'$nd', 'shape', 'data'} or a JSON nested list"}
-    IDS = {"type": "array", "items": {}, "description": "document ids (ints or strings)"}
-    SEARCH = {"queries": ARR, "k": {"type": "integer"}, "where": {"type": "object"},
-              "sparse": {"description": "a sparse vector per query: {term: weight} or [terms, weights]"},
-              "n_candidates": {"type": "integer"}, "k_tokens": {"type": "integer"}, "nprobe": {"type": "integer"},
-              "n_sparse": {"type": "integer"}, "exact": {"type": "boolean"}}
 
-    @route("/health", "GET", "liveness and size")
-    async def health(args):
-        """Whether the server is up, with the number of documents."""
-        return {"ok": True, "documents": len(db), "read_only": refuses_writes,
-                "uptime_s": time.time() - app.state.started}
+# ---- the routes: each ``async fn(served, args) -> result``, registered by ROUTES below
 
-    @route("/stats", "GET", "db.stats()")
-    async def stats(args):
-        """Counts, residency and index figures (``db.stats()``), plus the server's batching counters."""
-        out = await run_in_threadpool(db.stats)
-        out.setdefault("server", batcher.counters)  # with worker processes: the engine's (mvdb.serve.workers)
-        return out
+ARR = {"description": "an embedding array: MessagePack {'$nd', 'shape', 'data'} or a JSON nested list"}
+IDS = {"type": "array", "items": {}, "description": "document ids (ints or strings)"}
+SEARCH = {"queries": ARR, "k": {"type": "integer"}, "where": {"type": "object"},
+          "sparse": {"description": "a sparse vector per query: {term: weight} or [terms, weights]"},
+          "n_candidates": {"type": "integer"}, "k_tokens": {"type": "integer"}, "nprobe": {"type": "integer"},
+          "n_sparse": {"type": "integer"}, "exact": {"type": "boolean"}}
 
-    @route("/len", "GET", "len(db)")
-    async def length(args):
-        """The number of live documents."""
-        return len(db)
 
-    @route("/search", summary="db.search(queries, ...)", body=SEARCH)
-    async def search(args):
-        """Top-k by exact MaxSim among the candidates: one query ([Lq, dim]) gives a list of
-        [id, score]; a batch (a list, or [Nq, Lq, dim]) one list per query."""
-        queries = codec.embeddings(args.get("queries"), "queries")
-        options = {k: args[k] for k in SEARCH_OPTIONS if k in args}
-        return _hits(await asyncio.wrap_future(batcher.search(queries, args.get("sparse"), options)))
+async def health(s: Served, args):
+    """Whether the server is up, with the number of documents."""
+    return {"ok": True, "documents": len(s.db), "read_only": s.refuses_writes, "uptime_s": time.time() - s.started}
 
-    @route("/candidates", summary="db.candidates(queries, ...)", body={k: v for k, v in SEARCH.items() if k != "exact"})
-    async def candidates(args):
-        """The ids the exact stage of search would rerank, per query."""
-        queries = codec.embeddings(args.pop("queries", None), "queries")
-        return await run_in_threadpool(lambda: db.candidates(queries, **args))
 
-    @route("/rerank", summary="db.rerank(queries, candidate_ids, k)",
-           body={"queries": ARR, "candidate_ids": {"type": "array"}, "k": {"type": "integer"}})
-    async def rerank(args):
-        """Exact MaxSim of each query against its own candidate ids."""
-        queries = codec.embeddings(args.get("queries"), "queries")
-        return _hits(await run_in_threadpool(lambda: db.rerank(queries, args.get("candidate_ids"), args.get("k"))))
+async def stats(s: Served, args):
+    """Counts, residency and index figures (``db.stats()``), plus the server's batching counters."""
+    out = await run_in_threadpool(s.db.stats)
+    out.setdefault("server", s.batcher.counters)  # with worker processes: the dispatcher's (mvdb.serve.workers)
+    return out
 
-    @route("/add", summary="db.add(docs, ids, metadata, sparse)",
-           body={"docs": {"type": "array", "items": ARR}, "ids": IDS, "metadata": {"type": "array"},
-                 "sparse": {"type": "array"}})
-    async def add(args):
-        """Store documents; answered once committed, with their ids."""
-        writable("add")
-        docs = codec.embeddings(args.get("docs"), "docs")
-        out = await run_in_threadpool(lambda: db.add(docs, ids=args.get("ids"), metadata=args.get("metadata"),
-                                                     sparse=args.get("sparse")))
-        return [_plain(i) for i in out]
 
-    @route("/delete", summary="db.delete(ids)", body={"ids": IDS})
-    async def delete(args):
-        """Delete documents by id (all or none: an unknown id deletes nothing)."""
-        writable("delete")
-        await run_in_threadpool(db.delete, args.get("ids"))
+async def length(s: Served, args):
+    """The number of live documents."""
+    return len(s.db)
 
-    @route("/get", summary="db.get(ids)", body={"ids": IDS})
-    async def get(args):
-        """Each document's tokens as a float32 [L, dim] array."""
-        return await run_in_threadpool(db.get, args.get("ids"))
 
-    @route("/metadata", summary="db.metadata(ids)", body={"ids": IDS})
-    async def metadata(args):
-        """Each document's metadata (None where it has none)."""
-        return await run_in_threadpool(db.metadata, args.get("ids"))
+async def search(s: Served, args):
+    """Top-k by exact MaxSim among the candidates: one query ([Lq, dim]) gives a list of
+    [id, score]; a batch (a list, or [Nq, Lq, dim]) one list per query."""
+    queries = codec.embeddings(args.get("queries"), "queries")
+    options = {k: args[k] for k in SEARCH_OPTIONS if k in args}
+    return _hits(await asyncio.wrap_future(s.batcher.search(queries, args.get("sparse"), options)))
 
-    @route("/contains", summary="db.contains(ids)", body={"ids": IDS})
-    async def contains(args):
-        """Which of the ids are stored."""
-        return [bool(x) for x in await run_in_threadpool(db.contains, args.get("ids"))]
 
-    @route("/compact", summary="db.compact()", body={})
-    async def compact(args):
-        """Rewrite segments holding deleted documents; the number rewritten."""
-        writable("compact")
-        return await run_in_threadpool(db.compact)
+async def candidates(s: Served, args):
+    """The ids the exact stage of search would rerank, per query."""
+    queries = codec.embeddings(args.pop("queries", None), "queries")
+    return await run_in_threadpool(lambda: s.db.candidates(queries, **args))
 
-    @route("/refresh", summary="db.refresh()", body={})
-    async def refresh(args):
-        """Follow commits another process made; whether something changed."""
-        return await run_in_threadpool(db.refresh)
 
-    @route("/verify", "GET", "db.verify()")
-    async def verify(args):
-        """Check every file against the manifest and its checksums."""
-        r = await run_in_threadpool(db.verify)
-        return {"problems": list(r.problems), "n_docs": r.n_docs, "n_segments": r.n_segments}
+async def rerank(s: Served, args):
+    """Exact MaxSim of each query against its own candidate ids."""
+    queries = codec.embeddings(args.get("queries"), "queries")
+    return _hits(await run_in_threadpool(lambda: s.db.rerank(queries, args.get("candidate_ids"), args.get("k"))))
 
+
+async def add(s: Served, args):
+    """Store documents; answered once committed, with their ids."""
+    s.writable("add")
+    docs = codec.embeddings(args.get("docs"), "docs")
+    out = await run_in_threadpool(lambda: s.db.add(docs, ids=args.get("ids"), metadata=args.get("metadata"),
+                                                   sparse=args.get("sparse")))
+    return [_plain(i) for i in out]
+
+
+async def delete(s: Served, args):
+    """Delete documents by id (all or none: an unknown id deletes nothing)."""
+    s.writable("delete")
+    await run_in_threadpool(s.db.delete, args.get("ids"))
+
+
+async def get(s: Served, args):
+    """Each document's tokens as a float32 [L, dim] array."""
+    return await run_in_threadpool(s.db.get, args.get("ids"))
+
+
+async def metadata(s: Served, args):
+    """Each document's metadata (None where it has none)."""
+    return await run_in_threadpool(s.db.metadata, args.get("ids"))
+
+
+async def contains(s: Served, args):
+    """Which of the ids are stored."""
+    return [bool(x) for x in await run_in_threadpool(s.db.contains, args.get("ids"))]
+
+
+async def compact(s: Served, args):
+    """Rewrite segments holding deleted documents; the number rewritten."""
+    s.writable("compact")
+    return await run_in_threadpool(s.db.compact)
+
+
+async def refresh(s: Served, args):
+    """Follow commits another process made; whether something changed."""
+    return await run_in_threadpool(s.db.refresh)
+
+
+async def verify(s: Served, args):
+    """Check every file against the manifest and its checksums."""
+    r = await run_in_threadpool(s.db.verify)
+    return {"problems": list(r.problems), "n_docs": r.n_docs, "n_segments": r.n_segments}
+
+
+class Route(NamedTuple):
+    path: str
+    method: str
+    summary: str
+    body: dict | None  # the body's arguments (OpenAPI properties); None: not checked
+    fn: Callable
+
+
+ROUTES = (
+    Route("/health", "GET", "liveness and size", None, health),
+    Route("/stats", "GET", "db.stats()", None, stats),
+    Route("/len", "GET", "len(db)", None, length),
+    Route("/search", "POST", "db.search(queries, ...)", SEARCH, search),
+    Route("/candidates", "POST", "db.candidates(queries, ...)", {k: v for k, v in SEARCH.items() if k != "exact"},
+          candidates),
+    Route("/rerank", "POST", "db.rerank(queries, candidate_ids, k)",
+          {"queries": ARR, "candidate_ids": {"type": "array"}, "k": {"type": "integer"}}, rerank),
+    Route("/add", "POST", "db.add(docs, ids, metadata, sparse)",
+          {"docs": {"type": "array", "items": ARR}, "ids": IDS, "metadata": {"type": "array"},
+           "sparse": {"type": "array"}}, add),
+    Route("/delete", "POST", "db.delete(ids)", {"ids": IDS}, delete),
+    Route("/get", "POST", "db.get(ids)", {"ids": IDS}, get),
+    Route("/metadata", "POST", "db.metadata(ids)", {"ids": IDS}, metadata),
+    Route("/contains", "POST", "db.contains(ids)", {"ids": IDS}, contains),
+    Route("/compact", "POST", "db.compact()", {}, compact),
+    Route("/refresh", "POST", "db.refresh()", {}, refresh),
+    Route("/verify", "GET", "db.verify()", None, verify),
+)
+
+
+def endpoint(served: Served, r: Route):
+    """The request handler of route ``r``: checks the key and size, decodes the body (checking its
+    arguments), runs the route, encodes the result; every error becomes an error response."""
+    async def handle(request: Request):
+        accept_json = codec.JSON in request.headers.get("accept", "")
+        try:
+            served.guard(request)
+            args = await served.body_of(request, r.path) if r.method == "POST" else {}
+            if r.body is not None:
+                _only(args, r.path, r.body)
+            return _respond(await r.fn(served, args), accept_json)
+        except Exception as e:  # noqa: BLE001 - every error becomes a response
+            return error_response(e, accept_json)
+
+    handle.__name__ = r.fn.__name__
+    return handle
+
+
+def create_app(db, *, read_only: bool = False, api_key: str | None = None, max_body_mb: float = 256,
+               batch_queries: int = 256, batch_window_ms: float = 0.0, search_threads: int = 1,
+               header_timeout_s: float = 10.0, body_timeout_s: float = 60.0) -> FastAPI:
+    """The application serving ``db`` (an open ``Database`` or ``ShardedDatabase``); the caller
+    owns ``db``. ``read_only`` refuses writes (403, ReadOnlyError) even on a writable handle.
+    ``header_timeout_s`` / ``body_timeout_s``: the read timeouts of its connections
+    (mvdb.serve.protocol), applied by :func:`uvicorn_config`."""
+    batcher = Batcher(db, max_queries=batch_queries, window_s=batch_window_ms / 1e3, threads=search_threads)
+    served = Served(db, batcher, read_only=read_only, key=api_key.encode() if api_key else None,
+                    limit=int(max_body_mb * (1 << 20)))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        await anyio.to_thread.run_sync(batcher.close)  # searches in flight finish first
+
+    app = FastAPI(title="mvdb", lifespan=lifespan, version=getattr(__import__("mvdb"), "__version__", "0"),
+                  description="Multi-vector (late-interaction) retrieval over one mvdb database. Bodies are "
+                              "MessagePack (arrays as {'$nd': dtype, 'shape', 'data': bytes}) or JSON "
+                              "(embeddings as nested lists); see the serving guide.")
+    app.state.db, app.state.batcher, app.state.started = db, batcher, served.started
+    app.state.read_timeouts = (header_timeout_s, body_timeout_s)
+    for r in ROUTES:
+        extra = None
+        if r.body is not None:
+            schema = {"schema": {"type": "object", "properties": r.body}}
+            extra = {"requestBody": {"content": {codec.MSGPACK: schema, codec.JSON: schema}}}
+        app.add_api_route(r.path, endpoint(served, r), methods=[r.method], summary=r.summary,
+                          description=r.fn.__doc__, openapi_extra=extra, response_class=Response)
     return app
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from mvdb import errors
+from mvdb.contract import DatabaseAPI
 from mvdb.serve import codec
 
 _ERRORS = {name: getattr(errors, name) for name in dir(errors)
@@ -32,7 +33,7 @@ def connect(url: str, *, api_key: str | None = None, timeout: float = 300.0, max
     return c
 
 
-class Client:
+class Client(DatabaseAPI):
     def __init__(self, url: str, *, api_key: str | None = None, timeout: float = 300.0, max_connections: int = 100):
         import urllib3
 

@@ -116,11 +116,11 @@ def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = 
 def _serve_with_workers(db, sock, n: int, path, read_only: bool, options: dict, graceful_s: float, log_level: str,
                         gil_switch_us: float, on_ready, stop: threading.Event) -> None:
     from mvdb.serve.batcher import Batcher
-    from mvdb.serve.workers import Engine, Workers
+    from mvdb.serve.workers import Dispatcher, Workers
 
     # the engine's search loop runs the batches itself (threads=0): one thread, whatever --search-threads says
     batcher = Batcher(db, max_queries=options["batch_queries"], threads=0)
-    engine = Engine(db, batcher, window_s=options["batch_window_ms"] / 1e3)
+    engine = Dispatcher(db, batcher, window_s=options["batch_window_ms"] / 1e3)
     # the workers batch their own requests before calling the engine, with --search-threads calls
     # in flight each, so that a worker has its next call ready while the engine answers the last one
     worker_options = dict(options, batch_window_ms=0.0)

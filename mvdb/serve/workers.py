@@ -6,7 +6,7 @@ all under one GIL (README "Serving" has the measurement). So with ``--workers`` 
 
 - the main process opens the database and serves it behind a local socket
   (``multiprocessing.connection``, a Unix socket in a private temporary directory, with a random
-  key): the engine, whose one search loop batches the searches of every worker (:class:`Engine`);
+  key): the engine, whose one search loop batches the searches of every worker (:class:`Dispatcher`);
 - N worker processes share the listening socket, each running the same FastAPI application
   (mvdb.serve.app) over :class:`RemoteDatabase`, which forwards every call to the engine. A
   worker's own batcher joins its concurrent searches into one call, and the engine's joins the
@@ -35,7 +35,7 @@ CALLS = {"search", "candidates", "rerank", "add", "delete", "get", "metadata", "
          "verify", "stats", "__len__"}
 
 
-class Engine:
+class Dispatcher:
     """The main process's side: answers the workers' calls with the real database.
 
     One thread, the search loop, waits on every worker connection at once, takes the search
@@ -267,7 +267,7 @@ def _worker(sock, address: str, authkey: bytes, read_only: bool, path: str, app_
 class Workers:
     """The worker processes of one server (started by :func:`mvdb.serve.server.serve`)."""
 
-    def __init__(self, n: int, sock, engine: Engine, read_only: bool, path: str, app_options: dict,
+    def __init__(self, n: int, sock, engine: Dispatcher, read_only: bool, path: str, app_options: dict,
                  log_level: str, gil_switch_us: float):
         ctx = mp.get_context("spawn")  # the main process holds CUDA and threads: never fork it
         self.procs = [ctx.Process(target=_worker, name=f"mvdb-serve-worker-{i}", daemon=True,

@@ -3,7 +3,7 @@
 - :mod:`mvdb.shards.layout`: the layout file (``shards.json``) naming the shards and the placement.
 - :mod:`mvdb.shards.placement`: the one placement policy (least-loaded by tokens) and membership
   routing (which shard holds each id), shared by :class:`ShardedDatabase`, ``mvdb ingest --shards``
-  and :mod:`mvdb.distributed`.
+  and :mod:`mvdb.shards.cluster`.
 - :mod:`mvdb.shards.merge`: the per-shard results merged (top-k hits, verify reports).
 - :mod:`mvdb.shards.local`: :class:`ShardedDatabase`, one shard per device of one host.
 

@@ -8,7 +8,7 @@ GPU work of the shards overlaps; CPU shards run in turn) and the per-shard exact
 merged by score (:mod:`mvdb.shards.merge`).
 
 An ``add`` places each document on the shard with the fewest tokens at that moment
-(:mod:`mvdb.shards.placement`, the policy ``mvdb ingest --shards`` and :mod:`mvdb.distributed`
+(:mod:`mvdb.shards.placement`, the policy ``mvdb ingest --shards`` and :mod:`mvdb.shards.cluster`
 use too) and commits shard by shard: a crash in between leaves the shards committed so far, and
 re-adding the same ids then reports them as duplicates (skip them with ``db.contains``). Reads by
 id ask every shard which ids it holds. The number of shards is fixed when the directory is
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from mvdb.contract import DatabaseAPI
 from mvdb.database import Database
 from mvdb.encoders import as_encoder
 from mvdb.engine.args import open_args
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 __all__ = ["ShardedDatabase"]
 
 
-class ShardedDatabase(TextMethods):
+class ShardedDatabase(TextMethods, DatabaseAPI):
     """The :class:`mvdb.Database` API over one shard per device; see the module docstring.
     ``encoder``: as for ``Database`` (:mod:`mvdb.text`); its record goes into every shard."""
 

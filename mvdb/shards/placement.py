@@ -1,5 +1,5 @@
 """Where documents go, and where they are: the one placement policy of every sharded writer
-(:class:`mvdb.ShardedDatabase`, ``mvdb ingest --shards``, :mod:`mvdb.distributed`) and the
+(:class:`mvdb.ShardedDatabase`, ``mvdb ingest --shards``, :mod:`mvdb.shards.cluster`) and the
 membership routing of every sharded reader.
 
 - Placement (``least-loaded``): each new document goes, in turn, to the shard holding the fewest
@@ -90,3 +90,23 @@ def route(stores, ids) -> list[list[int]]:
     """Positions of ``ids`` per store, every id stored (else UnknownIdError)."""
     ids = list(ids)
     return owners([membership(st, ids) for st in stores], ids)
+
+
+class PlacedStores:
+    """Several shard stores behind the Store calls a bulk ingest makes (``mvdb ingest --shards``):
+    ids are looked up in every shard, and each document goes to the shard holding the fewest
+    tokens, as :class:`~mvdb.shards.local.ShardedDatabase` and :mod:`mvdb.shards.cluster` place them."""
+
+    def __init__(self, stores):
+        self.stores = stores
+
+    def __len__(self) -> int:
+        return sum(len(st) for st in self.stores)
+
+    def contains(self, ids) -> np.ndarray:
+        return contains_any(self.stores, list(ids))
+
+    def add_packed(self, tokens, lengths, ids, metadata=None) -> None:
+        for si, part, toks, lens in split_packed(tokens, lengths, place(lengths, self.stores)):
+            meta = None if metadata is None else [metadata[i] for i in part]
+            self.stores[si].add_packed(toks, lens, ids=[ids[i] for i in part], metadata=meta)

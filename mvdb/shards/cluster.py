@@ -1,7 +1,7 @@
 """mvdb across machines on Ray: one actor per shard, a client that fans out and merges, and a
 bulk-ingest pipeline on Ray Data. Install with ``pip install mvdb[distributed]``.
 
-    import ray, mvdb.distributed as md
+    import ray, mvdb.shards.cluster as md
     ray.init()
     md.ingest(["part-0.npz", "part-1.npz"], "/data/db", shards=2)   # bulk load, resumable
     cluster = md.Cluster("/data/db", num_gpus=1)                     # one actor (and GPU) per shard
@@ -34,8 +34,9 @@ import numpy as np
 try:
     import ray
 except ImportError as e:  # pragma: no cover - the message says what to install
-    raise ImportError(f"mvdb.distributed needs Ray: pip install 'mvdb[distributed]' ({e})") from None
+    raise ImportError(f"mvdb.shards.cluster needs Ray: pip install 'mvdb[distributed]' ({e})") from None
 
+from mvdb.contract import DatabaseAPI
 from mvdb.errors import DuplicateIdError, InvalidInputError
 from mvdb.shards import layout
 from mvdb.shards.merge import (
@@ -289,7 +290,7 @@ class ShardActor:
         self.db.close()
 
 
-class Cluster:
+class Cluster(DatabaseAPI):
     """Client of one ``ShardActor`` per shard, with the API of :class:`mvdb.Database`: fans a
     query batch out and merges the exact per-shard top-k by score. ``shard_paths``: a sharded
     database directory (its ``shards.json``) or a list of database directories. ``num_gpus`` per
@@ -335,6 +336,12 @@ class Cluster:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    @property
+    def dim(self) -> int | None:
+        """The token dimension the shards store (None before the first add)."""
+        infos = ray.get([a.info.remote() for a in self._live()])
+        return next((i["dim"] for i in infos if i["dim"] is not None), None)
 
     def stats(self) -> dict:
         """The keys of ``Database.stats()`` over the shards (:func:`mvdb.shards.merge.merge_stats`):
