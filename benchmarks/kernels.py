@@ -51,7 +51,7 @@ from common import median_ms  # noqa: E402
 from mvdb.testing.synthetic import candidate_lists, colpali_inputs, one_query_inputs  # noqa: E402
 
 from mvdb.kernels import maxsim, maxsim_candidates, maxsim_varlen, quantize_int8  # noqa: E402
-from mvdb.kernels.maxsim import fused, naive  # noqa: E402
+from mvdb.kernels.maxsim import naive, tuning  # noqa: E402
 
 ROWS: list[dict] = []
 
@@ -308,7 +308,7 @@ def main():
         for n, label in sizes:
             _candidates_case(n, dev, ceil, peers_ok, label)
             torch.cuda.empty_cache() if dev == "cuda" else None
-    configs = {str(k): str(v) for k, v in getattr(fused._tuned, "cache", {}).items()}
+    configs = {str(k): str(v) for k, v in getattr(tuning._tuned, "cache", {}).items()}
     result = {"info": info, "rows": ROWS, "autotune_choices": configs, "seconds": time.time() - t0}
     out = Path(os.environ.get("OUT", args.out))
     out.mkdir(parents=True, exist_ok=True)

@@ -3,9 +3,10 @@ without a database.
 
     from mvdb.kernels import maxsim, maxsim_varlen, maxsim_candidates, quantize_int8, sparton
 
-One folder per kernel family (maxsim/ inference, maxsim/train/ training, lists/, sparton/), each
-with naive.py (the pure-torch reference), fused.py (the Triton kernels) and ops.py (the public
-host functions); quant.py, warmup.py, errors.py and _checks.py are shared.
+One folder per kernel family (maxsim/ inference, maxsim/train/ training, lists/, codes/, sparton/),
+each with naive.py (the pure-torch reference), the Triton kernels (fused.py; maxsim/ splits its
+forward into kernel.py and the host modules beside it) and ops.py (the public host functions);
+quant.py, warmup.py, errors.py and _checks.py are shared.
 """
 
 from mvdb.kernels.maxsim import maxsim, maxsim_candidates, maxsim_varlen

@@ -2,10 +2,10 @@
 
 ``tensor.to("cuda")`` from ordinary (pageable) host memory waits until the stream has finished
 everything queued before it; in a search that is a stall in the middle of the pipeline, with the
-host idle instead of queueing the next kernels (measured: benchmarks/small_batch.py). From pinned
-memory, with ``non_blocking=True``, the copy is queued like a kernel instead. A search's small
-host inputs (queries, offsets, token numbering) go in one copy through a pinned staging buffer
-kept per thread (torch's pinned allocations cost about 45 us each on the H100 machine).
+host idle instead of queueing the next kernels. From pinned memory, with ``non_blocking=True``,
+the copy is queued like a kernel instead. A search's small host inputs (queries, offsets, token
+numbering) go in one copy through a pinned staging buffer kept per thread (a pinned allocation
+per call would cost tens of microseconds).
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q, scale = _quantize_cpu(rows.contiguous())
         return q.view(x.shape), scale.view(x.shape[:-1])
     if x.device.type == "cuda":
-        from mvdb.kernels.maxsim.fused import quantize_queries
+        from mvdb.kernels.maxsim.query_quant import quantize_queries
 
         rows = rows.detach()
         q, scale = quantize_queries((rows.float() if rows.dtype == torch.float64 else rows).contiguous())

@@ -6,7 +6,8 @@ import time
 
 import torch
 
-from mvdb.kernels.maxsim import fused, maxsim_candidates, maxsim_varlen
+from mvdb.kernels.maxsim import maxsim_candidates, maxsim_varlen
+from mvdb.kernels.maxsim.query_quant import PLACEMENTS, placed
 from mvdb.kernels.quant import quantize_int8
 
 
@@ -24,7 +25,7 @@ def warmup(
     program (small launches), once per query inside the kernel and shared (mid-sized ones), by a
     launch of its own before the kernel (large ones). ``doc_length``: your documents' typical length; queries
     of 512 tokens and more against documents of 512 tokens and more on average run a split launch
-    with an autotune entry of its own (``fused.query_chunks``), so long queries against long pages
+    with an autotune entry of its own (``tuning.query_chunks``), so long queries against long pages
     warm that entry only with a doc_length of 512 or more. (The padded ``maxsim`` layouts and
     paged stores, which are never split, are not warmed here.)
     Returns the seconds spent; a no-op without CUDA."""
@@ -49,10 +50,10 @@ def warmup(
                 maxsim_candidates(q, cu_q, tokens, offsets, cand, scales, max_seqlen_q=lq, check=False)
                 maxsim_varlen(q[:lq], cu_q[:2], tokens, offsets.int(), d_scales=scales, max_seqlen_q=lq, check=False)
                 if dtype == torch.int8:
-                    # each placement of the query quantization (fused._launch) for each layout:
+                    # each placement of the query quantization (launcher._launch) for each layout:
                     # every program for itself, shared rows, a launch of its own
-                    for placement in fused.PLACEMENTS:
-                        with fused.placed(placement):
+                    for placement in PLACEMENTS:
+                        with placed(placement):
                             maxsim_candidates(q, cu_q, tokens, offsets, cand, scales, max_seqlen_q=lq, check=False)
                             maxsim_varlen(q[:lq], cu_q[:2], tokens, offsets.int(), d_scales=scales, max_seqlen_q=lq,
                                           check=False)

@@ -196,7 +196,8 @@ def test_long_queries_split_across_programs(device, dtype, monkeypatch):
     the query tokens fill), 0, and chunks that end inside a BLOCK_Q block; through the public calls
     on both padded layouts, with query and document masks on the cross product. The grid has one
     program per pair and chunk. (Autotuning off, so that every launch passes the spy.)"""
-    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim import kernel, launcher, runtime, tuning
+    from mvdb.kernels.maxsim.launcher import Geometry
 
     quant = dtype == "int8-quant-in-kernel"
     dtype = "int8" if quant else dtype
@@ -209,27 +210,27 @@ def test_long_queries_split_across_programs(device, dtype, monkeypatch):
     cand = torch.tensor([[5, 0, 2, -1], [4, 1, 3, 2], [2, 2, 0, 1]], device=device)
     starts = cu_d[:-1].long().contiguous()
     grids = []
-    real = fused.launch_kernel
+    real = runtime.launch_kernel
 
     def spy(fn, grid, args, consts, *rest):
-        if fn is fused._maxsim_fwd_kernel:
+        if fn is kernel._maxsim_fwd_kernel:
             grids.append((grid[0], consts["QCHUNK"]))
         real(fn, grid, args, consts, *rest)
 
-    monkeypatch.setattr(fused, "launch_kernel", spy)
-    monkeypatch.setattr(fused, "autotuning", lambda: False)
+    monkeypatch.setattr(launcher, "launch_kernel", spy)
+    monkeypatch.setattr(launcher, "autotuning", lambda: False)
     config = {"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": 1, "num_warps": 4, "QUANT": quant}
 
     def run(layout, n_k, offsets, cnd, paged, max_lq, rows):
-        return fused.launch(_poison((3, n_k), device), q, None, cu_q, 0, tok, sc, None, offsets, cnd, 0, 3, n_k,
-                            layout, max_lq, starts=starts if paged else None,
-                            scale_starts=starts if paged and sc is not None else None,
-                            config={**config, "QCHUNK": rows})
+        return launcher.launch(_poison((3, n_k), device), q, tok, Geometry(layout, 3, n_k, max_lq), cu_q=cu_q,
+                               d_scales=sc, offsets=offsets, cand=cnd, starts=starts if paged else None,
+                               scale_starts=starts if paged and sc is not None else None,
+                               config={**config, "QCHUNK": rows})
 
     for layout, n_k, offsets, cnd, paged in (
-        (fused.CSR_CROSS, len(lengths), cu_d, None, False),
-        (fused.CSR_CAND, 4, cu_d.long(), cand, False),
-        (fused.CSR_CAND, 4, cu_d.long(), cand, True),
+        (kernel.CSR_CROSS, len(lengths), cu_d, None, False),
+        (kernel.CSR_CAND, 4, cu_d.long(), cand, False),
+        (kernel.CSR_CAND, 4, cu_d.long(), cand, True),
     ):
         ccpu = None if cnd is None else cnd.cpu()
         if dtype == "int8":
@@ -258,17 +259,17 @@ def test_long_queries_split_across_programs(device, dtype, monkeypatch):
     dm = dm.to(device)
     DD, ds = quantize_int8(D) if dtype == "int8" else (D, None)
     DD4, ds4 = quantize_int8(D4) if dtype == "int8" else (D4, None)
-    monkeypatch.setattr(fused, "QCHUNK_ROWS", 16)
-    monkeypatch.setattr(fused, "QCHUNK_MIN_LQ", 17)
-    monkeypatch.setattr(fused, "QCHUNK_MIN_LD", 21)
+    monkeypatch.setattr(tuning, "QCHUNK_ROWS", 16)
+    monkeypatch.setattr(tuning, "QCHUNK_MIN_LQ", 17)
+    monkeypatch.setattr(tuning, "QCHUNK_MIN_LD", 21)
     maxsim(Q, DD, qm, dm, d_scales=ds)
     assert grids[-1] == (2 * 3, 0), "documents of 20 tokens, below QCHUNK_MIN_LD: one program per pair"
-    monkeypatch.setattr(fused, "QCHUNK_MIN_LD", 20)
+    monkeypatch.setattr(tuning, "QCHUNK_MIN_LD", 20)
     grids.clear()
     got = maxsim(Q, DD, qm, dm, d_scales=ds)
     got4 = maxsim(Q, DD4, d_scales=ds4)
     assert grids == [(2 * 3 * 3, 16), (2 * 3 * 3, 16)], grids
-    monkeypatch.setattr(fused, "QCHUNK_ROWS", 0)
+    monkeypatch.setattr(tuning, "QCHUNK_ROWS", 0)
     whole = maxsim(Q, DD, qm, dm, d_scales=ds)
     whole4 = maxsim(Q, DD4, d_scales=ds4)
     assert grids[-2:] == [(2 * 3, 0), (2 * 3, 0)], grids
@@ -279,11 +280,11 @@ def test_long_queries_split_across_programs(device, dtype, monkeypatch):
 
 def test_query_chunk_rule():
     """Queries of QCHUNK_MIN_LQ tokens and more against documents of QCHUNK_MIN_LD tokens on average
-    are split into QCHUNK_ROWS-row chunks (measured: faster on 1,024-token documents, slower on
-    64-300); the rest run one program per pair. The mean document length comes from the shapes:
+    are split into QCHUNK_ROWS-row chunks (faster on long documents, slower on short ones); the
+    rest run one program per pair. The mean document length comes from the shapes:
     the padded length, or a CSR store's tokens / documents; a paged store is not split."""
-    from mvdb.kernels.maxsim import fused
-    from mvdb.kernels.maxsim.fused import QCHUNK_MIN_LD, QCHUNK_MIN_LQ, QCHUNK_ROWS, query_chunks
+    from mvdb.kernels.maxsim import kernel, tuning
+    from mvdb.kernels.maxsim.tuning import QCHUNK_MIN_LD, QCHUNK_MIN_LQ, QCHUNK_ROWS, query_chunks
 
     assert (QCHUNK_ROWS, QCHUNK_MIN_LQ, QCHUNK_MIN_LD) == (256, 512, 512)
     assert query_chunks(32, 1024) == query_chunks(300, 1024) == query_chunks(511, 1024) == 1
@@ -291,9 +292,9 @@ def test_query_chunk_rule():
     assert query_chunks(1024, 182) == query_chunks(1024, 511.9) == 1
     d = torch.empty(3000, 8)
     offsets = torch.zeros(4, dtype=torch.int64)
-    assert fused._mean_doc_len(int(fused.CSR_CROSS.value), d, offsets, 0, None) == 1000
-    assert fused._mean_doc_len(int(fused.CSR_CAND.value), d, offsets, 0, torch.zeros(3)) == 0
-    assert fused._mean_doc_len(int(fused.PADDED_CROSS.value), d, None, 700, None) == 700
+    assert tuning._mean_doc_len(int(kernel.CSR_CROSS.value), d, offsets, 0, None) == 1000
+    assert tuning._mean_doc_len(int(kernel.CSR_CAND.value), d, offsets, 0, torch.zeros(3)) == 0
+    assert tuning._mean_doc_len(int(kernel.PADDED_CROSS.value), d, None, 700, None) == 700
 
 
 @pytest.mark.parametrize("device", TRITON_DEVICES)
@@ -305,7 +306,8 @@ def test_every_launch_variant_is_exact(device, dtype, runmax, lq_bucket):
     long query's bucket; int8 queries quantized by a launch of their own or inside each program)
     give the same scores as the reference, for both CSR layouts. Documents span several BLOCK_D
     tiles plus a partial one; one query spans two BLOCK_Q blocks; a -1 candidate scores -inf."""
-    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim import kernel, launcher
+    from mvdb.kernels.maxsim.launcher import Geometry
 
     quant = dtype == "int8-quant-in-kernel"
     dtype = "int8" if quant else dtype
@@ -324,10 +326,11 @@ def test_every_launch_variant_is_exact(device, dtype, runmax, lq_bucket):
         ref_cross = naive.maxsim_csr(q.double().cpu(), cu_q.cpu(), tok.double().cpu(), cu_d.cpu().long())
         ref_cand = naive.maxsim_csr(q.double().cpu(), cu_q.cpu(), tok.double().cpu(), cu_d.cpu().long(), cand.cpu())
     config = {"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": runmax, "num_warps": 4, "QUANT": quant}
-    cross = fused.launch(_poison((2, len(lengths)), device), q, None, cu_q, 0, tok, sc, None, cu_d, None, 0, 2,
-                         len(lengths), fused.CSR_CROSS, lq_bucket, config=config)
-    cands = fused.launch(_poison((2, 5), device), q, None, cu_q, 0, tok, sc, None, cu_d.long(), cand, 0, 2, 5,
-                         fused.CSR_CAND, lq_bucket, config=config)
+    cross = launcher.launch(_poison((2, len(lengths)), device), q, tok,
+                            Geometry(kernel.CSR_CROSS, 2, len(lengths), lq_bucket), cu_q=cu_q, d_scales=sc,
+                            offsets=cu_d, config=config)
+    cands = launcher.launch(_poison((2, 5), device), q, tok, Geometry(kernel.CSR_CAND, 2, 5, lq_bucket), cu_q=cu_q,
+                            d_scales=sc, offsets=cu_d.long(), cand=cand, config=config)
     same = None if dtype == "int8" else _torch_same_dtype_csr(q, cu_q, tok, cu_d)
     _check_close(cross, ref_cross, same, rtol=1e-6 if dtype == "int8" else 0.0)
     same = None if dtype == "int8" else _torch_same_dtype_csr(q, cu_q, tok, cu_d.long(), cand)
@@ -343,7 +346,8 @@ def test_tiles_past_a_documents_end_never_score(device, dtype, lq_bucket):
     column that read padding (0) or a neighbour's token would win the max; none may. Lengths
     around BLOCK_D (16): shorter, one under, one over, two tiles and a bit, empty; the
     neighbours' tokens score far higher than the document's own."""
-    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim import kernel, launcher
+    from mvdb.kernels.maxsim.launcher import Geometry
 
     g = _gen("tiles-past-end", dtype)
     dim = 32
@@ -362,8 +366,9 @@ def test_tiles_past_a_documents_end_never_score(device, dtype, lq_bucket):
         ref = naive.maxsim_csr(q.double().cpu(), cu_q.cpu(), tok.double().cpu(), cu_d.cpu().long())
     assert (ref[0, 0::2][torch.tensor(lengths[0::2]) > 0] < 0).all()
     config = {"BLOCK_Q": 16, "BLOCK_D": 16, "RUNMAX": 0, "num_warps": 4}
-    got = fused.launch(_poison((1, len(lengths)), device), q, None, cu_q, 0, tok, sc, None, cu_d, None, 0, 1,
-                       len(lengths), fused.CSR_CROSS, lq_bucket, config=config)
+    got = launcher.launch(_poison((1, len(lengths)), device), q, tok,
+                          Geometry(kernel.CSR_CROSS, 1, len(lengths), lq_bucket), cu_q=cu_q, d_scales=sc, offsets=cu_d,
+                          config=config)
     _check_close(got, ref, rtol=1e-6 if dtype == "int8" else 1e-3)
     # padded documents of 7 and 13 tokens (shorter than a tile, and one tile minus 3): the same
     Dp = -(torch.rand(3, 13, dim, generator=g) + 0.1)
@@ -373,8 +378,9 @@ def test_tiles_past_a_documents_end_never_score(device, dtype, lq_bucket):
         Dk, Ds = quantize_int8(D) if dtype == "int8" else (D.half(), None)
         want = (naive.maxsim_padded(q[None].cpu(), Dk.cpu(), d_scales=Ds.cpu(), dtype=torch.float64) if Ds is not None
                 else naive.maxsim_padded(q[None].double().cpu(), Dk.double().cpu()))
-        got = fused.launch(_poison((1, 3), device), q, None, None, 20, Dk, Ds, None, None, None, dl, 1, 3,
-                           fused.PADDED_CROSS, lq_bucket, config=config)
+        got = launcher.launch(_poison((1, 3), device), q, Dk,
+                              Geometry(kernel.PADDED_CROSS, 1, 3, lq_bucket, q_len=20, d_len=dl), d_scales=Ds,
+                              config=config)
         _check_close(got, want, rtol=1e-6 if dtype == "int8" else 1e-3)
 
 
@@ -382,14 +388,14 @@ def test_tiles_past_a_documents_end_never_score(device, dtype, lq_bucket):
 def test_query_quantization_kernel_matches_quantize_int8(device):
     """The per-launch query quantization is bit-identical to mvdb.kernels.quantize_int8
     (including an all-zero token, scale 1, and exact .5 ties rounded away from zero)."""
-    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim import query_quant
 
     x = torch.randn(70, 96, generator=_gen("qq")).to(device)
     x[3] = 0
     x[4, :4] = torch.tensor([127.0, 63.5, -63.5, 0.5])
     x[4, 4:] = 0
     for dt in (torch.float16, torch.float32):
-        q8, qs = fused.quantize_queries(x.to(dt).contiguous())
+        q8, qs = query_quant.quantize_queries(x.to(dt).contiguous())
         r8, rs = quantize_int8(x.to(dt).cpu())
         assert torch.equal(q8.cpu(), r8) and torch.equal(qs.cpu(), rs)
 
@@ -399,7 +405,8 @@ def test_query_quantization_inside_the_kernel_is_bit_identical(device):
     """Each program's own quantization of its query block (a reciprocal and two FMAs instead of a
     division per element) gives the scores of the quantization launch bit for bit, including
     exact .5 ties, an all-zero token and tiny and large magnitudes, for fp32, fp16 and bf16 queries."""
-    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim import kernel, launcher
+    from mvdb.kernels.maxsim.launcher import Geometry
 
     g = _gen("qk")
     q = torch.randn(3 * 16, 64, generator=g)
@@ -425,16 +432,16 @@ def test_query_quantization_inside_the_kernel_is_bit_identical(device):
     # float32, and the fp16 and bf16 blocks (fp16 skips the tiny-row scaling: its scales are >= 2^-24 / 127)
     for dt in (torch.float32, torch.float16, torch.bfloat16):
         qd = q.to(dt)
-        got = [fused.launch(_poison((3, 4), device), qd, None, cu_q, 0, tok, sc, None, cu_d.long(), None, 0, 3, 4,
-                            fused.CSR_CROSS, 16, config={**config, "QUANT": quant}) for quant in (False, True)]
+        got = [launcher.launch(_poison((3, 4), device), qd, tok, Geometry(kernel.CSR_CROSS, 3, 4, 16), cu_q=cu_q,
+                               d_scales=sc, offsets=cu_d.long(), config={**config, "QUANT": quant}) for quant in (False,
+                               True)]
         assert torch.equal(got[0], got[1]), dt
 
 
 def test_int8_query_quantization_placement_follows_the_measurements():
     """Small int8 launches quantize the queries inside the MaxSim kernel (a launch less of host
-    time); large or long-query ones in a launch of their own (less device time), as measured on
-    the H100 (benchmarks/int8_call.py, kernels.py case b)."""
-    from mvdb.kernels.maxsim.fused import quantize_in_kernel
+    time); large or long-query ones in a launch of their own (less device time)."""
+    from mvdb.kernels.maxsim.query_quant import quantize_in_kernel
 
     assert quantize_in_kernel(10_000, 32)  # 1 query of 32 tokens x 10k documents
     assert quantize_in_kernel(4 * 1000, 32)  # 4 queries x 1,000 candidates
@@ -469,8 +476,8 @@ def test_default_call_needs_no_longest_query(device, monkeypatch):
     q, cu_q = _packed([40, 1, 1, 1, 1, 1, 1, 2], 32, g, device, torch.float16)
     d, cu_d = _packed([3, 70, 9], 32, g, device, torch.float16)
     seen = []
-    real = ops.fused.launch
-    monkeypatch.setattr(ops.fused, "launch", lambda *a, **k: seen.append(a[14]) or real(*a, **k))
+    real = ops.launch
+    monkeypatch.setattr(ops, "launch", lambda *a, **k: seen.append(a[3].max_lq) or real(*a, **k))
     got = maxsim_varlen(q, cu_q, d, cu_d, check=False)
     assert seen == [6], "the longest query is estimated as ceil(tokens / queries) = ceil(48 / 8)"
     ref = naive.maxsim_csr(q.double().cpu(), cu_q.cpu(), d.double().cpu(), cu_d.cpu())
@@ -637,7 +644,7 @@ def test_different_devices_rejected_cpu_meta():
 @pytest.mark.gpu
 def test_new_batch_or_corpus_size_does_not_recompile(monkeypatch):
     """Autotune keys on (Lq bucket, dim, dtype, layout): new batch and corpus sizes reuse the binaries."""
-    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim import kernel
 
     monkeypatch.setenv("MVDB_AUTOTUNE", "1")
 
@@ -651,24 +658,24 @@ def test_new_batch_or_corpus_size_does_not_recompile(monkeypatch):
         torch.cuda.synchronize()
 
     call(3, 100, 32)
-    before = fused.compiled_variants()
+    before = kernel.compiled_variants()
     assert before > 0
     for nq, nd, lq in [(1, 7, 32), (17, 1000, 30), (64, 33, 25), (2, 12_345, 32)]:
         call(nq, nd, lq)
-    assert fused.compiled_variants() == before, "a new batch/corpus size compiled a new kernel"
+    assert kernel.compiled_variants() == before, "a new batch/corpus size compiled a new kernel"
     call(2, 50, 100)  # a new Lq bucket may compile
-    assert fused.compiled_variants() >= before
+    assert kernel.compiled_variants() >= before
 
 
 @pytest.mark.gpu
 def test_warmup_compiles_ahead(monkeypatch):
     from mvdb.kernels import warmup
-    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim import kernel, query_quant
 
     monkeypatch.setenv("MVDB_AUTOTUNE", "1")
 
     warmup(dtypes=(torch.float16, torch.int8), query_lengths=(32,))
-    before = fused.compiled_variants()
+    before = kernel.compiled_variants()
     q, cu_q = _packed([32, 32], 128, _gen("w"), "cuda", torch.float16)
     d, cu_d = _packed([5, 300, 64], 128, _gen("w2"), "cuda", torch.float16)
     maxsim_candidates(q, cu_q, d, cu_d.long(), torch.tensor([[0, 1], [2, -1]], device="cuda"))
@@ -676,12 +683,12 @@ def test_warmup_compiles_ahead(monkeypatch):
     maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc)
     # a mid-sized int8 launch (one program per query quantizes, the others share its rows) and a
     # large one (its queries are quantized before the MaxSim kernel, not inside it)
-    mid = torch.randint(0, 3, (2, fused.SHARE_MIN_WORK // 64 + 1), device="cuda")
+    mid = torch.randint(0, 3, (2, query_quant.SHARE_MIN_WORK // 64 + 1), device="cuda")
     maxsim_candidates(q, cu_q, tok, cu_d.long(), mid, sc)
-    many = torch.randint(0, 3, (2, fused.QUANT_IN_KERNEL_WORK // 64 + 1), device="cuda")
+    many = torch.randint(0, 3, (2, query_quant.QUANT_IN_KERNEL_WORK // 64 + 1), device="cuda")
     maxsim_candidates(q, cu_q, tok, cu_d.long(), many, sc)
     torch.cuda.synchronize()
-    assert fused.compiled_variants() == before, "the first query after warmup() compiled"
+    assert kernel.compiled_variants() == before, "the first query after warmup() compiled"
 
 
 @pytest.mark.gpu
@@ -763,31 +770,31 @@ def test_upload_all_gives_the_host_tensors_on_the_device():
 
 def test_autotune_short_list_follows_the_sweep(monkeypatch):
     """The autotuner's pruned list: queries of up to 32 tokens get only BLOCK_D 32 with 2 warps
-    (the configs the H100 sweep found within 2% of the best in every short case), int8 documents
+    (near the best config in every short case), int8 documents
     whose queries were quantized apart also one warp with 3 stages or unpipelined (1 stage, the
     best on int8 candidates); long queries keep large query tiles; MVDB_AUTOTUNE=full keeps every config
     that fits."""
-    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim import tuning
 
-    configs = fused._configs()
+    configs = tuning._configs()
     monkeypatch.delenv("MVDB_AUTOTUNE", raising=False)
-    short = fused._prune(configs, None, LQ_BUCKET=32)
+    short = tuning._prune(configs, None, LQ_BUCKET=32)
     assert short and {(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_D"], c.num_warps) for c in short} == {(32, 32, 2)}
     assert {c.num_stages for c in short} == {2, 3} and {c.kwargs["RUNMAX"] for c in short} == {0, 1}
-    short8 = fused._prune(configs, None, LQ_BUCKET=32, INT8=True, QUANT=False)
+    short8 = tuning._prune(configs, None, LQ_BUCKET=32, INT8=True, QUANT=False)
     assert {(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_D"], c.num_warps, c.num_stages) for c in short8} == {
         (32, 32, 2, 2), (32, 32, 2, 3), (32, 32, 1, 3), (32, 32, 1, 1)}
     # shared query rows (QCACHE): one warp with 3 stages, not the unpipelined one (slower there)
-    shared8 = fused._prune(configs, None, LQ_BUCKET=32, INT8=True, QUANT=True, QCACHE=True)
+    shared8 = tuning._prune(configs, None, LQ_BUCKET=32, INT8=True, QUANT=True, QCACHE=True)
     assert {(c.num_warps, c.num_stages) for c in shared8} == {(2, 2), (2, 3), (1, 3)}
     # each program quantizing its own query block: not with one warp (measured 1.26x slower)
-    assert fused._prune(configs, None, LQ_BUCKET=32, INT8=True, QUANT=True) == short
-    assert not any(c.num_warps == 1 for c in fused._prune(configs, None, LQ_BUCKET=64, INT8=True, QUANT=False))
-    assert {c.kwargs["BLOCK_D"] for c in fused._prune(configs, None, LQ_BUCKET=64)} == {32, 64}
-    long = fused._prune(configs, None, LQ_BUCKET=1024)
+    assert tuning._prune(configs, None, LQ_BUCKET=32, INT8=True, QUANT=True) == short
+    assert not any(c.num_warps == 1 for c in tuning._prune(configs, None, LQ_BUCKET=64, INT8=True, QUANT=False))
+    assert {c.kwargs["BLOCK_D"] for c in tuning._prune(configs, None, LQ_BUCKET=64)} == {32, 64}
+    long = tuning._prune(configs, None, LQ_BUCKET=1024)
     assert long and all(c.kwargs["BLOCK_Q"] >= 128 and c.num_stages == 3 for c in long)
     monkeypatch.setenv("MVDB_AUTOTUNE", "full")
-    assert len(fused._prune(configs, None, LQ_BUCKET=32)) > len(short)
+    assert len(tuning._prune(configs, None, LQ_BUCKET=32)) > len(short)
 
 
 @pytest.mark.gpu
@@ -797,7 +804,8 @@ def test_every_short_list_config_is_exact(dtype):
     the queries quantized apart, one-stage one-warp included, and of int8 with the quantized rows
     shared) scores exactly on the GPU, for both CSR layouts, on documents of 0-70 tokens around the
     32-row tile and a -1 candidate."""
-    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim import kernel, launcher, tuning
+    from mvdb.kernels.maxsim.launcher import Geometry
 
     shared = dtype == "int8-shared"
     dtype = "int8" if shared else dtype
@@ -816,32 +824,33 @@ def test_every_short_list_config_is_exact(dtype):
                                for c in (None, cand.cpu()))
         same_cross, same_cand = (_torch_same_dtype_csr(q, cu_q, tok, cu_d.long(), c) for c in (None, cand))
     meta = {"LQ_BUCKET": 32, "INT8": dtype == "int8", "QUANT": shared, "QCACHE": shared}
-    configs = fused._prune(fused._configs(), None, **meta)
+    configs = tuning._prune(tuning._configs(), None, **meta)
     one_warp = {c.num_stages for c in configs if c.num_warps == 1}
     assert one_warp == ({3} if shared else {1, 3} if dtype == "int8" else set())
     for c in configs:
         config = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages, "QUANT": shared, "QCACHE": shared}
-        cross = fused.launch(_poison((2, len(lengths)), "cuda"), q, None, cu_q, 0, tok, sc, None, cu_d, None, 0, 2,
-                             len(lengths), fused.CSR_CROSS, 32, config=config)
-        cands = fused.launch(_poison((2, 5), "cuda"), q, None, cu_q, 0, tok, sc, None, cu_d.long(), cand, 0, 2, 5,
-                             fused.CSR_CAND, 32, config=config)
+        cross = launcher.launch(_poison((2, len(lengths)), "cuda"), q, tok,
+                                Geometry(kernel.CSR_CROSS, 2, len(lengths), 32), cu_q=cu_q, d_scales=sc, offsets=cu_d,
+                                config=config)
+        cands = launcher.launch(_poison((2, 5), "cuda"), q, tok, Geometry(kernel.CSR_CAND, 2, 5, 32), cu_q=cu_q,
+                                d_scales=sc, offsets=cu_d.long(), cand=cand, config=config)
         _check_close(cross, ref_cross, same_cross, rtol=1e-6 if sc is not None else 0.0)
         _check_close(cands, ref_cand, same_cand, rtol=1e-6 if sc is not None else 0.0)
 
 
 @pytest.mark.parametrize("fast", [False, True], ids=["_arg_sig", "_arg_sigs"])
 def test_replay_key_separates_what_triton_specializes_on(fast):
-    """The relaunch cache's key (fused._arg_sigs, whose inline cases must agree with
-    fused._arg_sig) tells apart everything the Triton JIT compiles a separate binary for: tensor
+    """The relaunch cache's key (runtime._arg_sigs, whose inline cases must agree with
+    runtime._arg_sig) tells apart everything the Triton JIT compiles a separate binary for: tensor
     dtype and 16-byte alignment, None, 32- vs 64-bit integers and integers equal to 1 or divisible
     by 16; so a cached binary is never reused where triton would have compiled another."""
-    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim import runtime
 
     x = torch.zeros(64, dtype=torch.float16)
-    sig = (lambda a: fused._arg_sigs((a,))[0]) if fast else fused._arg_sig
+    sig = (lambda a: runtime._arg_sigs((a,))[0]) if fast else runtime._arg_sig
     values = [x, x[8:], x[1:], x.float(), torch.nn.Parameter(x.float()), None, 0, 1, 5, 16, 32, -16, -17,
               2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**70, True, False, 1.5, np.int64(16)]
-    assert fused._arg_sigs(tuple(values)) == tuple(map(fused._arg_sig, values))
+    assert runtime._arg_sigs(tuple(values)) == tuple(map(runtime._arg_sig, values))
     assert sig(x) == sig(x[8:]) != sig(x[1:])  # 16 bytes in: aligned; 2 bytes in: not
     assert sig(x) != sig(x.float()) and sig(x) != sig(x.view(torch.int16))
     assert sig(None) != sig(x) and sig(None) != sig(0)
@@ -866,35 +875,35 @@ def test_direct_relaunch_only_where_the_runner_is_known_and_no_hook_is_set(monke
     (a profiler's) is installed; otherwise through the runner, which feeds the hooks."""
     from triton.compiler.compiler import CompiledKernel
 
-    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim import runtime
 
-    assert fused._known_launcher(CompiledKernel)  # this triton's runner: the known call
+    assert runtime._known_launcher(CompiledKernel)  # this triton's runner: the known call
 
     class Other:
         def __getitem__(self, grid):
             return lambda *args: None
 
-    assert not fused._known_launcher(Other)
-    assert fused._hooks_idle()
+    assert not runtime._known_launcher(Other)
+    assert runtime._hooks_idle()
     _set_launch_hook(monkeypatch, lambda *a: None)
-    assert not fused._hooks_idle()
+    assert not runtime._hooks_idle()
 
 
 @pytest.mark.gpu
 def test_direct_relaunch_is_taken_and_launch_hooks_still_fire(monkeypatch):
     """On the GPU the relaunch cache's entries hold the launcher (the direct path is taken, with
     triton's scores); a launch hook installed later is called on every launch."""
-    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim import kernel, runtime
 
     g = _gen("direct")
     q, cu_q = _packed([32], 128, g, "cuda", torch.float16)
     d, cu_d = _packed([64, 300, 5, 180] * 20, 128, g, "cuda", torch.float16)
-    monkeypatch.setattr(fused, "FAST_LAUNCH", False)
+    monkeypatch.setattr(runtime, "FAST_LAUNCH", False)
     want = maxsim_varlen(q, cu_q, d, cu_d, check=False).clone()
-    monkeypatch.setattr(fused, "FAST_LAUNCH", True)
-    fused._REPLAY.clear()
+    monkeypatch.setattr(runtime, "FAST_LAUNCH", True)
+    runtime._REPLAY.clear()
     got = [maxsim_varlen(q, cu_q, d, cu_d, check=False).clone() for _ in range(3)]
-    entries = [v for v in fused._REPLAY.values() if v[3] is fused._maxsim_fwd_kernel]
+    entries = [v for v in runtime._REPLAY.values() if v[3] is kernel._maxsim_fwd_kernel]
     assert entries and all(e[2] is not None for e in entries), "the direct relaunch was not recognised"
     assert all(torch.equal(x, want) for x in got)
     calls = []
@@ -906,11 +915,11 @@ def test_direct_relaunch_is_taken_and_launch_hooks_still_fire(monkeypatch):
 
 @pytest.mark.gpu
 def test_replayed_launches_match_triton_launches(monkeypatch):
-    """Relaunching a compiled binary (fused.launch_kernel, the default) gives the scores of
+    """Relaunching a compiled binary (runtime.launch_kernel, the default) gives the scores of
     triton's own launch, for the float and both int8 paths, after a query that is not
     16-byte aligned (a different specialization) and back; the cache is used (it fills) and stays
     within its bound."""
-    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim import query_quant, runtime
 
     g = _gen("replay")
     q, cu_q = _packed([32], 128, g, "cuda", torch.float16)
@@ -922,23 +931,23 @@ def test_replayed_launches_match_triton_launches(monkeypatch):
     def run(qq):
         got = [maxsim_varlen(qq, cu_q, t, cu_d, d_scales=s, check=False).clone() for t, s in ((d, None), (tok, sc))]
         with monkeypatch.context() as m:  # int8 queries quantized by a launch of their own: two kernels
-            m.setattr(fused, "QUANT_IN_KERNEL_WORK", 0)
+            m.setattr(query_quant, "QUANT_IN_KERNEL_WORK", 0)
             got.append(maxsim_varlen(qq, cu_q, tok, cu_d, d_scales=sc, check=False).clone())
         return got
 
-    monkeypatch.setattr(fused, "FAST_LAUNCH", False)
+    monkeypatch.setattr(runtime, "FAST_LAUNCH", False)
     want = run(q)
-    monkeypatch.setattr(fused, "FAST_LAUNCH", True)
-    fused._REPLAY.clear()
+    monkeypatch.setattr(runtime, "FAST_LAUNCH", True)
+    runtime._REPLAY.clear()
     for qq in (q, q, qm, qm, q):
         got = run(qq)
         assert all(torch.equal(a, b) for a, b in zip(got, want))
-    assert len(fused._REPLAY) >= 3, "launches did not go through the relaunch cache"
-    fused._REPLAY.clear()
-    monkeypatch.setattr(fused, "_REPLAY_MAX", 2)
+    assert len(runtime._REPLAY) >= 3, "launches did not go through the relaunch cache"
+    runtime._REPLAY.clear()
+    monkeypatch.setattr(runtime, "_REPLAY_MAX", 2)
     for qq in (q, qm, q, qm):
         got = run(qq)
-        assert all(torch.equal(a, b) for a, b in zip(got, want)) and len(fused._REPLAY) <= 2
+        assert all(torch.equal(a, b) for a, b in zip(got, want)) and len(runtime._REPLAY) <= 2
 
 
 @pytest.mark.gpu
@@ -951,7 +960,8 @@ def test_shared_query_quantization_matches_the_quantization_launch(monkeypatch):
     candidate lists whose first entries are padding, queries changed in place between calls (a
     flag from an earlier launch never counts), a poisoned buffer under every warp count, and
     launches on two streams at once."""
-    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim import kernel, launcher, query_quant
+    from mvdb.kernels.maxsim.launcher import Geometry
 
     g = _gen("qcache")
     d, cu_d = _packed([64, 300, 5, 180, 0, 33] * 300, 128, g, "cuda", torch.float16)
@@ -965,23 +975,23 @@ def test_shared_query_quantization_matches_the_quantization_launch(monkeypatch):
 
     def published(q):
         """The shared buffer's rows and scales for q (the launch that just ran on this stream)."""
-        (buf, *_), = fused._QCACHE.values()
-        rows8, scales8 = fused._int8_views(buf, q)
+        (buf, *_), = query_quant._QCACHE.values()
+        rows8, scales8 = query_quant._int8_views(buf, q)
         r8, rs = quantize_int8(q)
         assert torch.equal(rows8, r8) and torch.equal(scales8, rs)
 
-    def both(q, cu_q, layout=fused.CSR_CROSS, cand=None, warps=2):
+    def both(q, cu_q, layout=kernel.CSR_CROSS, cand=None, warps=2):
         """(separate quantization launch, shared in-kernel quantization) scores."""
         nq = cu_q.numel() - 1
         k = n if cand is None else cand.shape[1]
-        fused._QCACHE.clear()
-        fused._query_cache(q, nq, force=True)
-        (buf, *_), = fused._QCACHE.values()
+        query_quant._QCACHE.clear()
+        query_quant._query_cache(q, nq, force=True)
+        (buf, *_), = query_quant._QCACHE.values()
         buf.fill_(127)  # int8 127s and scales of 3e38: a row read before it was published shows
         out = []
         for c in ({"QUANT": 0}, {"QUANT": 1, "QCACHE": 1}):
-            out.append(fused.launch(_poison((nq, k), "cuda"), q, None, cu_q, 0, tok, sc, None, off, cand, 0, nq, k,
-                                    layout, 64, config={**cfg, "num_warps": warps, **c}))
+            out.append(launcher.launch(_poison((nq, k), "cuda"), q, tok, Geometry(layout, nq, k, 64), cu_q=cu_q,
+                                       d_scales=sc, offsets=off, cand=cand, config={**cfg, "num_warps": warps, **c}))
         torch.cuda.synchronize()
         published(q)
         return out
@@ -993,8 +1003,8 @@ def test_shared_query_quantization_matches_the_quantization_launch(monkeypatch):
         # same tensor, new values, same buffer (its flag holds the last launch's number): the next
         # launch must not take the earlier rows
         q.mul_(-0.5)
-        b2 = fused.launch(_poison((1, n), "cuda"), q, None, cu_q, 0, tok, sc, None, off, None, 0, 1, n,
-                          fused.CSR_CROSS, 64, config={**cfg, "QUANT": 1, "QCACHE": 1})
+        b2 = launcher.launch(_poison((1, n), "cuda"), q, tok, Geometry(kernel.CSR_CROSS, 1, n, 64), cu_q=cu_q,
+                             d_scales=sc, offsets=off, config={**cfg, "QUANT": 1, "QCACHE": 1})
         close(b2, both(q, cu_q)[0])
         assert not torch.equal(b2, b), dt
 
@@ -1002,47 +1012,47 @@ def test_shared_query_quantization_matches_the_quantization_launch(monkeypatch):
     # "published" state (2 * its number + 1) over sentinel rows (all 1, scale 1) give the
     # sentinel's scores, not the query's
     q, cu_q = _packed([32], 128, g, "cuda", torch.float16)
-    fused._QCACHE.clear()
-    rows8, scales8 = fused._query_cache(q, 1, force=True)[:2]
-    (buf, flags, *_), = fused._QCACHE.values()
+    query_quant._QCACHE.clear()
+    rows8, scales8 = query_quant._query_cache(q, 1, force=True)[:2]
+    (buf, flags, *_), = query_quant._QCACHE.values()
     rows8.fill_(1)
     scales8.fill_(1.0)
-    flags.fill_(2 * (next(fused._GEN) + 1) + 1)
-    got = fused.launch(_poison((1, n), "cuda"), q, None, cu_q, 0, tok, sc, None, off, None, 0, 1, n,
-                       fused.CSR_CROSS, 64, config={**cfg, "QUANT": 1, "QCACHE": 1})
+    flags.fill_(2 * (next(query_quant._GEN) + 1) + 1)
+    got = launcher.launch(_poison((1, n), "cuda"), q, tok, Geometry(kernel.CSR_CROSS, 1, n, 64), cu_q=cu_q, d_scales=sc,
+                          offsets=off, config={**cfg, "QUANT": 1, "QCACHE": 1})
     # (the sentinel is the quantization of a query of ones up to the scale: 127 with scale 1 / 127)
-    sentinel = fused.launch(_poison((1, n), "cuda"), torch.ones_like(q), None, cu_q, 0, tok, sc, None, off, None, 0, 1,
-                            n, fused.CSR_CROSS, 64, config={**cfg, "QUANT": 0})
+    sentinel = launcher.launch(_poison((1, n), "cuda"), torch.ones_like(q), tok, Geometry(kernel.CSR_CROSS, 1, n, 64),
+                               cu_q=cu_q, d_scales=sc, offsets=off, config={**cfg, "QUANT": 0})
     close(got, sentinel)
     # and a launch publishes: its flag holds its own "published" state afterwards
-    fused.launch(_poison((1, n), "cuda"), q, None, cu_q, 0, tok, sc, None, off, None, 0, 1, n,
-                 fused.CSR_CROSS, 64, config={**cfg, "QUANT": 1, "QCACHE": 1})
-    assert int(flags[0]) == 2 * (next(fused._GEN) - 1) + 1
+    launcher.launch(_poison((1, n), "cuda"), q, tok, Geometry(kernel.CSR_CROSS, 1, n, 64), cu_q=cu_q, d_scales=sc,
+                    offsets=off, config={**cfg, "QUANT": 1, "QCACHE": 1})
+    assert int(flags[0]) == 2 * (next(query_quant._GEN) - 1) + 1
     q, cu_q = _packed([7, 0, 70, 32], 128, g, "cuda", torch.float16)
     close(*reversed(both(q, cu_q)))
 
     # candidate lists: each query's first candidates are padding (-1, whose programs write nothing)
     cand = torch.randint(0, n, (4, 200), generator=g).cuda()
     cand[:, :40] = -1
-    close(*reversed(both(q, cu_q, fused.CSR_CAND, cand)))
+    close(*reversed(both(q, cu_q, kernel.CSR_CAND, cand)))
 
     # many programs per query on short documents, every warp count
     cand = torch.randint(0, n, (32, 1000), generator=g).cuda()
     q32, cu32 = _packed([32] * 32, 128, g, "cuda", torch.float16)
     for warps in (1, 2, 4, 2, 2):
-        close(*reversed(both(q32, cu32, fused.CSR_CAND, cand, warps)))
+        close(*reversed(both(q32, cu32, kernel.CSR_CAND, cand, warps)))
 
     # the default call takes the shared path (here from any launch size), on two streams at once,
     # each alternating between two queries (a stream's launch must not read the other query's rows)
-    monkeypatch.setattr(fused, "SHARE_MIN_WORK", 0)
+    monkeypatch.setattr(query_quant, "SHARE_MIN_WORK", 0)
     q1, cu1 = _packed([32], 128, g, "cuda", torch.float16)
     queries = (q1, -q1, q1 * 0.5)
     cfg0 = {"BLOCK_Q": 32, "BLOCK_D": 32, "RUNMAX": 1, "num_warps": 2, "num_stages": 3, "QUANT": 0}
-    want = [fused.launch(_poison((1, n), "cuda"), x, None, cu1, 0, tok, sc, None, off, None, 0, 1, n,
-                         fused.CSR_CROSS, 32, config=cfg0) for x in queries]
+    want = [launcher.launch(_poison((1, n), "cuda"), x, tok, Geometry(kernel.CSR_CROSS, 1, n, 32), cu_q=cu1,
+                            d_scales=sc, offsets=off, config=cfg0) for x in queries]
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     torch.cuda.synchronize()
-    fused._QCACHE.clear()
+    query_quant._QCACHE.clear()
     outs = []
     for r in range(20):
         for i, s in enumerate(streams):
@@ -1050,7 +1060,7 @@ def test_shared_query_quantization_matches_the_quantization_launch(monkeypatch):
             with torch.cuda.stream(s):
                 outs.append((j, maxsim_varlen(queries[j], cu1, tok, cu_d, d_scales=sc, check=False)))
     torch.cuda.synchronize()
-    assert len(fused._QCACHE) == 2, "the default call did not share the quantized query on each stream"
+    assert len(query_quant._QCACHE) == 2, "the default call did not share the quantized query on each stream"
     for j, o in outs:
         close(o, want[j])
 
@@ -1059,19 +1069,19 @@ def test_shared_query_quantization_matches_the_quantization_launch(monkeypatch):
 def test_shared_query_quantization_is_off_under_graph_capture(monkeypatch):
     """A captured launch would replay its launch number: while a CUDA graph is captured, every
     program quantizes for itself, and replays after the query changes in place stay right."""
-    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim import query_quant
 
     g = _gen("qcache-graph")
     d, cu_d = _packed([64, 300, 5, 180] * 100, 128, g, "cuda", torch.float16)
     tok, sc = quantize_int8(d)
     q, cu_q = _packed([32], 128, g, "cuda", torch.float16)
-    monkeypatch.setattr(fused, "SHARE_MIN_WORK", 0)  # eager calls of this size share the rows
+    monkeypatch.setattr(query_quant, "SHARE_MIN_WORK", 0)  # eager calls of this size share the rows
     # compile both builds (shared and not) outside the capture
-    fused._QCACHE.clear()
+    query_quant._QCACHE.clear()
     maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False)
-    assert fused._QCACHE, "the eager call did not share the quantized query"
+    assert query_quant._QCACHE, "the eager call did not share the quantized query"
     monkey = pytest.MonkeyPatch()
-    monkey.setattr(fused, "QCACHE_MAX_TOKENS", -1)
+    monkey.setattr(query_quant, "QCACHE_MAX_TOKENS", -1)
     maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False)
     monkey.undo()
     # the eager call shares the rows (another build: the row sums may be ordered otherwise)
@@ -1105,34 +1115,34 @@ def test_relaunch_tail_takes_parameter_defaults():
     kernel's default (GDC), and refuses (KeyError: no relaunch entry) one with neither."""
     from types import SimpleNamespace
 
-    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim import runtime
 
-    empty = fused.inspect.Parameter.empty
+    empty = runtime.inspect.Parameter.empty
     fn = SimpleNamespace(arg_names=["X", "N", "BLOCK", "GDC"],
                          params=[SimpleNamespace(name=n, default=d) for n, d in
                                  (("X", empty), ("N", empty), ("BLOCK", empty), ("GDC", False))])
-    assert fused._const_tail(fn, 2, {"BLOCK": 16, "num_warps": 4}) == (16, False)
-    assert fused._const_tail(fn, 2, {"BLOCK": 16, "GDC": True}) == (16, True)
+    assert runtime._const_tail(fn, 2, {"BLOCK": 16, "num_warps": 4}) == (16, False)
+    assert runtime._const_tail(fn, 2, {"BLOCK": 16, "GDC": True}) == (16, True)
     with pytest.raises(KeyError):
-        fused._const_tail(fn, 2, {"GDC": True})
+        runtime._const_tail(fn, 2, {"GDC": True})
 
 
 def test_pdl_only_on_a_hopper_gpu_outside_graph_capture(monkeypatch):
     """The MaxSim launch is the quantization launch's programmatic dependent only on CUDA devices of
-    sm_90 and later, outside CUDA graph capture, with fused.PDL on (MVDB_PDL=0 turns it off)."""
-    from mvdb.kernels.maxsim import fused
+    sm_90 and later, outside CUDA graph capture, with tuning.PDL on (MVDB_PDL=0 turns it off)."""
+    from mvdb.kernels.maxsim import runtime, tuning
 
-    assert not fused.pdl_ok(torch.device("cpu"))
-    monkeypatch.setattr(fused, "_INTERPRET", False)
+    assert not tuning.pdl_ok(torch.device("cpu"))
+    monkeypatch.setattr(runtime, "_INTERPRET", False)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(fused, "_PDL_DEVICES", {0: True, 1: False})
-    monkeypatch.setattr(fused, "PDL", True)
-    assert fused.pdl_ok(torch.device("cuda", 0)) and not fused.pdl_ok(torch.device("cuda", 1))
+    monkeypatch.setattr(tuning, "_PDL_DEVICES", {0: True, 1: False})
+    monkeypatch.setattr(tuning, "PDL", True)
+    assert tuning.pdl_ok(torch.device("cuda", 0)) and not tuning.pdl_ok(torch.device("cuda", 1))
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    assert not fused.pdl_ok(torch.device("cuda", 0))
+    assert not tuning.pdl_ok(torch.device("cuda", 0))
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(fused, "PDL", False)
-    assert not fused.pdl_ok(torch.device("cuda", 0))
+    monkeypatch.setattr(tuning, "PDL", False)
+    assert not tuning.pdl_ok(torch.device("cuda", 0))
 
 
 @pytest.mark.gpu
@@ -1140,7 +1150,7 @@ def test_pdl_launch_gives_the_same_scores_and_replays_under_capture(monkeypatch)
     """With the queries quantized by a launch of their own, the MaxSim launch as its programmatic
     dependent (sm_90) scores bit for bit as without, for varlen and candidate calls; a CUDA graph
     captured on that path (PDL off there) replays right after the query changes in place."""
-    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim import query_quant, runtime, tuning
 
     g = _gen("pdl")
     d, cu_d = _packed([64, 300, 5, 180] * 100, 128, g, "cuda", torch.float16)
@@ -1154,15 +1164,15 @@ def test_pdl_launch_gives_the_same_scores_and_replays_under_capture(monkeypatch)
                 maxsim_candidates(q, cu_q, tok, offsets, cand, sc, check=False).clone()]
 
     def poison():  # the stream's buffer holds other rows: a read before the quantization lands shows
-        for buf, *_ in fused._QCACHE.values():
+        for buf, *_ in query_quant._QCACHE.values():
             buf.fill_(77)
 
-    with fused.placed("launch"):
-        monkeypatch.setattr(fused, "PDL", False)
+    with query_quant.placed("launch"):
+        monkeypatch.setattr(tuning, "PDL", False)
         want = calls()
-        assert fused._QCACHE, "the quantization launch did not write into the stream's buffer"
-        monkeypatch.setattr(fused, "PDL", True)
-        fused._REPLAY.clear()
+        assert query_quant._QCACHE, "the quantization launch did not write into the stream's buffer"
+        monkeypatch.setattr(tuning, "PDL", True)
+        runtime._REPLAY.clear()
         for _ in range(2):
             got = []
             for call in (lambda: maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False),
@@ -1171,7 +1181,7 @@ def test_pdl_launch_gives_the_same_scores_and_replays_under_capture(monkeypatch)
                 got.append(call().clone())
             assert all(torch.equal(a, b) for a, b in zip(got, want))
         on = torch.cuda.get_device_capability()[0] >= 9
-        assert any(dict(key[3]).get("launch_pdl") for key in fused._REPLAY) == on
+        assert any(dict(key[3]).get("launch_pdl") for key in runtime._REPLAY) == on
         _replays_after_the_query_changes(q, lambda: maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False),
                                          exact=True)
 
@@ -1179,9 +1189,9 @@ def test_pdl_launch_gives_the_same_scores_and_replays_under_capture(monkeypatch)
 @pytest.mark.gpu
 def test_int8_query_quantization_placement_rule(monkeypatch):
     """Where the default call quantizes int8 queries: every program for itself in a small launch
-    (no buffer), shared rows above fused.SHARE_MIN_WORK, a launch of its own past
-    fused.QUANT_IN_KERNEL_WORK (writing into the stream's buffer); the same scores each way."""
-    from mvdb.kernels.maxsim import fused
+    (no buffer), shared rows above query_quant.SHARE_MIN_WORK, a launch of its own past
+    query_quant.QUANT_IN_KERNEL_WORK (writing into the stream's buffer); the same scores each way."""
+    from mvdb.kernels.maxsim import launcher, query_quant
 
     g = _gen("placement")
     d, cu_d = _packed([64, 300, 5, 180] * 200, 128, g, "cuda", torch.float16)
@@ -1190,27 +1200,27 @@ def test_int8_query_quantization_placement_rule(monkeypatch):
     n = cu_d.numel() - 1
     work = n * 32
     calls = []
-    real = fused.quantize_queries
-    monkeypatch.setattr(fused, "quantize_queries", lambda x, *a: calls.append(1) or real(x, *a))
+    real = query_quant.quantize_queries
+    monkeypatch.setattr(launcher, "quantize_queries", lambda x, *a: calls.append(1) or real(x, *a))
     got = []
     for share_min, in_kernel, shared, launched, name in ((work, work, False, False, "every_program"),
                                                          (work - 1, work, True, False, "shared"),
                                                          (0, work - 1, False, True, "launch")):
-        monkeypatch.setattr(fused, "SHARE_MIN_WORK", share_min)
-        monkeypatch.setattr(fused, "QUANT_IN_KERNEL_WORK", in_kernel)
-        assert fused.quant_placement(n, 32) == name  # what int8_call.py reports as the rule
-        fused._QCACHE.clear()
+        monkeypatch.setattr(query_quant, "SHARE_MIN_WORK", share_min)
+        monkeypatch.setattr(query_quant, "QUANT_IN_KERNEL_WORK", in_kernel)
+        assert query_quant.quant_placement(n, 32) == name  # the rule benchmarks report
+        query_quant._QCACHE.clear()
         calls.clear()
         got.append(maxsim_varlen(q, cu_q, tok, cu_d, d_scales=sc, check=False))
-        assert bool(fused._QCACHE) == (shared or launched) and bool(calls) == launched, (share_min, in_kernel)
+        assert bool(query_quant._QCACHE) == (shared or launched) and bool(calls) == launched, (share_min, in_kernel)
         if launched:  # the launch wrote the query's int8 rows and scales into the stream's buffer
-            buf = next(iter(fused._QCACHE.values()))[0]
-            q8, qs = fused._int8_views(buf, q)
+            buf = next(iter(query_quant._QCACHE.values()))[0]
+            q8, qs = query_quant._int8_views(buf, q)
             want8, wants = quantize_int8(q)
             assert torch.equal(q8, want8) and torch.equal(qs, wants.float())
-    for name in fused.PLACEMENTS:  # the forced placements (warmup, benchmarks) take the same paths
-        with fused.placed(name):
-            assert fused.quant_placement(n, 32) == name
+    for name in query_quant.PLACEMENTS:  # the forced placements (warmup, benchmarks) take the same paths
+        with query_quant.placed(name):
+            assert query_quant.quant_placement(n, 32) == name
     for x in got[1:]:
         torch.testing.assert_close(x, got[0], rtol=1e-6, atol=0)
 
@@ -1219,7 +1229,8 @@ def test_int8_query_quantization_placement_rule(monkeypatch):
 def test_shared_query_quantization_on_padded_layouts_with_masks():
     """The shared rows on the padded layouts (query i's rows at i * Lq) with query and document
     masks and a dim that is not a power of two (masked columns): the separate launch's scores."""
-    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim import kernel, launcher, query_quant
+    from mvdb.kernels.maxsim.launcher import Geometry
 
     g = _gen("qcache-padded")
     Q = torch.randn(3, 20, 96, generator=g).half().cuda()
@@ -1229,10 +1240,10 @@ def test_shared_query_quantization_on_padded_layouts_with_masks():
     D8, ds = quantize_int8(D)
     cfg = {"BLOCK_Q": 32, "BLOCK_D": 32, "RUNMAX": 1, "num_warps": 2, "num_stages": 3}
     per_query = [x[:30].reshape(3, 10, *x.shape[1:]).contiguous() for x in (D8, ds, dm)]
-    for layout, (DD, SS, MM), nk in ((fused.PADDED_CROSS, (D8, ds, dm), 40), (fused.PADDED_PER_QUERY, per_query, 10)):
-        fused._QCACHE.clear()
-        got = [fused.launch(_poison((3, nk), "cuda"), Q, qm, None, 20, DD, SS, MM,
-                            None, None, 50, 3, nk, layout, 20, config={**cfg, **c})
+    for layout, (DD, SS, MM), nk in ((kernel.PADDED_CROSS, (D8, ds, dm), 40), (kernel.PADDED_PER_QUERY, per_query, 10)):
+        query_quant._QCACHE.clear()
+        got = [launcher.launch(_poison((3, nk), "cuda"), Q, DD, Geometry(layout, 3, nk, 20, q_len=20, d_len=50),
+                               q_mask=qm, d_scales=SS, d_mask=MM, config={**cfg, **c})
                for c in ({"QUANT": 0}, {"QUANT": 1, "QCACHE": 1})]
         torch.testing.assert_close(got[1], got[0], rtol=1e-6, atol=0)
-        assert len(fused._QCACHE) == 1
+        assert len(query_quant._QCACHE) == 1

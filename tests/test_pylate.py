@@ -83,7 +83,7 @@ def test_opens_an_existing_int8_database(tmp_path):
 import torch  # noqa: E402
 from conftest import TRITON_DEVICES  # noqa: E402
 
-from mvdb.kernels.maxsim.fused import interpreting  # noqa: E402
+from mvdb.kernels.maxsim.runtime import interpreting  # noqa: E402
 
 
 def _patched_vs_original(fn_name, q, d, qm, dm):

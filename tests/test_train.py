@@ -229,11 +229,10 @@ def test_hard_negatives_layout_with_few_hits(device, normalize):
 
 
 def test_auto_picks_the_backward_measured_faster():
-    """The static rule, from benchmarks/results/training-sweep-H100-20261126-crossdd-fit.json (kernel
-    time; each case below is a measured shape) for padded batches: lowmem, except an in-batch cross
-    product of >= 512 pairs with queries of <= 128 tokens and documents long enough that lowmem's
-    pass over every 64-row block costs more than unified's atomics; varlen keeps the rule measured
-    with the sort."""
+    """The static rule, fitted to kernel times (each case below is a measured shape), for padded
+    batches: lowmem, except an in-batch cross product of >= 512 pairs with queries of <= 128
+    tokens and documents long enough that lowmem's pass over every 64-row block costs more than
+    unified's atomics; varlen keeps the rule measured with the sort."""
     from mvdb.kernels.maxsim.train import choose_backward
 
     assert choose_backward("auto", False, 32, 180, n_q=256, n_k=256) == "lowmem"  # ColBERT in-batch
@@ -386,15 +385,15 @@ def test_auto_cache_is_thread_safe(monkeypatch):
 
 
 def test_auto_cannot_measure_on_cpu_or_when_disabled(monkeypatch):
-    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim import tuning
     from mvdb.kernels.maxsim.train import policy
 
-    monkeypatch.setattr(fused, "interpreting", lambda: False)  # as on a GPU machine
+    monkeypatch.setattr(tuning, "interpreting", lambda: False)  # as on a GPU machine
     assert not policy.can_measure(torch.device("cpu"))
     monkeypatch.setenv("MVDB_AUTOTUNE", "0")
     assert not policy.can_measure(torch.device("cuda"))
     monkeypatch.setenv("MVDB_AUTOTUNE", "1")
-    monkeypatch.setattr(fused, "interpreting", lambda: True)
+    monkeypatch.setattr(tuning, "interpreting", lambda: True)
     assert not policy.can_measure(torch.device("cuda"))
 
 
@@ -437,11 +436,10 @@ def test_auto_on_the_gpu_returns_the_measured_backwards_gradients(monkeypatch):
 @pytest.mark.parametrize("normalize", [False, True])
 def test_launch_alternatives_are_exact(device, tune, normalize, monkeypatch):
     """Both ways of computing lowmem dD (from the sorted winners, or, sort-free, one program per
-    per-query document or per cross-product document block; benchmarks/training_sweep.py measures
-    them) give the
-    reference's values and gradients (grouped cross product and per-query layouts with masks, a
-    token every query token picks, documents of several tiles and a tail), and a tie goes to the
-    first token even when its copies lie in later tiles."""
+    per-query document or per cross-product document block) give the reference's values and
+    gradients (grouped cross product and per-query layouts with masks, a token every query token
+    picks, documents of several tiles and a tail), and a tie goes to the first token even when its
+    copies lie in later tiles."""
     from mvdb.kernels.maxsim import train
 
     for key, value in tune.items():
@@ -538,10 +536,10 @@ def test_padded_offsets_are_kept_per_stream_and_never_from_inference_mode(monkey
 @pytest.mark.parametrize("kind", ["lowmem", "unified"])
 @pytest.mark.parametrize("per_query", [False, True])
 def test_training_kernels_relaunch_the_compiled_binary(kind, per_query, monkeypatch):
-    """The training kernels go through fused.launch_kernel: after the first step of a shape, the
+    """The training kernels go through runtime.launch_kernel: after the first step of a shape, the
     forward and both backwards relaunch their compiled binaries (entries in its cache), with the
     same gradients as triton's own launch path (MVDB_FAST_LAUNCH=0)."""
-    from mvdb.kernels.maxsim import fused
+    from mvdb.kernels.maxsim import runtime
     from mvdb.kernels.maxsim.train import fused as tfused
 
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -553,12 +551,12 @@ def test_training_kernels_relaunch_the_compiled_binary(kind, per_query, monkeypa
         maxsim(Qg, Dg, backward=kind).logsumexp(-1).sum().backward()
         return Qg.grad, Dg.grad
 
-    monkeypatch.setattr(fused, "FAST_LAUNCH", False)
+    monkeypatch.setattr(runtime, "FAST_LAUNCH", False)
     slow = grads()
-    monkeypatch.setattr(fused, "FAST_LAUNCH", True)
-    fused._REPLAY.clear()
+    monkeypatch.setattr(runtime, "FAST_LAUNCH", True)
+    runtime._REPLAY.clear()
     first, again = grads(), grads()
-    kernels = {entry[3] for entry in fused._REPLAY.values()}
+    kernels = {entry[3] for entry in runtime._REPLAY.values()}
     fwd = tfused._fwd_argmax_kernel if per_query else tfused._fwd_argmax_grouped_kernel
     assert fwd in kernels
     if kind == "unified":
@@ -579,7 +577,7 @@ def test_host_integer_helpers_match_triton():
     slow to call from the host) give triton.cdiv's and triton.next_power_of_2's values."""
     import triton
 
-    from mvdb.kernels.maxsim.fused import cdiv, pow2
+    from mvdb.kernels.maxsim.runtime import cdiv, pow2
 
     for n in [*range(0, 1100), 2**20 - 1, 2**20, 2**20 + 1, 2**40 + 3]:
         assert pow2(n) == triton.next_power_of_2(n), n

@@ -11,14 +11,13 @@ from mvdb.kernels import _checks
 from mvdb.kernels.codes import naive
 from mvdb.kernels.codes.fused import _approx_kernel, block_q
 from mvdb.kernels.errors import InvalidInputError
-from mvdb.kernels.maxsim.fused import interpreting, launch_guard
+from mvdb.kernels.maxsim.runtime import interpreting, launch_guard
 
 BITS = (2, 4)
-# The launch (benchmarks/codes_kernel.py: the fastest correct one of 24 on the H100,
-# results/codes-kernel-8192.json)
+# The launch: the fastest correct one of the configs swept (benchmarks may set these)
 BLOCK_D = 32  # document tokens a tile
 WARPS, STAGES = 2, 2
-WORDS = True  # decode from 32-bit words (False: byte by byte; the A/B in benchmarks/tiers.py --parts)
+WORDS = True  # decode from 32-bit words (False: byte by byte, kept for comparison)
 GROUP = 8  # candidates one program scores (its query's tokens loaded once)
 HALF = True  # decode in float16 (else float32)
 

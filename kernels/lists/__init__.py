@@ -13,10 +13,9 @@ a chunk of queries into a dense [queries, rows] float32 table:
   rows sharing a bitmap word are neighbours in a block: a segmented OR scan gathers their bits and
   one plain store per word sets them (atomics on the bitmap cost 1.6x at 1M rows). Memory: 4
   bytes per (query, row) plus up to 256 MB of bitmaps per launch.
-  Measured against the kernels it replaced in benchmarks/credit_kernels.py (H100, 1M rows):
-  one program per query walking its tokens in order with int64 marker+score words, and one
-  program per (token, list) with plain atomics (faster, but it credits a row once per probed list
-  holding it, which loses recall at small candidate budgets).
+  It replaces one program per query walking its tokens in order with int64 marker+score words
+  (slower), and does not use one program per (token, list) with plain atomics (faster, but it
+  credits a row once per probed list holding it, which loses recall at small candidate budgets).
 - torch (CPU, and the reference): a [tokens, rows] scatter-amax scratch, summed per query.
 
 Layout: ``fused.py`` the Triton kernel, ``naive.py`` the torch version, ``ops.py`` :func:`credit_lists`

@@ -9,7 +9,7 @@ import torch
 from mvdb.kernels.host import upload
 from mvdb.kernels.lists.fused import _credit_tokens_kernel
 from mvdb.kernels.lists.naive import _credit_lists_torch
-from mvdb.kernels.maxsim.fused import launch_guard
+from mvdb.kernels.maxsim.runtime import launch_guard
 
 BITMAP_BYTES = 256 << 20  # the tokens' bitmaps of one launch (n_rows bits each); more tokens go in more launches
 BLOCK = 2048

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from mvdb.kernels.errors import InvalidInputError
-from mvdb.kernels.maxsim.fused import interpreting, launch_guard
+from mvdb.kernels.maxsim.runtime import interpreting, launch_guard
 
 BLOCK_ROWS = 32
 

@@ -10,7 +10,10 @@ import torch
 
 from mvdb.kernels.errors import InvalidInputError
 from mvdb.kernels import _checks
-from mvdb.kernels.maxsim import fused, naive, train
+from mvdb.kernels.maxsim import naive, train
+from mvdb.kernels.maxsim.kernel import CSR_CAND, CSR_CROSS, PADDED_CROSS, PADDED_PER_QUERY
+from mvdb.kernels.maxsim.launcher import Geometry, launch
+from mvdb.kernels.maxsim.runtime import interpreting
 
 BACKENDS = ("auto", "triton", "torch")
 
@@ -50,7 +53,7 @@ def _use_triton(device: torch.device, backend: str) -> bool:
         raise InvalidInputError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     if backend == "torch":
         return False
-    runnable = device.type == "cuda" or fused.interpreting()
+    runnable = device.type == "cuda" or interpreting()
     if backend == "triton" and not runnable:
         raise InvalidInputError(
             f"backend: 'triton' needs CUDA tensors or TRITON_INTERPRET=1, got tensors on {device}"
@@ -150,11 +153,9 @@ def maxsim(
         return res[0] if single else res
     out = _out(out, (nq, n_k), device)
     if tri:
-        layout = fused.PADDED_PER_QUERY if per_query else fused.PADDED_CROSS
-        fused.launch(
-            out, Q.contiguous(), _contig(q_mask), None, lq, D.contiguous(), _contig(d_scales),
-            _contig(d_mask), None, None, ld, nq, n_k, layout, lq,
-        )
+        layout = PADDED_PER_QUERY if per_query else PADDED_CROSS
+        launch(out, Q.contiguous(), D.contiguous(), Geometry(layout, nq, n_k, lq, q_len=lq, d_len=ld),
+               q_mask=_contig(q_mask), d_scales=_contig(d_scales), d_mask=_contig(d_mask))
     else:
         out.copy_(naive.maxsim_padded(Q, D, q_mask, d_mask, d_scales))
     return out[0] if single else out
@@ -211,10 +212,8 @@ def maxsim_varlen(
         return res if out is None else _out(out, (nq, nd), device).copy_(res)
     out = _out(out, (nq, nd), device)
     if tri:
-        return fused.launch(
-            out, q.contiguous(), None, cu_q, 0, d.contiguous(), _contig(d_scales), None, cu_d, None, 0,
-            nq, nd, fused.CSR_CROSS, max_seqlen_q,
-        )
+        return launch(out, q.contiguous(), d.contiguous(), Geometry(CSR_CROSS, nq, nd, max_seqlen_q), cu_q=cu_q,
+                      d_scales=_contig(d_scales), offsets=cu_d)
     return out.copy_(naive.maxsim_csr(q, cu_q, d, cu_d, None, d_scales))
 
 
@@ -287,9 +286,7 @@ def maxsim_candidates(
     elif scale_starts is not None:
         raise InvalidInputError("scale_starts: given without starts")
     if tri:
-        return fused.launch(
-            out, q.contiguous(), None, cu_q, 0, tokens.contiguous(), _contig(scales), None, offsets,
-            cand.contiguous(), 0, nq, cand.shape[1], fused.CSR_CAND, max_seqlen_q, _contig(starts),
-            _contig(scale_starts),
-        )
+        return launch(out, q.contiguous(), tokens.contiguous(), Geometry(CSR_CAND, nq, cand.shape[1], max_seqlen_q),
+                      cu_q=cu_q, d_scales=_contig(scales), offsets=offsets, cand=cand.contiguous(),
+                      starts=_contig(starts), scale_starts=_contig(scale_starts))
     return out.copy_(naive.maxsim_csr(q, cu_q, tokens, offsets, cand, scales))

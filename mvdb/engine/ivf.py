@@ -54,10 +54,9 @@ TRAIN_MAX = 1 << 21  # tokens in a k-means sample at most
 ASSIGN_CHUNK = 1 << 22  # tokens per assignment step
 # The crediting kernel runs a program per query token; where a launch has fewer than
 # CREDIT_PROGRAMS tokens (a search of a few queries), each token's rows are split into parts (a
-# power of two, at most CREDIT_SPANS), a program each, so that the GPU still fills
-# (benchmarks/small_batch.py, 1M rows on the H100: one query of 32 tokens 0.38 ms in one part,
-# 0.27 / 0.22 / 0.32 / 0.46 ms in 2 / 4 / 8 / 16; from 5 queries on, more parts than 2 cost more
-# than they give: each part walks its lists in blocks of 2048 entries mostly masked).
+# power of two, at most CREDIT_SPANS), a program each, so that the GPU still fills (a single
+# query is fastest in 4 parts; from 5 queries on, more parts than 2 cost more than they give:
+# each part walks its lists in blocks of 2048 entries mostly masked).
 CREDIT_PROGRAMS = 128
 CREDIT_SPANS = 16
 # On a CPU, from this many lists on, k-means runs in two levels and tokens are assigned through a

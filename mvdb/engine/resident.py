@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from mvdb.kernels import maxsim_candidates, maxsim_varlen
-from mvdb.kernels.maxsim.fused import interpreting
+from mvdb.kernels.maxsim.runtime import interpreting
 from mvdb.kernels.maxsim.gather import gather_rows
 from mvdb.kernels.maxsim.naive import distinct_candidates, token_rows
 

@@ -26,8 +26,8 @@ def _best_in_doc(q, D, DM, d_start, d_n, offs_c, c_ok, inv_nq, Nd, write_nd,
     MASK_ZERO, PyLate's multiply-by-mask). Ties go to the first token, as in torch's argmax.
     NORM: similarities of the L2-normalised tokens (``inv_nq``: the query rows' 1/norm); the
     document tokens' norms are computed from the tiles and stored to ``Nd`` where ``write_nd``.
-    (An elementwise running (max, token) over the tiles, reduced once per document, measured
-    1.23x slower on the ColBERT step on the H100: an argmax reduction per tile it is.)"""
+    An argmax reduction per tile: an elementwise running (max, token) over the tiles, reduced
+    once per document, is slower on the ColBERT step."""
     offs_d = tl.arange(0, BLOCK_D)
     best = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     arg = tl.full([BLOCK_Q], -1, dtype=tl.int64)
@@ -345,8 +345,8 @@ def _bwd_perdoc_dd_kernel(
     c_ok = offs_c < DIM
     offs_j = tl.arange(0, BLOCK_J)
     zeros = tl.zeros([BLOCK_J, BLOCK_DIM], dtype=dD.dtype.element_ty)
-    # (zeroing every row, then overwriting the picked ones after a CTA barrier, measured the same on
-    # the H100: training-sweep-H100-device.json, perdoc_fill_all)
+    # only the rows nobody picked are zeroed (zeroing every row, then overwriting the picked ones
+    # after a CTA barrier, is no faster)
     for jb in range(0, ld, BLOCK_J):
         j = row0 + jb + offs_j
         keep = (jb + offs_j < ld) & ~(tl.max((j[:, None] == a[None, :]).to(tl.int32), axis=1) > 0)
@@ -375,8 +375,8 @@ def _bwd_cross_dd_kernel(
     [jb, jb + BLOCK_J) of document k per program, with no sort: for each query i in order, the
     0/1 matrix of which of its tokens picked which row times its token block (a tensor-core
     product, exact: one term per pick, fp32 sums), scaled by g[i, k] into an fp32 accumulator.
-    A fixed order: reproducible. Every query row is read, winner or not (a load that waited on the
-    winners' load measured 1.36-1.53x slower, benchmarks/train_ab.py), so rows a query mask hides
+    A fixed order: reproducible. Every query row is read, winner or not (a load that waits on the
+    winners' load is much slower), so rows a query mask hides
     must hold finite values (0 x NaN would reach dD through the product): the launcher passes a
     copy with those rows zeroed."""
     k = tl.program_id(0).to(tl.int64)

@@ -7,7 +7,7 @@ import threading
 from collections import OrderedDict
 
 import torch
-from mvdb.kernels.maxsim.fused import _stream_handle, cdiv, interpreting, launch_kernel, pow2
+from mvdb.kernels.maxsim.runtime import _stream_handle, cdiv, interpreting, launch_kernel, pow2
 from mvdb.kernels.maxsim.train.fused import (
     _bwd_cross_dd_kernel,
     _bwd_lowmem_dd_kernel,
@@ -42,15 +42,14 @@ def forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask=None, d_mask
     shape = (n_q, n_k, max(1, lq_max))
     arg = torch.empty(shape, dtype=torch.int32, device=q.device) if equal_lengths and lq_max > 0 else \
         torch.full(shape, -1, dtype=torch.int32, device=q.device)
-    # norms from the tiles, inside the kernels (reading them from a pass before measured slower on
-    # the H100: ColPali in-batch fwd+bwd 10.8 vs 6.6 ms)
+    # norms from the tiles, inside the kernels (a norm pass before them makes the step much slower)
     nq = torch.ones(q.shape[0], dtype=torch.float32, device=q.device) if normalize else None
     nd = torch.ones(d.shape[0], dtype=torch.float32, device=q.device) if normalize else None
     upcast = interpreting() or q.dtype == torch.float32
     group = grouped_queries(lq_max, per_query, equal_lengths, n_q)
     common = dict(HAS_QMASK=q_mask is not None, HAS_DMASK=d_mask is not None, DIM=q.shape[1], BLOCK_DIM=bdim,
                   BLOCK_D=bd, UPCAST=upcast, IEEE=q.dtype == torch.float32, MASK_ZERO=mask_zero, NORM=normalize)
-    # measured (benchmarks/training_sweep.py, H100): 2 stages for the grouped short-query kernel
+    # 2 stages for the grouped short-query kernel, 3 for the others (the faster of the sweep)
     stages = TUNE.get("fwd_stages", 2 if group > 1 else 3)
     qm = q_mask if q_mask is not None else q
     dm = d_mask if d_mask is not None else d
@@ -59,7 +58,7 @@ def forward(q, q_off, d, d_off, n_q, n_k, lq_max, per_query, q_mask=None, d_mask
         launch_kernel(
             _fwd_argmax_grouped_kernel, (cdiv(n_q, group), n_k),
             (q, qm, d, dm, d_off, out, arg, nq if normalize else out, nd if normalize else out, n_q, n_k, lq_max),
-            # 4 warps: 2.7% less kernel time than 8 on ColBERT B=256 (H100, training_sweep.py --device)
+            # 4 warps: a little faster than 8 on the ColBERT step
             dict(GROUP=group, BLOCK_Q=rows, num_warps=TUNE.get("fwd_warps", 4), num_stages=stages, **common),
         )
     elif n_q and n_k:
@@ -103,8 +102,8 @@ def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True,
         # few queries: split each query's pairs over programs, fp32 slices summed in a fixed order
         bq_dq = TUNE.get("dq_bq", bq)
         if "dq_bq" not in TUNE and not interpreting():
-            # too few programs to fill the GPU: shorter query blocks first (hard negatives B=256 x 16:
-            # 22 us less of 0.79 ms, H100 kernel time), then slices summed after (two more launches)
+            # too few programs to fill the GPU: shorter query blocks first (cheaper), then slices
+            # summed after (two more launches)
             while bq_dq > 8 and n_q * cdiv(lq_max, bq_dq) < 1024:
                 bq_dq //= 2
         splits = TUNE.get("dq_splits") or _splits(n_q * cdiv(lq_max, bq_dq), n_k, q.numel() * 4,
@@ -161,7 +160,7 @@ def backward(kind, grad, q, q_off, d, arg, n_q, n_k, need_dq=True, need_dd=True,
             bounds = torch.searchsorted(keys, torch.arange(d.shape[0] + 1, device=dev, dtype=keys.dtype))
         dd = torch.zeros_like(d) if sparse else torch.empty_like(d)
         if d.shape[0]:
-            bj = 16 if interpreting() else TUNE.get("dd_bj", 128 if sparse else 32)  # measured, H100
+            bj = 16 if interpreting() else TUNE.get("dd_bj", 128 if sparse else 32)  # the sweep's fastest
             launch_kernel(
                 _bwd_lowmem_dd_kernel, (cdiv(n_slots if sparse else d.shape[0], bj),),
                 (q, keys, bounds, rows, weights, d, dd, nd, d.shape[0], n_slots),
@@ -263,9 +262,8 @@ def padded(Q, D, q_mask, d_mask, kind: str, mask_zero: bool = False, normalize: 
     dev = Q.device
     q_off, d_off = _steps(nq, lq, dev), _steps(n_docs, ld, dev)
     # auto, in-batch: measured in the backward (the static rule where it cannot be). Per-query
-    # negatives keep the static rule (lowmem): faster on all 31 such shapes measured, by 18% or
-    # more (benchmarks/results/training-sweep-H100-20261126-auto.json), with no fp32 gradient of
-    # every document to allocate. Empty batches have nothing to measure.
+    # negatives keep the static rule (lowmem): faster on every such shape, with no fp32 gradient
+    # of every document to allocate. Empty batches have nothing to measure.
     auto = auto_key(dev, Q.dtype, dim, normalize, nq, n_k, lq, ld, q_mask is not None, d_mask is not None) \
         if kind == "auto" and not per_query and nq * n_k * lq * ld else None
     kind = choose_backward(kind, per_query, lq, ld, n_q=nq, n_k=n_k)

@@ -1,5 +1,5 @@
-"""Launch policy of the training kernels: the tuning table benchmarks/training_sweep.py overrides,
-the blocks, splits and query groups derived from it, and the ``auto`` backward's choice."""
+"""Launch policy of the training kernels: the tuning table a parameter sweep may override, the
+blocks, splits and query groups derived from it, and the ``auto`` backward's choice."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from typing import Callable
 import torch
 from triton.runtime.errors import OutOfResources
 
-from mvdb.kernels.maxsim.fused import autotuning, cdiv, interpreting, pow2
+from mvdb.kernels.maxsim.runtime import cdiv, interpreting, pow2
 from mvdb.kernels.maxsim.train.fused import _hold_kernel
+from mvdb.kernels.maxsim.tuning import autotuning
 
 BACKWARDS = ("auto", "unified", "lowmem")
 
-# Launch parameters that benchmarks/training_sweep.py may override (name -> value); empty = the
-# measured defaults below.
+# Launch parameters that a parameter sweep may override (name -> value); empty = the defaults
+# below.
 TUNE: dict = {}
 
 
@@ -51,14 +52,10 @@ def grouped_queries(lq: int, per_query: bool, equal_lengths: bool, n_q: int) -> 
 # are; lowmem's sort-free dD makes a pass over every 64-row block of every document per query,
 # so its cost grows with blocks x padded query-token slots. Unified is cheaper once blocks x slots
 # > AUTO_UNIFIED_RATIO x query tokens, for batches of at least AUTO_MIN_PAIRS pairs (below that
-# the kernels are short and lowmem's, with no fp32 zero fills and casts, were faster). Both
-# constants were read off kernel times on the H100 (2026-11-26, after the dD kernel's query load
-# stopped waiting on the winners, benchmarks/results/training-sweep-H100-20261126-crossdd-fit.json):
-# lowmem was faster on all 98 shapes of the fit grid (B 4-128, Lq 32-128, Ld 64-1024, so blocks x
-# slots <= 16 x Lq there); at 11-15 the rule missed 10 of them. The 68 other shapes of that file
-# (B 6-160, Lq 16-100, Ld 150-900) set the pair floor (B=24, 576 pairs, Lq 100 / Ld 800: unified
-# 1.65x faster), so they are no longer held out: 6 misses there (at most 6% slower), and 1 of the
-# issue's 19 (B=1024, Lq 32, Ld 1024: lowmem, 11% slower). The fallback, not the rule a GPU uses.
+# the kernels are short and lowmem's, with no fp32 zero fills and casts, are faster). Both
+# constants are fitted to kernel times over a grid of batch sizes, query and document lengths: a
+# lower ratio sends shapes to unified that lowmem runs faster, and below the pair floor unified
+# never wins. The fallback, not the rule a GPU uses.
 AUTO_UNIFIED_RATIO = 16
 AUTO_MIN_PAIRS = 512
 CROSS_BLOCK = 64  # rows per program of the sort-free cross-product dD (TUNE "cross_bj")
@@ -73,9 +70,8 @@ def choose_backward(kind: str, per_query: bool, lq: int, ld: float, padded: bool
     are long enough that lowmem's pass over every 64-row block costs more than unified's atomics
     per picked row: ceil(ld / 64) x the query's padded length > 16 x lq (above; ld > 1024 for
     lq 32, ld > 640 for lq 40). Per-query negatives, long queries and small batches: lowmem. Varlen
-    (``padded=False``: lowmem sorts the winners) keeps the rule measured with the sort
-    (benchmarks/results/training-sweep-H100.json): lowmem from 2^20 winners (``n_hits``) or 2^28
-    document elements. ``lowmem`` is also the reproducible one."""
+    (``padded=False``: lowmem sorts the winners) keeps the rule fitted with the sort: lowmem from
+    2^20 winners (``n_hits``) or 2^28 document elements. ``lowmem`` is also the reproducible one."""
     if kind != "auto":
         return kind
     if torch.are_deterministic_algorithms_enabled():
