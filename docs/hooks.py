@@ -12,10 +12,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from mkdocs.plugins import event_priority
+
 ROOT = Path(__file__).resolve().parents[1]
 TREE = ROOT / "build" / "apidoc"
 
 
+@event_priority(100)  # before mkdocstrings' own on_config reads the tree's path
 def on_config(config, **kwargs):
     pkg = TREE / "mvdb"
     if TREE.exists():
