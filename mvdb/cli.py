@@ -285,6 +285,36 @@ def search(db: str, queries: str, k: int, where: str | None, nprobe: int | None,
             click.echo(f"query {i}: " + ", ".join(f"{h.id} ({h.score:.4f})" for h in row))
 
 
+@main.command()
+@click.argument("db")
+@click.argument("query")
+@click.argument("doc_id")
+@JSON_OUT
+@DEBUG
+def explain(db: str, query: str, doc_id: str, as_json: bool) -> None:
+    """Why document DOC_ID scores what it does for the query in QUERY (.npy, [Lq, dim]): per query
+    token, the best-matching document token, their similarity and its share of the MaxSim score.
+
+    Example: mvdb explain my.mvdb query.npy 17
+    """
+    import mvdb
+    from mvdb.ingest import load_npy
+
+    _require_database(db, "explain")
+    q = load_npy(query, "the query")
+    with mvdb.open(db, read_only=True, device="cpu") as d:
+        e = d.explain(q, _ids_arg(d, (doc_id,))[0])
+    if as_json:
+        matches = [{"query_token": m.query_token, "doc_token": m.doc_token, "similarity": m.similarity, "share": m.share}
+                   for m in e.matches]
+        click.echo(json.dumps({"id": e.id, "score": e.score, "matches": matches}))
+        return
+    click.echo(f"{e.id}: MaxSim {e.score:.4f}")
+    for m in e.matches:
+        click.echo(f"  query token {m.query_token:3d} -> document token {m.doc_token:4d}  similarity "
+                   f"{m.similarity:.4f}  share {m.share:6.1%}")
+
+
 def _ids_arg(d, ids: tuple[str, ...]) -> list:
     """Ids from the command line, as the database stores them (ints or strings)."""
     if (d.stats().get("id_type") or "int") != "int":

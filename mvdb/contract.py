@@ -35,6 +35,10 @@ class DatabaseAPI(Protocol):
     def get(self, ids) -> list:
         """The stored token arrays of ``ids``."""
 
+    def explain(self, query, doc_id):
+        """Why ``doc_id`` scores what it does for one query: per query token, the best-matching
+        document token, their similarity and its share of the score (an ``Explanation``)."""
+
     def metadata(self, ids) -> list:
         """The stored metadata of ``ids`` (None where none was given)."""
 
@@ -72,5 +76,5 @@ class DatabaseAPI(Protocol):
         """Closes the database."""
 
 
-MEMBERS = ("dim", "add", "search", "rerank", "get", "metadata", "contains", "delete", "compact", "refresh",
+MEMBERS = ("dim", "add", "search", "rerank", "get", "explain", "metadata", "contains", "delete", "compact", "refresh",
            "verify", "stats", "close", "__len__", "__contains__", "__enter__", "__exit__")

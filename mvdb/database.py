@@ -157,6 +157,13 @@ class Database(TextMethods, DatabaseAPI):
             tokens *= p.scales[:, None]
         return [tokens[p.offsets[i] : p.offsets[i + 1]] for i in range(len(p.offsets) - 1)]
 
+    def explain(self, query, doc_id):
+        """Why ``doc_id`` scores what it does for ``query`` ([Lq, dim]): per query token, the best-matching
+        document token, their similarity and its share of the MaxSim score (:mod:`mvdb.explain`)."""
+        from mvdb.explain import explain
+
+        return explain(self, query, doc_id)
+
     def metadata(self, ids) -> list:
         ids = ids_arg(ids)
         with self._pub.read() as st:

@@ -121,9 +121,31 @@ def test_verify_reports_corruption_with_exit_1(tmp_path):
 
 
 def test_every_command_has_an_example_in_its_help():
-    for name in ("ingest", "search", "info", "verify", "compact", "demo"):
+    for name in ("ingest", "search", "explain", "info", "verify", "compact", "demo"):
         r = run(name, "--help")
         assert r.exit_code == 0 and "Example: mvdb " + name in r.output
+
+
+def test_explain_round_trip(tmp_path):
+    tokens, lengths = _packed(5, seed=4)
+    np.savez(tmp_path / "a.npz", tokens=tokens, lengths=lengths, ids=np.array(["a", "b", "c", "d", "e"]))
+    db = tmp_path / "x.mvdb"
+    assert run("ingest", db, tmp_path / "a.npz", "-q").exit_code == 0
+    start = int(lengths[0])
+    q = tokens[start : start + 2] + 0.01  # near the tokens of document "b"
+    np.save(tmp_path / "q.npy", q)
+    r = run("explain", db, tmp_path / "q.npy", "b", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    d = tokens[start : start + int(lengths[1])].astype(np.float16).astype(np.float32)
+    sim = q @ d.T
+    assert out["id"] == "b" and [m["doc_token"] for m in out["matches"]] == sim.argmax(1).tolist()
+    assert abs(out["score"] - float(sim.max(1).sum())) <= 1e-3
+    assert abs(sum(m["similarity"] for m in out["matches"]) - out["score"]) <= 1e-5
+    r = run("explain", db, tmp_path / "q.npy", "b")
+    assert r.exit_code == 0 and r.output.startswith("b: MaxSim ") and "query token   1 -> document token" in r.output
+    r = CliRunner().invoke(main, ["explain", str(db), str(tmp_path / "q.npy"), "zz"])
+    assert r.exit_code == 1 and "zz" in r.output
 
 
 @pytest.mark.parametrize("cmd", ["info", "verify"])

@@ -306,7 +306,8 @@ def test_the_servers_proxy_forwards_the_contract():
     workers = pytest.importorskip("mvdb.serve.workers")
     from mvdb.contract import MEMBERS
 
-    local = {"dim", "close", "__contains__", "__enter__", "__exit__"}  # answered by the app itself
+    # answered by the app itself; explain computes from get (mvdb.explain)
+    local = {"dim", "close", "explain", "__contains__", "__enter__", "__exit__"}
     assert set(MEMBERS) - local <= workers.CALLS
 
 
@@ -460,6 +461,32 @@ def test_get_in_request_order(kind, corpus):
     for i, arr in zip(want, out):
         assert isinstance(arr, np.ndarray) and arr.dtype == np.float32 and arr.shape == STORED[i].shape
         np.testing.assert_allclose(arr, DOCS[IDS.index(i)], atol=2e-3)
+
+
+@pytest.mark.parametrize("kind", params("explain"))
+def test_explain_takes_maxsim_apart_token_by_token(kind, corpus):
+    db = corpus.db
+    for q, doc_id in ((QUERIES[0], IDS[2]), (QUERIES[4], IDS[17]), (QUERIES[1][:1], IDS[29])):
+        e = db.explain(q, doc_id)
+        d = STORED[doc_id]
+        sim = q @ d.T
+        assert e.id == doc_id and len(e.matches) == len(q)
+        assert abs(sum(m.similarity for m in e.matches) - e.score) <= 1e-5 * len(q)  # the terms sum to the score
+        assert abs(e.score - maxsim(q, d)) <= TOL
+        assert abs(e.score - db.rerank(q, [doc_id])[0].score) <= TOL  # the score search and rerank give
+        if e.score:
+            assert abs(sum(m.share for m in e.matches) - 1.0) <= 1e-5
+        for i, m in enumerate(e.matches):  # positions as a brute force finds them (no near-ties here)
+            assert m.query_token == i and m.doc_token == int(sim[i].argmax())
+            assert abs(m.similarity - float(sim[i].max())) <= TOL
+    with pytest.raises(UnknownIdError):
+        db.explain(QUERIES[0], "no-such-doc")
+    with pytest.raises(InvalidInputError):  # one query at a time
+        db.explain(np.stack([QUERIES[0], QUERIES[0]]), IDS[2])
+    with pytest.raises(InvalidInputError):
+        db.explain(np.ones((3, DIM + 1), np.float32), IDS[2])
+    with pytest.raises(InvalidInputError):
+        db.explain(np.full((3, DIM), np.nan, np.float32), IDS[2])
 
 
 @pytest.mark.parametrize("kind", params("metadata"))

@@ -126,6 +126,13 @@ class Client(DatabaseAPI):
     def get(self, ids) -> list[np.ndarray]:
         return [np.asarray(a, dtype=np.float32) for a in self._call("/get", {"ids": _ids(ids)})]
 
+    def explain(self, query, doc_id):
+        """Why ``doc_id`` scores what it does for ``query`` ([Lq, dim]): per query token, the best-matching
+        document token, their similarity and its share of the MaxSim score (:mod:`mvdb.explain`)."""
+        from mvdb.explain import explain
+
+        return explain(self, query, doc_id)
+
     def metadata(self, ids) -> list:
         return self._call("/metadata", {"ids": _ids(ids)})
 

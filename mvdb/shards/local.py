@@ -254,6 +254,13 @@ class ShardedDatabase(TextMethods, DatabaseAPI):
     def get(self, ids) -> list[np.ndarray]:
         return self._by_owner(ids, lambda s, part: s.get(part))
 
+    def explain(self, query, doc_id):
+        """Why ``doc_id`` scores what it does for ``query`` ([Lq, dim]): per query token, the best-matching
+        document token, their similarity and its share of the MaxSim score (:mod:`mvdb.explain`)."""
+        from mvdb.explain import explain
+
+        return explain(self, query, doc_id)
+
     def metadata(self, ids) -> list:
         return self._by_owner(ids, lambda s, part: s.metadata(part))
 
