@@ -45,6 +45,7 @@ import numpy as np
 
 from mvdb.engine.progress import Progress
 from mvdb.errors import InvalidInputError, InvalidTypeError
+from mvdb.kernels import settings
 
 __all__ = ["ADAPTER_VERSION", "IDENTITY", "Encoder", "as_encoder", "cache_dir", "texts_arg"]
 
@@ -57,7 +58,7 @@ IDENTITY = ("name", "kind", "dim", "document_max_tokens", "normalize", "adapter_
 
 def cache_dir() -> Path:
     """Where cached encodings go: ``$MVDB_CACHE``, else ``~/.cache/mvdb``."""
-    return Path(os.environ.get("MVDB_CACHE", Path.home() / ".cache" / "mvdb"))
+    return settings.cache_dir()
 
 
 def _kind(model) -> str:

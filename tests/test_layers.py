@@ -147,3 +147,17 @@ def test_no_private_name_crosses_a_package_boundary():
                 if node.attr not in defined.get(pkg, set()):
                     bad.append(f"{name} reads {ast.unparse(node)}, a private name of another package")
     assert not bad, bad
+
+
+def test_environment_variables_are_read_in_one_module():
+    """mvdb.kernels.settings reads every environment variable the library reads (issue #46)."""
+    bad = []
+    for name, path in _modules().items():
+        if name == "mvdb.kernels.settings":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv") and \
+                    isinstance(node.value, ast.Name) and node.value.id == "os":
+                bad.append(f"{name}:{node.lineno}")
+    # setting a variable for a library mvdb calls is not reading one: embed.py's offline switch
+    assert [b for b in bad if not b.startswith("mvdb.embed:")] == [], bad

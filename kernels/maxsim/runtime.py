@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 import threading
 
 import torch
+from mvdb.kernels import settings
 
 try:
     from triton import knobs
@@ -23,7 +23,7 @@ except ImportError:  # older triton: launch hooks live elsewhere; relaunches go 
 # read per call would cost an os.environ lookup on every launch.
 _INTERPRET = getattr(getattr(knobs, "runtime", None), "interpret", None)  # triton's own reading of the variable
 if _INTERPRET is None:
-    _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    _INTERPRET = settings.triton_interpret()
 _INTERPRET = bool(_INTERPRET)
 
 
@@ -74,11 +74,11 @@ def _keep_plan(cache: dict, key, cap: int, consts: dict) -> tuple[dict, tuple]:
 # 16-byte alignment, each integer's 32/64-bit type and whether it is 1 or divisible by 16, None-ness,
 # the constexprs and launch options, the device) call that binary's launcher directly.
 # MVDB_FAST_LAUNCH=0 turns it off.
-FAST_LAUNCH = os.environ.get("MVDB_FAST_LAUNCH", "1") != "0"
+FAST_LAUNCH = settings.fast_launch()
 # Relaunches straight through the launcher (below, launch_kernel); MVDB_DIRECT_LAUNCH=0 keeps them on
 # CompiledKernel's runner. Calling the launcher directly skips the runner's re-reading of the
 # device and stream and its launch metadata: a few microseconds of host time per launch.
-DIRECT_LAUNCH = os.environ.get("MVDB_DIRECT_LAUNCH", "1") != "0"
+DIRECT_LAUNCH = settings.direct_launch()
 _REPLAY: dict[tuple, list] = {}  # key -> [compiled kernel, constexpr tail, (launcher, function, metadata) or None, fn]
 _REPLAY_MAX = 256  # specializations kept (a launch beyond them is a cache miss, never a wrong kernel)
 _INT32 = (-(2**31), 2**31)

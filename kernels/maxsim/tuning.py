@@ -4,12 +4,11 @@ dependent launch (PDL)."""
 
 from __future__ import annotations
 
-import os
 import threading
 
 import torch
 import triton
-
+from mvdb.kernels import settings
 from mvdb.kernels.maxsim.kernel import CSR_CROSS, _maxsim_fwd_kernel
 from mvdb.kernels.maxsim.runtime import interpreting
 
@@ -42,7 +41,7 @@ def _configs():
 
 def _prune(configs, nargs, **kwargs):
     lq = kwargs["LQ_BUCKET"]
-    full = os.environ.get("MVDB_AUTOTUNE", "") == "full"
+    full = settings.autotune() == "full"
     keep = []
     for c in configs:
         bq, bd = c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_D"]
@@ -142,7 +141,7 @@ def _mean_doc_len(layout: int, d: torch.Tensor, offsets, d_len: int, starts) -> 
 # launches; never while a CUDA graph is captured nor on GPUs before sm_90. Not the default: it
 # saves a little GPU time per call but costs host time, so calls whose pace the host sets get
 # slower.
-PDL = os.environ.get("MVDB_PDL", "0") not in ("", "0")
+PDL = settings.pdl()
 _PDL_DEVICES: dict[int, bool] = {}
 
 
@@ -157,7 +156,7 @@ def pdl_ok(device: torch.device) -> bool:
 
 
 def autotuning() -> bool:
-    return not interpreting() and os.environ.get("MVDB_AUTOTUNE", "1") != "0"
+    return not interpreting() and settings.autotune() != "0"
 
 
 _BEST: dict[tuple, dict] = {}  # autotune winners, launched directly (skips the autotuner's per-call work)

@@ -7,14 +7,15 @@ updated in place at most twice a second and finished with the step's time. ``MVD
 
 from __future__ import annotations
 
-import os
 import sys
 import time
+
+from mvdb.kernels import settings
 
 
 class Progress:
     def __init__(self, enabled: bool | None = None, stream=None, after: float = 1.0):
-        self.enabled = os.environ.get("MVDB_PROGRESS", "1") != "0" if enabled is None else enabled
+        self.enabled = settings.progress() if enabled is None else enabled
         self.stream = stream or sys.stderr
         self.after = after
 
