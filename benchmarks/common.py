@@ -154,3 +154,12 @@ def bulk_ingest(path, tokens: np.ndarray, lengths: np.ndarray, dtype: str = "flo
             d1 = min(len(lengths), d0 + chunk_docs)
             st.add_packed(tokens[off[d0] : off[d1]], lengths[d0:d1])
     return time.perf_counter() - t0
+
+
+def device_used_gb(dev: str = "cuda") -> float | None:
+    """GB in use on the CUDA device ``dev`` (the whole device: every process, CUDA context and
+    caches included), None off CUDA."""
+    if not str(dev).startswith("cuda"):
+        return None
+    free, total = torch.cuda.mem_get_info(dev)
+    return (total - free) / 1e9

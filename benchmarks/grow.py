@@ -30,18 +30,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import bulk_ingest, measure, sync  # noqa: E402
+from common import bulk_ingest, device_used_gb, measure, sync  # noqa: E402
 from mvdb.testing.synthetic import GENERATORS, make_queries, make_structured  # noqa: E402
 
 import mvdb  # noqa: E402
 from mvdb.kernels import maxsim_varlen  # noqa: E402
-
-
-def _device_used_gb(dev: str) -> float | None:
-    if dev != "cuda":
-        return None
-    free, total = torch.cuda.mem_get_info()
-    return (total - free) / 1e9
 
 
 def reference(tokens: torch.Tensor, offsets: torch.Tensor, q: torch.Tensor) -> tuple[list, float]:
@@ -136,7 +129,7 @@ def run_mode(mode: str, args, tokens: np.ndarray, lengths: np.ndarray, q, ref, d
     st = db.stats()
     out["after_build"] = {k: st[k] for k in ("residency", "tier", "pages", "resident_bytes", "resident_capacity_bytes", "index",
                                              "nlist", "trained_tokens", "segments")}
-    out["after_build"]["device_used_gb"] = _device_used_gb(dev)
+    out["after_build"]["device_used_gb"] = device_used_gb(dev)
     print(f"{mode}: built in {out['build_s']:.1f} s {json.dumps(out['after_build'])}", flush=True)
     out["search"] = []
     for kw in settings(args.settings):
@@ -147,13 +140,13 @@ def run_mode(mode: str, args, tokens: np.ndarray, lengths: np.ndarray, q, ref, d
         print(f"  {json.dumps(out['search'][-1])}", flush=True)
     if dev == "cuda":
         out["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
-        out["device_used_gb"] = _device_used_gb(dev)
+        out["device_used_gb"] = device_used_gb(dev)
     if mode != "bulk" and not args.no_compact:
         t1 = time.perf_counter()
         db.compact()
         out["compact_s"] = time.perf_counter() - t1
         out["after_compact"] = {k: db.stats()[k] for k in ("residency", "pages", "segments")}
-        out["after_compact"]["device_used_gb"] = _device_used_gb(dev)
+        out["after_compact"]["device_used_gb"] = device_used_gb(dev)
         out["after_compact"]["search"] = measure(db, q, ref, {"k": 10}, 0)
         print(f"  compact {out['compact_s']:.1f} s {json.dumps(out['after_compact'])}", flush=True)
     db.close()
@@ -164,7 +157,7 @@ def run_mode(mode: str, args, tokens: np.ndarray, lengths: np.ndarray, q, ref, d
     db = mvdb.open(path, device=dev, read_only=True, residency=args.residency)
     out["reopen_s"] = time.perf_counter() - t1
     out["after_reopen"] = {k: db.stats()[k] for k in ("residency", "pages", "index", "nlist")}
-    out["after_reopen"]["device_used_gb"] = _device_used_gb(dev)
+    out["after_reopen"]["device_used_gb"] = device_used_gb(dev)
     out["after_reopen"]["search"] = measure(db, q, ref, {"k": 10}, 0)
     print(f"  reopen {out['reopen_s']:.1f} s {json.dumps(out['after_reopen'])}", flush=True)
     db.close()

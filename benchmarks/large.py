@@ -25,11 +25,10 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import bulk_ingest, measure  # noqa: E402
+from common import bulk_ingest, device_used_gb, measure  # noqa: E402
 from mvdb.testing.synthetic import GENERATORS, make_queries, make_structured  # noqa: E402
 
 import mvdb  # noqa: E402
@@ -85,11 +84,6 @@ def reference_multi_gpu(tokens: torch.Tensor, offsets: torch.Tensor, q: torch.Te
     best = vals.topk(k, dim=1).indices
     ref = [set(row.tolist()) for row in idx.gather(1, best)]
     return ref, time.perf_counter() - t0
-
-
-def gpu_used_gb(dev: int = 0) -> float:
-    free, total = torch.cuda.mem_get_info(dev)
-    return (total - free) / 1e9
 
 
 def host_rss_gb() -> float:
@@ -157,12 +151,12 @@ def main():
         kw = {} if tier == "auto" else {"residency": tier}
         if args.max_gpu_gb:
             kw["max_gpu_bytes"] = int(args.max_gpu_gb * 1e9)
-        before = gpu_used_gb()
+        before = device_used_gb("cuda:0")
         t0 = time.perf_counter()
         db = mvdb.open(args.path, device="cuda", progress=False, **kw)
         run = {"open": tier, "options": kw, "open_s": time.perf_counter() - t0,
                "stats": {k: v for k, v in db.stats().items() if k not in ("path", "encoder")},
-               "gpu_used_gb": gpu_used_gb() - before, "gpu_allocated_gb": torch.cuda.memory_allocated(0) / 1e9,
+               "gpu_used_gb": device_used_gb("cuda:0") - before, "gpu_allocated_gb": torch.cuda.memory_allocated(0) / 1e9,
                "host_rss_gb": host_rss_gb()}
         res["runs"].append(run)
         save(f"opened {tier}")

@@ -25,19 +25,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import bulk_ingest, measure, sync  # noqa: E402
+from common import bulk_ingest, device_used_gb, measure, sync  # noqa: E402
 from grow import structured_case  # noqa: E402
 from mvdb.testing.synthetic import GENERATORS  # noqa: E402
 
 import mvdb  # noqa: E402
 from mvdb.engine import codes as codes_tier  # noqa: E402
-
-
-def used_gb(dev: str) -> float | None:
-    if dev != "cuda":
-        return None
-    free, total = torch.cuda.mem_get_info()
-    return (total - free) / 1e9
 
 
 def sweep_settings(spec: str | None) -> list[dict]:
@@ -191,7 +184,7 @@ def main():
         db = mvdb.open(args.path, device=dev, residency=tier.removesuffix("-cold"), progress=False)
         run = {"tier": tier, "open_s": time.perf_counter() - t0, "stats": {k: v for k, v in db.stats().items()
                                                                            if k not in ("path", "encoder")},
-               "gpu_used_gb": used_gb(dev), "rows": [],
+               "gpu_used_gb": device_used_gb(dev), "rows": [],
                # what the database's tensors hold (mem_get_info adds the CUDA context, FAISS's and
                # PyTorch's caches)
                "gpu_allocated_gb": torch.cuda.memory_allocated() / 1e9 if dev == "cuda" else None}

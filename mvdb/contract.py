@@ -9,6 +9,7 @@ them; the cluster and the client take vectors only.
 
 from __future__ import annotations
 
+from types import FunctionType
 from typing import Protocol, runtime_checkable
 
 
@@ -76,5 +77,6 @@ class DatabaseAPI(Protocol):
         """Closes the database."""
 
 
-MEMBERS = ("dim", "add", "search", "rerank", "get", "explain", "metadata", "contains", "delete", "compact", "refresh",
-           "verify", "stats", "close", "__len__", "__contains__", "__enter__", "__exit__")
+# the names the protocol's body defines, in its order (not typing's own additions)
+MEMBERS = tuple(n for n, v in vars(DatabaseAPI).items()
+                if isinstance(v, property) or (isinstance(v, FunctionType) and v.__qualname__.startswith("DatabaseAPI.")))

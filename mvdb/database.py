@@ -33,12 +33,14 @@ from mvdb.engine.search import rerank as run_rerank
 from mvdb.engine.search import search as run_search
 from mvdb.engine.state import Engine, resolve_config
 from mvdb.errors import InvalidInputError, InvalidTypeError
+from mvdb.explain import ExplainMethods
 from mvdb.storage import Store
 from mvdb.text import TextMethods, check_encoder, recorded_encoder
 
 __all__ = ["Database", "Hit", "rerank"]
 
-class Database(TextMethods, DatabaseAPI):
+
+class Database(TextMethods, ExplainMethods, DatabaseAPI):
     """See the module docstring; create with :func:`mvdb.open`. ``encoder``: the model of
     ``add_texts`` / ``search_text`` (:mod:`mvdb.text`), None for embeddings only."""
 
@@ -156,13 +158,6 @@ class Database(TextMethods, DatabaseAPI):
         if p.scales is not None:
             tokens *= p.scales[:, None]
         return [tokens[p.offsets[i] : p.offsets[i + 1]] for i in range(len(p.offsets) - 1)]
-
-    def explain(self, query, doc_id):
-        """Why ``doc_id`` scores what it does for ``query`` ([Lq, dim]): per query token, the best-matching
-        document token, their similarity and its share of the MaxSim score (:mod:`mvdb.explain`)."""
-        from mvdb.explain import explain
-
-        return explain(self, query, doc_id)
 
     def metadata(self, ids) -> list:
         ids = ids_arg(ids)

@@ -30,12 +30,10 @@ class Explanation(NamedTuple):
 
 
 def _query(query, dim: int | None) -> np.ndarray:
-    if hasattr(query, "detach"):  # a torch tensor
-        query = query.detach().cpu().numpy()
-    if not isinstance(query, np.ndarray):
-        raise InvalidTypeError(f"query: expected a numpy array or torch tensor [Lq, dim], got {type(query).__name__}")
-    if query.dtype.kind not in "fiu":
-        raise InvalidTypeError(f"query: expected a numeric array, got dtype {query.dtype}")
+    # imported on use: the HTTP client imports this module, and need not load the storage layer
+    from mvdb.storage import validate
+
+    query = validate.array(query, "query")
     if query.ndim != 2:
         raise InvalidInputError(f"query: expected one query [Lq, {dim}], got shape {tuple(query.shape)}")
     if query.shape[0] == 0:
@@ -59,6 +57,15 @@ def explain_tokens(doc_id, query: np.ndarray, doc: np.ndarray) -> Explanation:
     share = best / score if score != 0 else np.zeros_like(best)
     matches = [TokenMatch(i, int(p), float(s), float(f)) for i, (p, s, f) in enumerate(zip(pos, best, share))]
     return Explanation(doc_id, score, matches)
+
+
+class ExplainMethods:
+    """``explain`` for a database-shaped class that has ``dim`` and ``get``."""
+
+    def explain(self, query, doc_id) -> Explanation:
+        """Why ``doc_id`` scores what it does for ``query`` ([Lq, dim]): per query token, the
+        best-matching document token, their similarity and its share of the MaxSim score."""
+        return explain(self, query, doc_id)
 
 
 def explain(db, query, doc_id) -> Explanation:

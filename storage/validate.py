@@ -94,6 +94,14 @@ def _numeric(a: np.ndarray, where: str) -> None:
         raise InvalidTypeError(f"{where}: expected a numeric (float or int) array, got dtype {a.dtype}")
 
 
+def array(x, where: str) -> np.ndarray:
+    """A numpy array or torch tensor as a numeric numpy array (a tensor: dense, on the host,
+    bfloat16 widened) -> the array; InvalidTypeError / InvalidInputError naming ``where``."""
+    a = _to_numpy(x, where)
+    _numeric(a, where)
+    return a
+
+
 def documents(docs, dim: int | None) -> tuple[np.ndarray, np.ndarray, int]:
     """docs (list of [L_i, dim], or one [n, L, dim] array) -> (float tokens [T, dim], lengths [n], dim)."""
     if isinstance(docs, (list, tuple)):

@@ -13,6 +13,7 @@ import numpy as np
 
 from mvdb import errors
 from mvdb.contract import DatabaseAPI
+from mvdb.explain import ExplainMethods
 from mvdb.serve import codec
 
 _ERRORS = {name: getattr(errors, name) for name in dir(errors)
@@ -33,7 +34,7 @@ def connect(url: str, *, api_key: str | None = None, timeout: float = 300.0, max
     return c
 
 
-class Client(DatabaseAPI):
+class Client(ExplainMethods, DatabaseAPI):
     def __init__(self, url: str, *, api_key: str | None = None, timeout: float = 300.0, max_connections: int = 100):
         import urllib3
 
@@ -125,13 +126,6 @@ class Client(DatabaseAPI):
 
     def get(self, ids) -> list[np.ndarray]:
         return [np.asarray(a, dtype=np.float32) for a in self._call("/get", {"ids": _ids(ids)})]
-
-    def explain(self, query, doc_id):
-        """Why ``doc_id`` scores what it does for ``query`` ([Lq, dim]): per query token, the best-matching
-        document token, their similarity and its share of the MaxSim score (:mod:`mvdb.explain`)."""
-        from mvdb.explain import explain
-
-        return explain(self, query, doc_id)
 
     def metadata(self, ids) -> list:
         return self._call("/metadata", {"ids": _ids(ids)})

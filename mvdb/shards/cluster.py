@@ -38,6 +38,7 @@ except ImportError as e:  # pragma: no cover - the message says what to install
 
 from mvdb.contract import DatabaseAPI
 from mvdb.errors import DuplicateIdError, InvalidInputError
+from mvdb.explain import ExplainMethods
 from mvdb.shards import layout
 from mvdb.shards.merge import (
     merge,
@@ -290,7 +291,7 @@ class ShardActor:
         self.db.close()
 
 
-class Cluster(DatabaseAPI):
+class Cluster(ExplainMethods, DatabaseAPI):
     """Client of one ``ShardActor`` per shard, with the API of :class:`mvdb.Database`: fans a
     query batch out and merges the exact per-shard top-k by score. ``shard_paths``: a sharded
     database directory (its ``shards.json``) or a list of database directories. ``num_gpus`` per
@@ -436,13 +437,6 @@ class Cluster(DatabaseAPI):
 
     def get(self, ids) -> list[np.ndarray]:
         return self._by_owner(ids, "get")
-
-    def explain(self, query, doc_id):
-        """Why ``doc_id`` scores what it does for ``query`` ([Lq, dim]): per query token, the best-matching
-        document token, their similarity and its share of the MaxSim score (:mod:`mvdb.explain`)."""
-        from mvdb.explain import explain
-
-        return explain(self, query, doc_id)
 
     def metadata(self, ids) -> list:
         return self._by_owner(ids, "metadata")

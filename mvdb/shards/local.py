@@ -33,6 +33,7 @@ from mvdb.engine.args import open_args
 from mvdb.engine.progress import Progress
 from mvdb.engine.search import check_k as _check_k
 from mvdb.errors import DuplicateIdError, FormatError, InvalidInputError
+from mvdb.explain import ExplainMethods
 from mvdb.shards import layout
 from mvdb.shards.merge import (
     merge,
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 __all__ = ["ShardedDatabase"]
 
 
-class ShardedDatabase(TextMethods, DatabaseAPI):
+class ShardedDatabase(TextMethods, ExplainMethods, DatabaseAPI):
     """The :class:`mvdb.Database` API over one shard per device; see the module docstring.
     ``encoder``: as for ``Database`` (:mod:`mvdb.text`); its record goes into every shard."""
 
@@ -253,13 +254,6 @@ class ShardedDatabase(TextMethods, DatabaseAPI):
 
     def get(self, ids) -> list[np.ndarray]:
         return self._by_owner(ids, lambda s, part: s.get(part))
-
-    def explain(self, query, doc_id):
-        """Why ``doc_id`` scores what it does for ``query`` ([Lq, dim]): per query token, the best-matching
-        document token, their similarity and its share of the MaxSim score (:mod:`mvdb.explain`)."""
-        from mvdb.explain import explain
-
-        return explain(self, query, doc_id)
 
     def metadata(self, ids) -> list:
         return self._by_owner(ids, lambda s, part: s.metadata(part))
