@@ -25,6 +25,8 @@ import zlib
 from dataclasses import dataclass, field
 
 from mvdb.kernels.errors import CorruptionError
+from mvdb.storage._io import fsync_dir
+from mvdb.storage.manifest import MANIFEST
 
 SEGMENTS = "segments"
 INDEX = "index"
@@ -135,3 +137,35 @@ def unexplained_message(db_path: str, manifest: dict, found: Census) -> str:
     return (f"{db_path}: {len(names)} segment(s) beside MANIFEST.json {why}: {shown}. A writer would lose them, "
             f"so nothing was changed; readers see the manifest's state. Rebuild the manifest with "
             f"`mvdb recover {db_path}` (mvdb.recover(path)): it keeps every committed document")
+
+
+def tidy(db_path: str, manifest: dict) -> None:
+    """The writer's start: refuse beside committed segments the manifest does not name (nothing
+    changed); finish the renames of committed segments; remove temp files no manifest names,
+    segments the last commit retired, index files the manifest does not name, manifest temps."""
+    seg_dir = os.path.join(db_path, SEGMENTS)
+    os.makedirs(seg_dir, exist_ok=True)
+    found = census(db_path, manifest)
+    if found.unexplained:
+        raise CorruptionError(unexplained_message(db_path, manifest, found))
+    changed = False
+    for name in found.unfinished:
+        os.replace(os.path.join(seg_dir, TMP_PREFIX + name), os.path.join(seg_dir, name))
+        changed = True
+    gone = found.garbage + found.retired
+    for name in gone:
+        os.unlink(os.path.join(seg_dir, name))
+        changed = True
+    if changed:
+        fsync_dir(seg_dir)
+    for name in os.listdir(db_path):
+        if name.startswith(MANIFEST + ".tmp"):
+            os.unlink(os.path.join(db_path, name))
+    index_dir = os.path.join(db_path, INDEX)
+    if os.path.isdir(index_dir):
+        named = {e["name"] for e in manifest.get("index_files", [])}
+        stale = [n for n in os.listdir(index_dir) if n not in named]
+        for name in stale:
+            os.unlink(os.path.join(index_dir, name))
+        if stale:
+            fsync_dir(index_dir)

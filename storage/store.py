@@ -37,15 +37,14 @@ from mvdb.storage.files import (
     INDEX,
     SEGMENTS,
     TMP_PREFIX,
-    census,
     data_files,
     index_bytes,
     segment_name,
     segment_path,
-    unexplained_message,
+    tidy,
 )
 from mvdb.storage.manifest import MANIFEST, new_manifest, read_manifest, write_manifest
-from mvdb.storage.packed import Packed
+from mvdb.storage.reader import StoreReader
 from mvdb.storage.repair import VerifyReport, verify
 from mvdb.storage.segment import write_segment
 from mvdb.storage.snapshot import Snapshot, open_segment
@@ -75,7 +74,7 @@ def _free_bytes(path: str) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
-class Store:
+class Store(StoreReader):
     """A directory of immutable CSR segments and a manifest. See the module docstring."""
 
     def __init__(
@@ -124,7 +123,7 @@ class Store:
             if dtype is not None and dtype != manifest["dtype"]:
                 raise InvalidInputError(f"dtype: the database at {self.path} stores {manifest['dtype']}, got {dtype!r}")
             if not read_only:
-                self._tidy(manifest)
+                tidy(self.path, manifest)
             self._snap = self._open_snapshot(manifest)
             self._snap._index()  # the id index, built now: a live id stored twice is damage (CorruptionError)
         except BaseException:
@@ -219,68 +218,6 @@ class Store:
                     raise
 
         raise AssertionError("unreachable")
-
-    def _tidy(self, manifest: dict) -> None:
-        """The writer's start: refuse beside committed segments the manifest does not name (nothing
-        changed); finish the renames of committed segments; remove temp files no manifest names,
-        segments the last commit retired, index files the manifest does not name, manifest temps."""
-        seg_dir = os.path.join(self.path, SEGMENTS)
-        os.makedirs(seg_dir, exist_ok=True)
-        found = census(self.path, manifest)
-        if found.unexplained:
-            raise CorruptionError(unexplained_message(self.path, manifest, found))
-        changed = False
-        for name in found.unfinished:
-            os.replace(os.path.join(seg_dir, TMP_PREFIX + name), os.path.join(seg_dir, name))
-            changed = True
-        gone = found.garbage + found.retired
-        for name in gone:
-            os.unlink(os.path.join(seg_dir, name))
-            changed = True
-        if changed:
-            fsync_dir(seg_dir)
-        for name in os.listdir(self.path):
-            if name.startswith(MANIFEST + ".tmp"):
-                os.unlink(os.path.join(self.path, name))
-        index_dir = os.path.join(self.path, INDEX)
-        if os.path.isdir(index_dir):
-            named = {e["name"] for e in manifest.get("index_files", [])}
-            stale = [n for n in os.listdir(index_dir) if n not in named]
-            for name in stale:
-                os.unlink(os.path.join(index_dir, name))
-            if stale:
-                fsync_dir(index_dir)
-
-    # ---- properties
-
-    @property
-    def manifest(self) -> dict:
-        if self._snap is None:
-            raise InvalidInputError(f"{self.path}: the store is closed")
-        return self._snap.manifest
-
-    @property
-    def dim(self) -> int | None:
-        return self._snap.manifest["dim"]
-
-    @property
-    def dtype(self) -> str:
-        return self._snap.manifest["dtype"]
-
-    @property
-    def generation(self) -> int:
-        return self._snap.manifest["generation"]
-
-    def __len__(self) -> int:
-        return self._snap.n_live
-
-    def __contains__(self, doc_id) -> bool:
-        key = self._keys([doc_id], check_type=False)
-        return bool(key is not None and self._snap.find(key)[1].all())
-
-    def contains(self, ids) -> np.ndarray:
-        """Bool mask: which of ``ids`` are live (ids of the other type are simply absent)."""
-        return self._snap.contains(ids)
 
     def __enter__(self) -> "Store":
         return self
@@ -451,7 +388,7 @@ class Store:
                 os.replace(tmp, os.path.join(seg_dir, name))
             except OSError:
                 if os.path.exists(tmp):
-                    return  # the next writer's _tidy renames it
+                    return  # the next writer's tidy renames it
 
     def _snap_swap(self, manifest: dict) -> None:
         """Open ``manifest``'s snapshot. Segments it no longer names close once the last holder of
@@ -583,106 +520,8 @@ class Store:
                                        supersedes=[snap.readers[i].name for i in seg_indices])
             written.append(info["name"])
 
-    # ---- reads
-
-    def snapshot(self) -> Snapshot:
-        """The current committed state as an immutable read view (see :class:`Snapshot`)."""
-        if self._snap is None:
-            raise InvalidInputError(f"{self.path}: the store is closed")
-        self._catch_up()
-        return self._snap
-
-    def _keys(self, ids, check_type: bool = True) -> np.ndarray | None:
-        return self._snap.keys(ids, check_type)
-
-    def _rows(self, ids) -> np.ndarray:
-        return self._snap.rows(ids)
-
-    def _gather_rows(self, rows: np.ndarray):
-        return self._snap.gather(rows)
-
-    def gather(self, ids) -> Packed:
-        """The documents of ``ids`` packed in request order (tokens as stored: float16, or int8 + scales)."""
-        return self._gather_rows(self._rows(ids))
-
-    def get(self, ids) -> list[np.ndarray]:
-        """Each document as a float32 [L, dim] array (int8 dequantized)."""
-        p = self.gather(ids)
-        tokens = p.tokens.astype(np.float32)
-        if p.scales is not None:
-            tokens *= p.scales[:, None]
-        return [tokens[p.offsets[i] : p.offsets[i + 1]] for i in range(len(p.offsets) - 1)]
-
-    def _metadata_rows(self, rows: np.ndarray) -> list[str]:
-        return self._snap.metadata(rows)
-
-    def sparse_rows(self, rows: np.ndarray):
-        """Sparse vectors of snapshot rows as (offsets, terms, weights)."""
-        return self._snap.sparse(rows)
-
-    def sparse(self, ids) -> list[dict]:
-        """Each document's sparse vector as a {term: weight} dict (empty where none was stored)."""
-        off, t, w = self.sparse_rows(self._rows(ids))
-        return [dict(zip(t[off[i] : off[i + 1]].tolist(), w[off[i] : off[i + 1]].tolist())) for i in range(len(off) - 1)]
-
-    def metadata(self, ids) -> list:
-        """Each document's metadata dict (None where none was given)."""
-        return self._snap.metadata_values(self._rows(ids))
-
-    def ids(self) -> list:
-        """Live ids in storage order."""
-        snap = self._snap
-        if not snap.readers:
-            return []
-        keys = np.concatenate([r.ids for r in snap.readers])[snap.live]
-        return [validate.decode_id(x) for x in keys]
-
-    def iter_batches(self, max_tokens: int = 1 << 20):
-        """Stream every live document in storage order as Packed batches of at most ~max_tokens tokens."""
-        snap = self._snap
-        for s, r in enumerate(snap.readers):
-            rows = snap.doc_start[s] + np.flatnonzero(snap.live[snap.doc_start[s] : snap.doc_start[s + 1]])
-            lens = (r.offsets[1:] - r.offsets[:-1])[rows - snap.doc_start[s]]
-            ends = np.cumsum(lens)
-            d0 = 0
-            while d0 < len(rows):
-                d1 = int(np.searchsorted(ends, (ends[d0 - 1] if d0 else 0) + max_tokens, side="right"))
-                d1 = min(max(d1, d0 + 1), len(rows))
-                yield self._gather_rows(rows[d0:d1])
-                d0 = d1
-
-    def load_all(self, device=None, pin: bool = False, *, include_deleted: bool = False,
-                 from_segment: int = 0, snap: Snapshot | None = None, out: list | None = None) -> Packed:
-        """Every live document in one contiguous buffer (storage order), with offsets and ids.
-
-        ``include_deleted`` keeps deleted documents too (every row of every segment, the row order
-        the database's token index uses); ``from_segment`` starts at that segment of the snapshot
-        (``snap``, by default the current one). ``out``: consecutive (tokens, scales) buffers on one
-        device whose rows add up to the load's, written in place (the result then holds no tokens).
-
-        ``device`` (e.g. "cuda") copies through pinned staging buffers, overlapping disk reads with
-        host-to-device copies; ``pin=True`` without a device returns pinned host tensors (plain host
-        tensors where there is no CUDA driver). Without either, numpy arrays.
-        """
-        if device is None and not pin and not include_deleted and not from_segment and snap is None and out is None:
-            parts = list(self.iter_batches(self.segment_tokens))
-            if not parts:
-                return Packed(np.zeros((0, self.dim or 0), np.float16), np.zeros(1, np.int64), None, [])
-            return _concat(parts)
-        from mvdb.storage._load import load_to_device
-
-        return load_to_device(self, device, pin, include_deleted, from_segment, snap=snap, out=out)
-
     # ---- checks
 
     def verify(self) -> VerifyReport:
         """See :func:`verify` (works on a database that cannot be opened, too)."""
         return verify(self.path)
-
-
-def _concat(parts: list[Packed]) -> Packed:
-    tokens = np.concatenate([p.tokens for p in parts])
-    scales = np.concatenate([p.scales for p in parts]) if parts[0].scales is not None else None
-    lens = np.concatenate([np.diff(p.offsets) for p in parts])
-    offsets = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
-    return Packed(tokens, offsets, scales, [i for p in parts for i in p.ids])

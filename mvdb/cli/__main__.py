@@ -1,0 +1,3 @@
+from mvdb.cli import main
+
+main()

@@ -1,0 +1,146 @@
+"""``mvdb get``, ``mvdb delete`` and ``mvdb export``: documents by id, or every document to files
+``mvdb ingest`` reads back."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+
+import click
+import numpy as np
+
+from mvdb.cli.arguments import ids_arg, require_database, shard_paths
+from mvdb.cli.group import DEBUG, DEVICE, JSON_OUT, QUIET
+from mvdb.errors import InvalidInputError
+
+
+@click.command()
+@click.argument("db")
+@click.argument("ids", nargs=-1, required=True)
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Write the documents to OUT.npy (+ .lengths.npy, .ids.npy, .metadata.jsonl), re-ingestable.")
+@JSON_OUT
+@DEBUG
+def get(db: str, ids: tuple[str, ...], out: str | None, as_json: bool) -> None:
+    """Show (or write out) documents of DB by id: token count and metadata.
+
+    Example: mvdb get my.mvdb 17 42 --out two.npy
+    """
+    import mvdb
+
+    require_database(db, "get")
+    with mvdb.open(db, read_only=True, device="cpu") as d:
+        keys = ids_arg(d, ids)
+        docs, meta = d.get(keys), d.metadata(keys)
+    if out is not None:
+        _write_packed(out, keys, docs, meta)
+    rows = [{"id": i, "tokens": int(x.shape[0]), "metadata": m} for i, x, m in zip(keys, docs, meta)]
+    if as_json:
+        click.echo(json.dumps({"documents": rows, "out": out}))
+    else:
+        for r in rows:
+            click.echo(f"{r['id']}: {r['tokens']} tokens, metadata {json.dumps(r['metadata'])}")
+        if out is not None:
+            click.echo(f"wrote {len(rows)} documents to {out}")
+
+
+@click.command()
+@click.argument("db")
+@click.argument("ids", nargs=-1, required=True)
+@JSON_OUT
+@DEVICE
+@DEBUG
+def delete(db: str, ids: tuple[str, ...], as_json: bool, device: str) -> None:
+    """Delete documents of DB by id (all or none: an unknown id deletes nothing).
+
+    Example: mvdb delete my.mvdb 17 42
+    """
+    import mvdb
+
+    require_database(db, "delete")
+    with mvdb.open(db, device=device, progress=False) as d:
+        keys = ids_arg(d, ids)
+        d.delete(keys)
+        left = len(d)
+    if as_json:
+        click.echo(json.dumps({"deleted": len(keys), "documents": left}))
+    else:
+        click.echo(f"deleted {len(keys)} documents; {left} left in {db}")
+
+
+@click.command()
+@click.argument("db")
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--batch", default=10_000, show_default=True, help="Documents read at a time.")
+@JSON_OUT
+@QUIET
+@DEBUG
+def export(db: str, out: str, batch: int, as_json: bool, quiet: bool) -> None:
+    """Write every live document of DB to OUT.npy with OUT.lengths.npy, OUT.ids.npy and (when any
+    document has metadata) OUT.metadata.jsonl: the packed format `mvdb ingest` reads back
+    (`mvdb ingest NEW OUT.npy --metadata OUT.metadata.jsonl`). fp16 stores export fp16; int8
+    stores export their dequantized tokens as float32. Reads the files only (no GPU, no index).
+
+    Example: mvdb export my.mvdb backup.npy
+    """
+    from mvdb.storage import Store
+
+    require_database(db, "export")
+    if not out.endswith(".npy"):
+        raise InvalidInputError(f"{out}: expected a path ending in .npy (the side files go beside it)")
+    if batch < 1:
+        raise InvalidInputError(f"--batch: expected 1 or more documents, got {batch}")
+    with contextlib.ExitStack() as stack:
+        stores = [stack.enter_context(Store(p, read_only=True)) for p in shard_paths(db)]
+        per = [(st, st.ids()) for st in stores]
+        n = sum(len(ids) for _, ids in per)
+        dims = {st.dim for st in stores if st.dim} or {0}
+        dim = dims.pop()
+        int8 = any(st.manifest["dtype"] == "int8" for st in stores)
+        total = sum(st.snapshot().live_tokens for st in stores)
+        lengths, all_ids, meta, t = np.zeros(n, np.int64), [], [], 0
+        tokens = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32 if int8 else np.float16,
+                                           shape=(total, dim))
+        with click.progressbar(length=n, label=f"exporting {db}", show_pos=True, file=sys.stderr,
+                               hidden=quiet or as_json) as bar:
+            for st, ids in per:
+                for a in range(0, len(ids), batch):
+                    part = ids[a : a + batch]
+                    p = st.gather(part)
+                    x = p.tokens.astype(np.float32) * p.scales[:, None] if p.scales is not None else p.tokens
+                    tokens[t : t + x.shape[0]] = x
+                    lengths[len(all_ids) : len(all_ids) + len(part)] = np.diff(p.offsets)
+                    t += x.shape[0]
+                    all_ids += list(part)
+                    meta += st.metadata(part)
+                    bar.update(len(part))
+        tokens.flush()
+        del tokens
+    with_meta = _write_side_files(out, all_ids, lengths, meta)
+    summary = {"documents": n, "tokens": t, "out": out, "metadata": out[:-4] + ".metadata.jsonl" if with_meta else None}
+    if as_json:
+        click.echo(json.dumps(summary))
+    elif not quiet:
+        click.echo(f"exported {n} documents ({t:,} tokens) to {out}" + (" with metadata" if with_meta else ""))
+
+
+def _write_packed(out: str, ids: list, docs: list, meta: list) -> None:
+    if not out.endswith(".npy"):
+        raise InvalidInputError(f"{out}: expected a path ending in .npy (the side files go beside it)")
+    np.save(out, np.concatenate(docs) if docs else np.zeros((0, 0), np.float32))
+    _write_side_files(out, ids, np.array([len(x) for x in docs], dtype=np.int64), meta)
+
+
+def _write_side_files(out: str, ids: list, lengths: np.ndarray, meta: list) -> bool:
+    """X.lengths.npy, X.ids.npy and (when any document has metadata) X.metadata.jsonl beside
+    X.npy; whether the metadata file was written."""
+    base = out[:-4]
+    np.save(base + ".lengths.npy", lengths)
+    np.save(base + ".ids.npy", np.array(ids) if ids and isinstance(ids[0], str) else np.asarray(ids, dtype=np.int64))
+    if not any(m is not None for m in meta):
+        return False
+    with open(base + ".metadata.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(m) + "\n" for m in meta)
+    return True
+

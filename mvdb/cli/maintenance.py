@@ -1,0 +1,139 @@
+"""``mvdb info``, ``mvdb verify``, ``mvdb compact`` and ``mvdb recover``: what a database holds,
+its checks, its upkeep and its repair."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from mvdb.cli.arguments import require_database, shard_paths
+from mvdb.cli.group import DEBUG, DEVICE, JSON_OUT, QUIET
+
+
+@click.command()
+@click.argument("db")
+@click.option("--json", "as_json", is_flag=True)
+@DEBUG
+def info(db: str, as_json: bool) -> None:
+    """Show what DB holds.
+
+    Example: mvdb info my.mvdb
+    """
+    from mvdb.storage import Store
+
+    per = []
+    for p in shard_paths(db):
+        with Store(p, read_only=True) as st:
+            m = st.manifest
+            per.append({"path": p, "documents": len(st), "dim": m["dim"], "dtype": m["dtype"],
+                        "id_type": m["id_type"], "segments": len(m["segments"]),
+                        "tokens": sum(s["n_tokens"] for s in m["segments"]),
+                        "deleted": sum(len(s["deleted"]) for s in m["segments"]), "generation": m["generation"],
+                        "bytes": sum(s["file_size"] for s in m["segments"]), "index": _index_info(m)})
+    if len(per) == 1 and per[0]["path"] == db:
+        out = per[0]
+    else:
+        out = {"path": db, "shards": len(per), "documents": sum(p["documents"] for p in per),
+               "tokens": sum(p["tokens"] for p in per), "bytes": sum(p["bytes"] for p in per), "per_shard": per}
+    if as_json:
+        click.echo(json.dumps(out))
+    else:
+        for key, value in out.items():
+            if key == "per_shard":
+                for p in value:
+                    click.echo(f"{os.path.basename(p['path'])}: {p['documents']} documents, {p['tokens']:,} tokens, "
+                               f"index {p['index']}")
+            else:
+                click.echo(f"{key}: {value}")
+
+
+def _index_info(m: dict) -> str:
+    cent = next((e for e in m.get("index_files", []) if e.get("kind") == "centroids"), None)
+    if cent is None:
+        return "none persisted (flat, or not built yet: built when the database opens)"
+    segs = {s["name"] for s in m["segments"]}
+    coded = {e["segment"] for e in m["index_files"] if e.get("kind") == "codes" and e["segment"] in segs}
+    return (f"ivf, nlist {cent['nlist']}, trained on {cent['trained_tokens']:,} tokens, "
+            f"codes for {len(coded)} of {len(segs)} segments")
+
+
+@click.command()
+@click.argument("db")
+@JSON_OUT
+@DEBUG
+def verify(db: str, as_json: bool) -> None:
+    """Check every checksum, offset and the manifest of DB; changes nothing. Exit 1 on problems.
+
+    Example: mvdb verify my.mvdb
+    """
+    from mvdb.storage import verify as verify_path
+
+    require_database(db, "verify")
+    paths = shard_paths(db)
+    if paths == [db]:
+        report = verify_path(db)  # opens nothing: works on damaged files
+    else:  # one report over the shards (as ShardedDatabase.verify), each problem naming its shard
+        from mvdb.shards.merge import merge_reports
+
+        report = merge_reports((os.path.basename(p), verify_path(p)) for p in paths)
+        if not as_json:
+            click.echo(f"{len(paths)} shards: ", nl=False)
+    _exit_with_report(report, as_json)
+
+
+def _exit_with_report(report, as_json: bool) -> None:
+    """Print a verify / recover report (text, or one JSON document); exit 1 when it found problems."""
+    if as_json:
+        click.echo(json.dumps({"ok": report.ok, "documents": report.n_docs, "segments": report.n_segments,
+                               "problems": list(report.problems)}))
+    else:
+        click.echo(str(report))
+    sys.exit(0 if report.ok else 1)
+
+
+@click.command()
+@click.argument("db")
+@JSON_OUT
+@DEVICE
+@QUIET
+@DEBUG
+def compact(db: str, as_json: bool, device: str, quiet: bool) -> None:
+    """Rewrite segments without deleted documents and merge small ones (ids are kept); the token
+    index follows.
+
+    Example: mvdb compact my.mvdb
+    """
+    import mvdb
+
+    require_database(db, "compact")
+    with mvdb.open(db, device=device, progress=not (quiet or as_json)) as d:
+        n = d.compact()
+        out = {"rewritten": n, "documents": len(d), "segments": d.stats()["segments"]}
+    if as_json:
+        click.echo(json.dumps(out))
+    elif not quiet:
+        click.echo(f"rewrote {n} segments; {out['documents']} documents in {out['segments']} segments")
+
+
+@click.command()
+@click.argument("db")
+@click.option("--force", is_flag=True, help="Rebuild the manifest even when it is intact.")
+@JSON_OUT
+@DEBUG
+def recover(db: str, force: bool, as_json: bool) -> None:
+    """Rebuild a lost, damaged or outdated MANIFEST.json from the segments whose checksums hold (the
+    newest copy of an id wins; an older manifest put back keeps its deletions and takes the newer
+    segments in; deletions recorded only in a lost manifest are lost; the index is rebuilt on the
+    next open). Prints what was left out; exit 1 when anything was.
+
+
+    Example: mvdb recover my.mvdb
+    """
+    from mvdb.storage import recover as recover_path
+
+    report = recover_path(db, force=force)
+    _exit_with_report(report, as_json)
+
