@@ -1,5 +1,6 @@
 """The layering (issue #15): kernels and storage depend on nothing above them, importing them loads
-neither the engine nor FAISS, and module-level imports inside mvdb form no cycle."""
+neither the engine nor FAISS, and module-level imports inside mvdb form no cycle. Modules stay
+small enough to read (issue #46)."""
 
 from __future__ import annotations
 
@@ -161,3 +162,29 @@ def test_environment_variables_are_read_in_one_module():
                 bad.append(f"{name}:{node.lineno}")
     # setting a variable for a library mvdb calls is not reading one: embed.py's offline switch
     assert [b for b in bad if not b.startswith("mvdb.embed:")] == [], bad
+
+
+MAX_LINES = 600
+
+
+def _triton_kernels(tree: ast.Module) -> int:
+    """How many functions of a module are ``@triton.jit`` kernels."""
+    return sum(any(ast.unparse(d).startswith("triton.jit") for d in node.decorator_list)
+               for node in ast.walk(tree) if isinstance(node, ast.FunctionDef))
+
+
+def test_no_module_over_600_lines():
+    """Every module of mvdb, mvdb.kernels and mvdb.storage holds one job in at most 600 lines
+    (issue #46). The one exception: a file holding a single ``@triton.jit`` kernel, which cannot be
+    split further."""
+    bad = []
+    for path in sorted(_modules().values()):
+        text = path.read_text()
+        n = len(text.splitlines())
+        if n <= MAX_LINES:
+            continue
+        kernels = _triton_kernels(ast.parse(text))
+        if kernels != 1:
+            what = f", {kernels} @triton.jit kernels" if kernels else ""
+            bad.append(f"{path.relative_to(ROOT)} ({n} lines{what})")
+    assert not bad, f"modules over {MAX_LINES} lines (split them by job): " + ", ".join(bad)
