@@ -18,11 +18,14 @@ Three kinds of model, told apart by their class:
   [L_i, dim] array or tensor per text. Its vectors are stored as returned (``normalize="none"``)
   unless ``normalize=True`` asks the adapter to L2-normalise each token.
 
-``encode`` sorts the texts by length (as Sentence Transformers does, so each batch pads little
-and the batches are those of one ``model.encode`` call over all of them), encodes ``batch_size``
-texts per call, reports progress on stderr (``mvdb.engine.progress``; ``MVDB_PROGRESS=0`` turns it
-off) and checks every output: one per text, 2-D, the same dim for all. Results are float32 numpy
-arrays in the order of the texts.
+``encode`` runs a Sentence Transformers or PyLate model through mvdb's batched pipeline
+(:mod:`mvdb.text_pipeline`: tokenized ahead in a thread, masked, normalised and packed on the
+device, one copy to the host per chunk of batches), which makes the vectors the model's own
+``encode`` makes. A callable (or ``pipeline=False``) is called ``batch_size`` texts at a time, the
+texts sorted by length as Sentence Transformers sorts them, and every output is checked: one per
+text, 2-D, the same dim for all. Progress goes to stderr (``mvdb.engine.progress``;
+``MVDB_PROGRESS=0`` turns it off). Results are float32 numpy arrays in the order of the texts;
+``encode_packed`` gives them as one array and the lengths.
 
 :meth:`Encoder.record` is what a database remembers in its manifest about the model that made its
 vectors (see ``mvdb.text``): ``name``, ``kind``, ``dim``, ``document_max_tokens``,
@@ -39,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -137,11 +141,13 @@ class Encoder:
     own, ``max_seq_length``, or PyLate's ``document_length`` / ``query_length``; None for a
     callable, which decides itself). ``normalize``: see the kinds. ``batch_size``: texts per call
     of the model. ``dim``: what the model makes, when known before the first call (else learned
-    from it)."""
+    from it). ``pipeline``: run a Sentence Transformers or PyLate model through mvdb's batched
+    pipeline (:mod:`mvdb.text_pipeline`: the same vectors, many times faster on a GPU); False
+    calls the model's own ``encode``."""
 
     def __init__(self, model, *, name: str | None = None, document_max_tokens: int | None = None,
                  query_max_tokens: int | None = None, normalize: bool | None = None, batch_size: int = 32,
-                 dim: int | None = None, cache=None):
+                 dim: int | None = None, cache=None, pipeline: bool = True):
         if isinstance(model, Encoder):
             raise InvalidTypeError("model: already an mvdb.Encoder (pass it as it is)")
         self.model = model
@@ -167,6 +173,9 @@ class Encoder:
         self.document_max_tokens = _positive(document_max_tokens, "document_max_tokens") or doc
         self.query_max_tokens = _positive(query_max_tokens, "query_max_tokens") or query
         self.cache = None if cache in (None, False) else (cache_dir() if cache is True else Path(cache))
+        if not isinstance(pipeline, bool):
+            raise InvalidTypeError(f"pipeline: expected a bool, got {type(pipeline).__name__}")
+        self.pipeline = pipeline
 
     def __repr__(self) -> str:
         return f"mvdb.Encoder({self.name!r}, kind={self.kind!r}, dim={self.dim})"
@@ -189,9 +198,20 @@ class Encoder:
         """Per-token vectors of ``texts`` (a list of str): float32 [L_i, dim] arrays, in order.
         ``progress``: a :class:`mvdb.engine.progress.Progress`, or a bool (None: on unless
         ``MVDB_PROGRESS=0``)."""
+        tokens, lengths = self.encode_packed(texts, is_query=is_query, progress=progress)
+        return np.split(tokens.astype(np.float32, copy=False), np.cumsum(lengths)[:-1]) if len(lengths) else []
+
+    def encode_packed(self, texts, *, is_query: bool = False, progress=None,
+                      dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+        """``encode`` packed: (tokens [T, dim] of ``dtype`` (float32 or float16), lengths [n]
+        int64), the texts' vectors one after the other in order. What ``add_texts`` stores: one
+        array, not a list of them."""
         texts, _ = texts_arg(texts)
         if not isinstance(is_query, bool):
             raise InvalidTypeError(f"is_query: expected a bool, got {type(is_query).__name__}")
+        dtype = np.dtype(dtype)
+        if dtype not in (np.float32, np.float16):
+            raise InvalidTypeError(f"dtype: expected float32 or float16, got {dtype}")
         path = self._cache_path(texts, is_query)
         if path is not None and path.exists():
             with np.load(path) as z:
@@ -199,15 +219,17 @@ class Encoder:
             if self.dim is None:
                 self.dim = int(tokens.shape[1])
             if tokens.shape[1] == self.dim and len(lengths) == len(texts):
-                return np.split(tokens.astype(np.float32), np.cumsum(lengths)[:-1])
-        out = self._encode(texts, is_query, progress if isinstance(progress, Progress) else Progress(progress))
+                return tokens.astype(dtype, copy=False), lengths.astype(np.int64)
+        # a cache keeps float16: encode to float16 then, and hand back what later calls will read
+        want = np.float16 if path is not None else dtype
+        tokens, lengths = self._encode(texts, is_query, progress if isinstance(progress, Progress) else Progress(progress),
+                                       want)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".tmp-{os.getpid()}.npz")
-            np.savez(tmp, tokens=np.concatenate(out).astype(np.float16), lengths=np.array([len(v) for v in out]))
+            np.savez(tmp, tokens=tokens, lengths=lengths)
             os.replace(tmp, path)
-            out = [v.astype(np.float16).astype(np.float32) for v in out]
-        return out
+        return tokens.astype(dtype, copy=False), lengths
 
     def _cache_path(self, texts: list[str], is_query: bool) -> Path | None:
         if self.cache is None:
@@ -217,57 +239,79 @@ class Encoder:
         key = hashlib.sha1(("\x00".join(texts) + "|" + json.dumps(rec, sort_keys=True)).encode()).hexdigest()[:16]
         return self.cache / f"encoded-{key}.npz"
 
-    def _encode(self, texts: list[str], is_query: bool, progress: Progress) -> list[np.ndarray]:
+    def _encode(self, texts: list[str], is_query: bool, progress: Progress, dtype) -> tuple[np.ndarray, np.ndarray]:
+        what = "queries" if is_query else "documents"
+        with progress.step(f"encoding {len(texts):,} {what} with {self.name}", len(texts), "texts") as step:
+            if self.kind != "callable" and self.pipeline:
+                from mvdb import text_pipeline  # torch: only where a model runs
+
+                if text_pipeline.supported(self.model, self.kind):
+                    with self._limit(is_query):
+                        tokens, lengths = text_pipeline.encode(
+                            self.model, self.kind, texts, is_query=is_query, batch_size=self.batch_size,
+                            normalize=self.normalize, out_dtype=dtype, progress=step)
+                    if self.dim is None:
+                        self.dim = int(tokens.shape[1])
+                    if tokens.shape[1] != self.dim:
+                        raise InvalidInputError(f"encoder {self.name}: expected dim {self.dim}, got vectors of "
+                                                f"{tokens.shape[1]}")
+                    return tokens, lengths
+            out = self._encode_each(texts, is_query, step)
+        lengths = np.array([len(v) for v in out], dtype=np.int64)
+        return np.concatenate(out).astype(dtype, copy=False), lengths
+
+    def _encode_each(self, texts: list[str], is_query: bool, step) -> list[np.ndarray]:
+        """The model's own encode (or the callable), ``batch_size`` texts a call, every output checked."""
         # the order Sentence Transformers and PyLate sort a call's texts in: our batches are theirs
         order = np.argsort([-len(t) for t in texts])
         out: list[np.ndarray | None] = [None] * len(texts)
-        what = "queries" if is_query else "documents"
-        with progress.step(f"encoding {len(texts):,} {what} with {self.name}", len(texts), "texts") as step:
-            for b0 in range(0, len(texts), self.batch_size):
-                idx = order[b0 : b0 + self.batch_size]
-                batch = [texts[i] for i in idx]
-                got = self._call(batch, is_query)
-                if not isinstance(got, (list, tuple)) and not (hasattr(got, "ndim") and got.ndim == 3):
-                    raise InvalidTypeError(f"encoder {self.name}: expected a list of [tokens, dim] arrays (one per "
-                                           f"text), got {type(got).__name__}")
-                if len(got) != len(batch):
-                    raise InvalidInputError(f"encoder {self.name}: expected {len(batch)} outputs (one per text), "
-                                            f"got {len(got)}")
-                for i, v in zip(idx, got):
-                    a = _array(v, int(i), self.name)
-                    if self.dim is None:
-                        self.dim = a.shape[1]
-                    if a.shape[1] != self.dim:
-                        raise InvalidInputError(f"encoder {self.name}: output {int(i)}: expected dim {self.dim}, "
-                                                f"got shape {tuple(a.shape)}")
-                    if self.normalize == "l2":
-                        a = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
-                    out[i] = a
-                step.update(len(batch))
+        for b0 in range(0, len(texts), self.batch_size):
+            idx = order[b0 : b0 + self.batch_size]
+            batch = [texts[i] for i in idx]
+            got = self._call(batch, is_query)
+            if not isinstance(got, (list, tuple)) and not (hasattr(got, "ndim") and got.ndim == 3):
+                raise InvalidTypeError(f"encoder {self.name}: expected a list of [tokens, dim] arrays (one per "
+                                       f"text), got {type(got).__name__}")
+            if len(got) != len(batch):
+                raise InvalidInputError(f"encoder {self.name}: expected {len(batch)} outputs (one per text), "
+                                        f"got {len(got)}")
+            for i, v in zip(idx, got):
+                a = _array(v, int(i), self.name)
+                if self.dim is None:
+                    self.dim = a.shape[1]
+                if a.shape[1] != self.dim:
+                    raise InvalidInputError(f"encoder {self.name}: output {int(i)}: expected dim {self.dim}, "
+                                            f"got shape {tuple(a.shape)}")
+                if self.normalize == "l2":
+                    a = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
+                out[i] = a
+            step.update(len(batch))
         return out
+
+    @contextmanager
+    def _limit(self, is_query: bool):
+        """The model's token limit set to this side's for the duration (restored after)."""
+        m = self.model
+        limit = self.query_max_tokens if is_query else self.document_max_tokens
+        attr = ("query_length" if is_query else "document_length") if self.kind == "pylate" else "max_seq_length"
+        before = getattr(m, attr)
+        setattr(m, attr, limit)
+        try:
+            yield
+        finally:
+            setattr(m, attr, before)
 
     def _call(self, batch: list[str], is_query: bool):
         m = self.model
         if self.kind == "callable":
             return m(batch, is_query)
-        limit = self.query_max_tokens if is_query else self.document_max_tokens
-        if self.kind == "pylate":
-            attr = "query_length" if is_query else "document_length"
-            before = getattr(m, attr)
-            setattr(m, attr, limit)
-            try:
+        with self._limit(is_query):
+            if self.kind == "pylate":
                 return m.encode(batch, is_query=is_query, batch_size=len(batch), show_progress_bar=False,
                                 convert_to_numpy=True, normalize_embeddings=self.normalize == "model")
-            finally:
-                setattr(m, attr, before)
-        before = m.max_seq_length
-        m.max_seq_length = limit
-        try:
             fn = getattr(m, "encode_query" if is_query else "encode_document", None) or m.encode
             return fn(batch, output_value="token_embeddings", batch_size=len(batch), convert_to_numpy=False,
                       show_progress_bar=False)
-        finally:
-            m.max_seq_length = before
 
 
 def as_encoder(encoder) -> Encoder | None:

@@ -33,6 +33,7 @@ from mvdb.errors import (
     InvalidTypeError,
 )
 from mvdb.storage import validate
+from mvdb.storage.packed import Packed
 
 __all__ = ["TEXT_KEY", "TextMethods", "check_encoder", "recorded_encoder"]
 
@@ -142,7 +143,10 @@ class TextMethods:
             there = np.flatnonzero(self.contains(list(ids)))
             if len(there):
                 raise DuplicateIdError(f"ids: already in the database: {[ids[i] for i in there[:5]]}")
-        vecs = enc.encode(texts, is_query=False, progress=self._text_progress())
+        half = all(s.dtype == "float16" for s in self._text_stores())  # stored as float16 anyway
+        tokens, lengths = enc.encode_packed(texts, is_query=False, progress=self._text_progress(),
+                                            dtype=np.float16 if half else np.float32)
+        vecs = Packed.of(tokens, lengths)
         self._check_dim(enc)
         rec = recorded_encoder(self._text_stores())
         check_encoder(enc, rec, self._text_path(), len(self))  # the dim is known now

@@ -29,3 +29,12 @@ class Packed:
             return t.to(device) if device is not None else t
 
         return Packed(conv(self.tokens), conv(self.offsets), conv(self.scales), self.ids)
+
+    @classmethod
+    def of(cls, tokens, lengths) -> "Packed":
+        """Packed documents from tokens [T, dim] and lengths [n]."""
+        return cls(tokens, np.concatenate(([0], np.cumsum(lengths, dtype=np.int64))))
+
+    def split(self) -> list:
+        """Each document's tokens (views of ``tokens``)."""
+        return [self.tokens[a:b] for a, b in zip(self.offsets[:-1].tolist(), self.offsets[1:].tolist())]

