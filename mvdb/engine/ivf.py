@@ -30,22 +30,19 @@ except ImportError:  # FAISS is an extra (mvdb[cpu] or mvdb[gpu]); without it th
 # Retrain once the live tokens exceed this many times those the centroids were trained on (or the
 # corpus calls for more lists). The k-means sample is bounded (TRAIN_MAX), so a retrain at the same
 # list count only helps where the data drifted; with the default list count (2 sqrt(N)) the list
-# count doubles every 4x anyway. At 2.0, 200 adds of 1M documents retrained 7 times and took 2.1x
-# the bulk build (README "Growing a database").
+# count doubles every 4x anyway, and retraining more often costs growth its speed
+# (docs/benchmarks.md, findings).
 RETRAIN_GROWTH = 4.0
 TRAIN_PER_LIST = 40  # k-means sample: tokens per list
-TRAIN_PER_LIST_GPU = 160  # where k-means runs on the GPU (+0.004 to 0.007 recall@10 at 1M documents)
+TRAIN_PER_LIST_GPU = 160  # where k-means runs on the GPU: a larger sample is cheap there and lifts recall
 KMEANS_NITER = 10
-# Retrains start cold, like a bulk build: a warm start from the centroids being replaced saves a
-# few seconds of a retrain but leaves lists of uneven length, which every probe walks, and batched
-# search loses about a third of its QPS.
+# Retrains start cold, like a bulk build: a warm start from the centroids being replaced leaves
+# lists of uneven length, which every probe walks.
 # What trains the centroids where FAISS has the GPU: "faiss" (Clustering over a GpuIndexFlatIP) or
-# "torch-fp16" (:func:`kmeans` with float16 GEMMs: about 3x faster, a little less recall).
-# FAISS stays the default.
+# "torch-fp16" (:func:`kmeans` with float16 GEMMs: faster, a little less recall).
 KMEANS_GPU = "faiss"
 # Two-level k-means (CPU, many lists) is cheap per point; a larger sample makes up for part of
-# what it loses against flat k-means (40k documents, 8192 lists: recall@10 0.836 at 40 tokens per
-# list, 0.860 at 100, against 0.905 for flat k-means; benchmarks/first_open.py)
+# what it loses against flat k-means.
 TRAIN_PER_LIST_TWO_LEVEL = 100
 TRAIN_MAX = 1 << 21  # tokens in a k-means sample at most
 ASSIGN_CHUNK = 1 << 22  # tokens per assignment step
@@ -247,9 +244,7 @@ class Lists:
         ``COARSE_PROBE`` groups deep: a token meets about (1 + COARSE_PROBE) sqrt(nlist)
         centroids instead of nlist (its nearest centroid or a close second). Built on first use.
         :class:`TorchCoarse` (batched GEMMs per group) also where FAISS is installed: a FAISS
-        IndexIVFFlat over the centroids scans per token; on the 2-core CPU it took 1.7x as long for
-        200k tokens (same codes, 92.5% equal to exhaustive assignment either way) and 1.12x for the
-        4.4M of benchmarks/first_open.py (18.7 s against 16.7)."""
+        IndexIVFFlat over the centroids scans per token, which is slower on a CPU."""
         ix = getattr(self, "_coarse_index", None)
         if ix is None:
             ix = self._coarse_index = TorchCoarse(self.centroids.float().cpu(), max(2, round(self.nlist**0.5)))

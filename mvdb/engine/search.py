@@ -23,7 +23,7 @@ from mvdb.kernels.host import upload_all
 from mvdb.storage import validate
 from mvdb.errors import InvalidInputError, InvalidTypeError
 
-# Defaults chosen so that nobody needs to tune them (measured: README "Database benchmarks").
+# Defaults chosen so that nobody needs to tune them (docs/scale.md, docs/benchmarks.md).
 DEFAULT_K_TOKENS = 512  # flat index: nearest stored tokens per query token
 DEFAULT_CANDIDATES = 256  # flat index: documents reranked exactly per query
 DEFAULT_LISTS_PROBE = 20  # IVF: lists probed per query token (docs/benchmarks.md, defaults)
