@@ -51,9 +51,10 @@ from mvdb.engine.progress import Progress
 from mvdb.errors import InvalidInputError, InvalidTypeError
 from mvdb.kernels import settings
 
-__all__ = ["ADAPTER_VERSION", "IDENTITY", "Encoder", "as_encoder", "cache_dir", "texts_arg"]
+__all__ = ["ADAPTER_VERSION", "IDENTITY", "TEXT_KEY", "Encoder", "as_encoder", "cache_dir", "texts_arg"]
 
 ADAPTER_VERSION = 1
+TEXT_KEY = "text"  # the metadata key add_texts(store_text=True) puts each document's text under
 KINDS = ("sentence-transformers", "pylate", "callable")
 # the record's fields that decide the stored vectors: two encoders that differ in one of them
 # must not fill one database (query_max_tokens shapes only the queries, so it may differ)
@@ -230,6 +231,20 @@ class Encoder:
             np.savez(tmp, tokens=tokens, lengths=lengths)
             os.replace(tmp, path)
         return tokens.astype(dtype, copy=False), lengths
+
+    def token_spans(self, texts, *, is_query: bool = False) -> list | None:
+        """Per text, the character span ``(start, end)`` of each of its vectors in the text (None
+        for a special token), for showing which words matched; None where the model does not say
+        (a callable, a PyLate model, ``pipeline=False``)."""
+        texts, _ = texts_arg(texts)
+        if self.kind == "callable" or not self.pipeline:
+            return None
+        from mvdb import text_pipeline
+
+        if not text_pipeline.supported(self.model, self.kind):
+            return None
+        with self._limit(is_query):
+            return text_pipeline.spans(self.model, self.kind, texts, is_query)
 
     def _cache_path(self, texts: list[str], is_query: bool) -> Path | None:
         if self.cache is None:

@@ -5,6 +5,12 @@ tokens. :func:`explain` returns, per query token, which document token that was 
 the similarity, and its share of the score; the similarities sum to the score. It reads the
 document's stored tokens (``db.get``, int8 dequantized) and computes in float32 on the host, so it
 works the same on every database-shaped class (one process, shards, a Ray cluster, the HTTP client).
+
+With text: where the database has an encoder whose tokenizer gives character offsets (a Sentence
+Transformers model) and the document's text is stored (``add_texts(..., store_text=True)``), each
+match also names the matched words: ``doc_span`` (start, end characters in the stored text) and
+``doc_text``; a query given as a str is encoded with the encoder and gets ``query_span`` /
+``query_text`` the same way. Special tokens ([CLS], [SEP]) have no span.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mvdb.encoders import TEXT_KEY
 from mvdb.errors import InvalidInputError, InvalidTypeError
 
 
@@ -21,6 +28,10 @@ class TokenMatch(NamedTuple):
     doc_token: int  # position of the best-matching token in the document
     similarity: float  # <q, d> of the two: this query token's term of the MaxSim sum
     share: float  # similarity / score (the shares sum to 1 where the score is not 0)
+    doc_span: tuple | None = None  # (start, end) characters of the document token in its stored text
+    doc_text: str | None = None  # the stored text there
+    query_span: tuple | None = None  # the same for the query token, where the query was a str
+    query_text: str | None = None
 
 
 class Explanation(NamedTuple):
@@ -70,12 +81,45 @@ class ExplainMethods:
 
 def explain(db, query, doc_id) -> Explanation:
     """``db.explain(query, doc_id)`` of any database-shaped class (it needs ``dim`` and ``get``):
-    one query [Lq, dim] against one stored document; UnknownIdError where the id is not stored."""
+    one query ([Lq, dim], or a str where the database has an encoder) against one stored
+    document; UnknownIdError where the id is not stored."""
     dim = db.dim
     if dim is None:
         raise InvalidInputError("explain: the database is empty (no document to explain)")
-    q = _query(query, dim)
     if isinstance(doc_id, (list, tuple, np.ndarray)):
         raise InvalidTypeError(f"doc_id: expected one id (an int or a str), got {type(doc_id).__name__}")
+    enc = getattr(db, "encoder", None)
+    q_spans = None
+    if isinstance(query, str):
+        if enc is None:
+            raise InvalidInputError("query: a str needs an encoder: open the database with mvdb.open(path, "
+                                    "encoder=model), or pass the query's embeddings [Lq, dim]")
+        q = _query(enc.encode([query], is_query=True)[0], dim)
+        q_spans = (enc.token_spans([query], is_query=True) or [None])[0]
+    else:
+        q = _query(query, dim)
     doc = np.asarray(db.get([doc_id])[0], dtype=np.float32)
-    return explain_tokens(doc_id, q, doc)
+    out = explain_tokens(doc_id, q, doc)
+    text, d_spans = None, None
+    if enc is not None:
+        meta = db.metadata([doc_id])[0]
+        text = meta.get(TEXT_KEY) if isinstance(meta, dict) else None
+        if isinstance(text, str):
+            d_spans = (enc.token_spans([text]) or [None])[0]
+    if d_spans is not None and len(d_spans) != doc.shape[0]:  # not the stored vectors' tokens
+        d_spans = None
+    if q_spans is not None and len(q_spans) != q.shape[0]:
+        q_spans = None
+    if d_spans is None and q_spans is None:
+        return out
+
+    def words(spans, i, source):
+        span = spans[i] if spans is not None and 0 <= i < len(spans) else None
+        return (span, source[span[0] : span[1]]) if span is not None else (None, None)
+
+    matches = []
+    for m in out.matches:
+        d_span, d_text = words(d_spans, m.doc_token, text)
+        q_span, q_text = words(q_spans, m.query_token, query)
+        matches.append(TokenMatch(*m[:4], doc_span=d_span, doc_text=d_text, query_span=q_span, query_text=q_text))
+    return Explanation(out.id, out.score, matches)

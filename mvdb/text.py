@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mvdb.encoders import Encoder, as_encoder, texts_arg
+from mvdb.encoders import TEXT_KEY, Encoder, as_encoder, texts_arg
 from mvdb.errors import (
     DuplicateIdError,
     EncoderMismatchError,
@@ -37,7 +37,6 @@ from mvdb.storage.packed import Packed
 
 __all__ = ["TEXT_KEY", "TextMethods", "check_encoder", "recorded_encoder"]
 
-TEXT_KEY = "text"  # the metadata key store_text=True puts each document's text under
 
 
 def recorded_encoder(stores) -> dict | None:

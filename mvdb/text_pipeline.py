@@ -274,3 +274,34 @@ def _in_text_order(parts: list, got: list, n: int) -> tuple[torch.Tensor, np.nda
     dst[1:] = np.cumsum(lens)
     idx = np.repeat(start - dst[:-1], lens) + np.arange(int(dst[-1]), dtype=np.int64)
     return tok[torch.from_numpy(idx).to(tok.device, non_blocking=True)], lens
+
+
+def spans(model, kind: str, texts: list[str], is_query: bool) -> list | None:
+    """Per text, the character span ``(start, end)`` in the text of each vector the pipeline
+    makes for it (None for a special token, or one the prompt holds); None where the model's
+    tokenizer does not say (PyLate, whose query and document markers shift the positions, or a
+    tokenizer without offsets)."""
+    fast = FastTokens.make(model, kind)
+    if fast is None:
+        return None
+    p = prompt(model, kind, is_query) or ""
+    b = fast.backends[0]
+    b.enable_truncation(fast.module.max_seq_length, strategy="longest_first",
+                        direction=getattr(fast.tokenizer, "truncation_side", "right"))
+    lower = getattr(fast.module, "do_lower_case", False)
+    out = []
+    for text in texts:
+        fed = (p + text).strip()
+        lead = len(p + text) - len((p + text).lstrip()) - len(p)  # the text's own leading spaces
+        if lower:
+            if len(fed.lower()) != len(fed):  # lowercasing moved characters: no spans for this text
+                out.append(None)
+                continue
+            fed = fed.lower()
+        e = b.encode(fed, add_special_tokens=True)
+        row = []
+        for (s, t), special in zip(e.offsets, e.special_tokens_mask):
+            s, t = s - len(p) + max(lead, 0), t - len(p) + max(lead, 0)
+            row.append(None if special or t <= 0 or s < 0 else (s, t))
+        out.append(row)
+    return out

@@ -418,3 +418,32 @@ def test_pipeline_reports_progress(minilm):
     e.encode(_texts(10), progress=Progress(True, stream=buf, after=0))
     assert "encoding 10 documents with minilm" in buf.getvalue()
     assert "10/10 texts" in buf.getvalue()
+
+
+def test_explain_names_the_matched_words(minilm, tmp_path):
+    e = minilm.encoder(document_max_tokens=64, query_max_tokens=16, cache=False)
+    with mvdb.open(tmp_path / "x.mvdb", device="cpu", encoder=e) as d:
+        d.add_texts(PAGES, ids=["gzip", "df", "ps", "grep"], store_text=True)
+        d.add_texts(["no text kept for this one"], ids=["bare"])
+        x = d.explain("compress files", "gzip")
+        q = e.encode(["compress files"], is_query=True)[0]
+        want = d.explain(q, "gzip")  # the same numbers from the query's embeddings
+        assert [m[:4] for m in x.matches] == [m[:4] for m in want.matches]
+        assert abs(sum(m.similarity for m in x.matches) - x.score) < 1e-4
+        doc = e.encode([PAGES[0]])[0]
+        for m in x.matches:
+            assert m.doc_token == int(np.argmax(doc @ q[m.query_token]))  # the naive reference
+            if m.doc_span is None:  # [CLS] / [SEP]
+                assert m.doc_text is None and m.doc_token in (0, len(doc) - 1)
+            else:
+                a, b = m.doc_span
+                assert m.doc_text == PAGES[0][a:b] and m.doc_text.strip()
+            if m.query_span is not None:
+                assert m.query_text == "compress files"[m.query_span[0] : m.query_span[1]]
+        words = {m.doc_text for m in x.matches if m.doc_text}
+        assert {"compress", "files"} <= words or "files" in words
+        assert all(m.doc_span is None for m in d.explain("compress files", "bare").matches)
+        assert all(m.query_span is None for m in want.matches)  # embeddings: no query words
+        assert [m.doc_span for m in want.matches] == [m.doc_span for m in x.matches]
+    with mvdb.open(tmp_path / "x.mvdb", device="cpu") as plain, pytest.raises(InvalidInputError, match="encoder"):
+        plain.explain("compress files", "gzip")
