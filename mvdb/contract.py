@@ -3,8 +3,8 @@
 ``Database`` (``mvdb.open(path)``), ``ShardedDatabase`` (``mvdb.open(path, devices=[...])``), the
 Ray ``Cluster`` (``mvdb.shards.cluster``) and the HTTP ``Client`` (``mvdb.connect``) subclass it,
 and ``tests/test_contract.py`` holds each to the same results and errors. Text methods
-(``add_texts``, ``search_text``) are not part of it yet: ``Database`` and ``ShardedDatabase`` have
-them; the cluster and the client take vectors only.
+(``add_texts``, ``search_text``, ``add_encoded``: :class:`mvdb.text.TextMethods`) are not part of
+the protocol; every class has them (the cluster and the client encode on the caller's side).
 """
 
 from __future__ import annotations

@@ -51,7 +51,8 @@ from mvdb.engine.progress import Progress
 from mvdb.errors import InvalidInputError, InvalidTypeError
 from mvdb.kernels import settings
 
-__all__ = ["ADAPTER_VERSION", "IDENTITY", "TEXT_KEY", "Encoder", "as_encoder", "cache_dir", "texts_arg"]
+__all__ = ["ADAPTER_VERSION", "IDENTITY", "TEXT_KEY", "Encoder", "as_encoder", "cache_dir", "differences",
+           "texts_arg"]
 
 ADAPTER_VERSION = 1
 TEXT_KEY = "text"  # the metadata key add_texts(store_text=True) puts each document's text under
@@ -95,6 +96,12 @@ def _model_name(model, kind: str) -> str:
     except (AttributeError, IndexError, KeyError, TypeError):
         path = None
     return path or getattr(getattr(model, "tokenizer", None), "name_or_path", None) or type(model).__name__
+
+
+def differences(mine: dict, recorded: dict) -> list[str]:
+    """The identity fields in which the record ``mine`` differs from ``recorded`` (a dim not known
+    yet on this side does not count)."""
+    return [k for k in IDENTITY if not (k == "dim" and mine.get(k) is None) and recorded.get(k) != mine.get(k)]
 
 
 def _positive(value, what: str):
@@ -190,8 +197,7 @@ class Encoder:
     def differences(self, recorded: dict) -> list[str]:
         """The identity fields in which this encoder differs from ``recorded`` (a dim not known
         yet on this side does not count)."""
-        mine = self.record()
-        return [k for k in IDENTITY if not (k == "dim" and mine[k] is None) and recorded.get(k) != mine[k]]
+        return differences(self.record(), recorded)
 
     # ---- encoding
 

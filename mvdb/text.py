@@ -25,17 +25,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from mvdb.encoders import TEXT_KEY, Encoder, as_encoder, texts_arg
+from mvdb.encoders import IDENTITY, TEXT_KEY, Encoder, as_encoder, differences, texts_arg
 from mvdb.errors import (
     DuplicateIdError,
     EncoderMismatchError,
     InvalidInputError,
     InvalidTypeError,
 )
-from mvdb.storage import validate
-from mvdb.storage.packed import Packed
 
-__all__ = ["TEXT_KEY", "TextMethods", "check_encoder", "recorded_encoder"]
+__all__ = ["TEXT_KEY", "TextMethods", "check_encoder", "check_record", "recorded_encoder"]
 
 
 
@@ -52,13 +50,19 @@ def _describe(rec: dict) -> str:
 
 def check_encoder(encoder: Encoder | None, recorded: dict | None, path, n_live: int) -> None:
     """EncoderMismatchError when ``encoder`` would mix its vectors with those of the record."""
-    if encoder is None or recorded is None or n_live == 0:
+    if encoder is not None:
+        check_record(encoder.record(), recorded, path, n_live)
+
+
+def check_record(record: dict, recorded: dict | None, path, n_live: int) -> None:
+    """EncoderMismatchError when vectors of the encoder ``record`` would mix with those of ``recorded``."""
+    if recorded is None or n_live == 0:
         return
-    diff = encoder.differences(recorded)
+    diff = differences(record, recorded)
     if diff:
         raise EncoderMismatchError(
             f"{path}: its {n_live:,} documents were encoded by {_describe(recorded)}; the encoder given is "
-            f"{_describe(encoder.record())} (differs in {', '.join(diff)}). Vectors of different models "
+            f"{_describe(record)} (differs in {', '.join(diff)}). Vectors of different models "
             f"must not be mixed: open it with the recorded model and settings (mvdb.Encoder(model, "
             f"name=..., document_max_tokens=...)), or encode into a new database")
 
@@ -95,7 +99,8 @@ def merge_text(texts: list[str], metadata, store_text: bool) -> list | None:
 class TextMethods:
     """``add_texts`` / ``search_text`` over a class with ``search``, ``contains``, ``dim``,
     ``__len__``, ``path`` (or ``store.path``), ``encoder`` and the hooks ``_text_stores()`` (its
-    stores), ``_text_progress()`` (a Progress), ``_check_writable()`` and
+    stores; or ``_text_record()`` and ``_text_float16()`` where it has none here),
+    ``_text_progress()`` (a Progress), ``_check_writable()`` and
     ``_add(docs, ids, metadata, encoder_record=record)`` (``add`` that records the encoder in the
     commit of the batch)."""
 
@@ -104,16 +109,38 @@ class TextMethods:
     def _text_path(self):
         return getattr(self, "path", None) or self.store.path
 
+    def _text_record(self) -> dict | None:
+        """The database's encoder record."""
+        return recorded_encoder(self._text_stores())
+
+    def _text_float16(self) -> bool:
+        """Whether the vectors are stored as float16 (then encoded to float16)."""
+        return all(s.dtype == "float16" for s in self._text_stores())
+
+    def add_encoded(self, docs, encoder_record: dict, ids=None, metadata=None) -> list:
+        """``add`` of vectors that the encoder ``encoder_record`` describes made
+        (``Encoder.record()``): refused as ``add_texts`` refuses another model where the database
+        holds another's vectors, and recorded with the batch where it has no record. What a client
+        that encodes its texts itself sends (``mvdb.connect``, the Ray cluster)."""
+        if not isinstance(encoder_record, dict) or any(k not in encoder_record for k in IDENTITY):
+            raise InvalidTypeError(f"encoder_record: expected an Encoder.record() dict with {', '.join(IDENTITY)}, "
+                                   f"got {encoder_record!r:.80}")
+        self._check_writable()
+        rec = self._text_record()
+        check_record(encoder_record, rec, self._text_path(), len(self))
+        record = dict(encoder_record) if rec is None or differences(encoder_record, rec) else None
+        return self._add(docs, ids=ids, metadata=metadata, encoder_record=record)
+
     def _text_encoder(self, encoder, what: str) -> Encoder:
         if encoder is None:
             if self.encoder is None:
-                rec = recorded_encoder(self._text_stores())
+                rec = self._text_record()
                 made = f"; its vectors were made by {_describe(rec)}" if rec else ""
                 raise InvalidInputError(f"{what}: no encoder: open the database with mvdb.open(path, encoder=model) "
                                         f"or pass encoder=model{made}")
             return self.encoder
         enc = as_encoder(encoder)
-        check_encoder(enc, recorded_encoder(self._text_stores()), self._text_path(), len(self))
+        check_encoder(enc, self._text_record(), self._text_path(), len(self))
         return enc
 
     def _check_dim(self, enc: Encoder) -> None:
@@ -129,6 +156,9 @@ class TextMethods:
         the database's record. Everything is checked, then every text encoded, then stored in one
         commit: a bad text, a bad output of the model or an id already stored leaves the database
         as it was. The first call on a database records the encoder (``stats()["encoder"]``)."""
+        from mvdb.storage import validate  # the storage layer: not for a client that never adds texts
+        from mvdb.storage.packed import Packed
+
         enc = self._text_encoder(encoder, "add_texts")
         texts, _ = texts_arg(texts)
         meta = merge_text(texts, metadata, store_text)
@@ -142,15 +172,20 @@ class TextMethods:
             there = np.flatnonzero(self.contains(list(ids)))
             if len(there):
                 raise DuplicateIdError(f"ids: already in the database: {[ids[i] for i in there[:5]]}")
-        half = all(s.dtype == "float16" for s in self._text_stores())  # stored as float16 anyway
         tokens, lengths = enc.encode_packed(texts, is_query=False, progress=self._text_progress(),
-                                            dtype=np.float16 if half else np.float32)
+                                            dtype=np.float16 if self._text_float16() else np.float32)
         vecs = Packed.of(tokens, lengths)
         self._check_dim(enc)
-        rec = recorded_encoder(self._text_stores())
+        rec = self._text_record()
         check_encoder(enc, rec, self._text_path(), len(self))  # the dim is known now
         record = enc.record() if rec is None or enc.differences(rec) else None
-        return self._add(vecs, ids=ids, metadata=meta, encoder_record=record)  # the record commits with the batch
+        return self._store_encoded(vecs, ids, meta, enc.record(), record)
+
+    def _store_encoded(self, docs, ids, metadata, encoder: dict, record: dict | None) -> list:
+        """Store what ``encoder`` made; ``record``: the record to commit with the batch (None: the
+        database's is the same). A class whose database is elsewhere sends ``encoder`` to be
+        checked there (``add_encoded``)."""
+        return self._add(docs, ids=ids, metadata=metadata, encoder_record=record)  # the record commits with the batch
 
     def search_text(self, queries, k: int = 10, where=None, *, encoder=None, **options):
         """Encode ``queries`` (one str, or a list) as queries (``is_query=True``) and ``search``

@@ -146,10 +146,9 @@ KINDS = tuple(OPENERS)
 # A check with cases is keyed "check[case]"; a key without the case covers all its cases.
 
 NO = AttributeError  # the method does not exist
-# text in, text out (add_texts / search_text, mvdb.text) is offered by the in-process classes: the
-# Cluster and the client take vectors (encode on the client, then add / search)
-GAPS: dict = {(kind, "text"): ("no text methods: encode on the client, then add / search", NO)
-              for kind in ("cluster", "client")}
+# every class offers text in, text out (add_texts / search_text, mvdb.text): the Cluster and the
+# client encode on the caller's side and send vectors
+GAPS: dict = {}
 
 
 def _kind_marks(kind):

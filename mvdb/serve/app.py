@@ -186,11 +186,20 @@ async def rerank(s: Served, args):
 
 
 async def add(s: Served, args):
-    """Store documents; answered once committed, with their ids."""
+    """Store documents; answered once committed, with their ids. With ``encoder`` (an
+    ``Encoder.record()``: texts the client encoded), checked against the database's record and
+    recorded with the batch where it has none (``add_encoded``)."""
     s.writable("add")
     docs = codec.embeddings(args.get("docs"), "docs")
-    out = await run_in_threadpool(lambda: s.db.add(docs, ids=args.get("ids"), metadata=args.get("metadata"),
-                                                   sparse=args.get("sparse")))
+    encoder = args.get("encoder")
+    if encoder is not None:
+        if args.get("sparse") is not None:
+            raise errors.InvalidInputError("sparse: not taken with encoder (texts add no sparse vectors)")
+        out = await run_in_threadpool(lambda: s.db.add_encoded(docs, encoder, ids=args.get("ids"),
+                                                               metadata=args.get("metadata")))
+    else:
+        out = await run_in_threadpool(lambda: s.db.add(docs, ids=args.get("ids"), metadata=args.get("metadata"),
+                                                       sparse=args.get("sparse")))
     return [_plain(i) for i in out]
 
 
@@ -249,9 +258,9 @@ ROUTES = (
           candidates),
     Route("/rerank", "POST", "db.rerank(queries, candidate_ids, k)",
           {"queries": ARR, "candidate_ids": {"type": "array"}, "k": {"type": "integer"}}, rerank),
-    Route("/add", "POST", "db.add(docs, ids, metadata, sparse)",
+    Route("/add", "POST", "db.add(docs, ids, metadata, sparse); with encoder, db.add_encoded",
           {"docs": {"type": "array", "items": ARR}, "ids": IDS, "metadata": {"type": "array"},
-           "sparse": {"type": "array"}}, add),
+           "sparse": {"type": "array"}, "encoder": {"type": "object"}}, add),
     Route("/delete", "POST", "db.delete(ids)", {"ids": IDS}, delete),
     Route("/get", "POST", "db.get(ids)", {"ids": IDS}, get),
     Route("/metadata", "POST", "db.metadata(ids)", {"ids": IDS}, metadata),

@@ -13,8 +13,11 @@ import numpy as np
 
 from mvdb import errors
 from mvdb.contract import DatabaseAPI
+from mvdb.encoders import as_encoder
+from mvdb.engine.progress import Progress
 from mvdb.explain import ExplainMethods
 from mvdb.serve import codec
+from mvdb.text import TextMethods
 
 _ERRORS = {name: getattr(errors, name) for name in dir(errors)
            if isinstance(getattr(errors, name), type) and issubclass(getattr(errors, name), errors.MvdbError)}
@@ -22,10 +25,12 @@ _ERRORS = {name: getattr(errors, name) for name in dir(errors)
 
 
 
-def connect(url: str, *, api_key: str | None = None, timeout: float = 300.0, max_connections: int = 100) -> Client:
+def connect(url: str, *, api_key: str | None = None, timeout: float = 300.0, max_connections: int = 100,
+            encoder=None) -> Client:
     """A client of the ``mvdb serve`` at ``url`` (e.g. "http://127.0.0.1:8000"); checks that it
-    answers (``/health``) before returning."""
-    c = Client(url, api_key=api_key, timeout=timeout, max_connections=max_connections)
+    answers (``/health``) before returning. ``encoder``: a text model (as ``mvdb.open``'s) for
+    ``add_texts`` / ``search_text``: texts are encoded here and their vectors sent."""
+    c = Client(url, api_key=api_key, timeout=timeout, max_connections=max_connections, encoder=encoder)
     try:
         c.health()
     except BaseException:
@@ -34,9 +39,12 @@ def connect(url: str, *, api_key: str | None = None, timeout: float = 300.0, max
     return c
 
 
-class Client(ExplainMethods, DatabaseAPI):
-    def __init__(self, url: str, *, api_key: str | None = None, timeout: float = 300.0, max_connections: int = 100):
+class Client(TextMethods, ExplainMethods, DatabaseAPI):
+    def __init__(self, url: str, *, api_key: str | None = None, timeout: float = 300.0, max_connections: int = 100,
+                 encoder=None):
         import urllib3
+
+        self.encoder = as_encoder(encoder)
 
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise errors.InvalidInputError(f"url: expected 'http://host:port' or 'https://...', got {url!r}")
@@ -114,6 +122,35 @@ class Client(ExplainMethods, DatabaseAPI):
 
     def add(self, docs, ids=None, metadata=None, sparse=None) -> list:
         return self._call("/add", {"docs": docs, "ids": _ids(ids), "metadata": metadata, "sparse": sparse}, write=True)
+
+    def add_encoded(self, docs, encoder_record: dict, ids=None, metadata=None) -> list:
+        """``add`` of vectors the encoder ``encoder_record`` made (checked and recorded by the server)."""
+        from mvdb.storage.packed import Packed  # on use: a client that never adds texts loads no storage layer
+
+        if isinstance(docs, Packed):
+            docs = docs.split()
+        return self._call("/add", {"docs": docs, "ids": _ids(ids), "metadata": metadata, "encoder": encoder_record},
+                          write=True)
+
+    # ---- text: encoded here, checked and stored there
+
+    def _text_path(self):
+        return self.url
+
+    def _text_record(self) -> dict | None:
+        return self.stats().get("encoder")
+
+    def _text_float16(self) -> bool:
+        return self.stats().get("dtype") == "float16"
+
+    def _text_progress(self) -> Progress:
+        return Progress()
+
+    def _check_writable(self) -> None:
+        """The server refuses writes it does not take (read-only, a reader's API key)."""
+
+    def _store_encoded(self, docs, ids, metadata, encoder: dict, record: dict | None) -> list:
+        return self.add_encoded(docs, encoder, ids=ids, metadata=metadata)
 
     def delete(self, ids) -> None:
         self._call("/delete", {"ids": _ids(ids)}, write=True)

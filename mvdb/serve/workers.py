@@ -30,8 +30,8 @@ from types import SimpleNamespace
 
 from mvdb.errors import MvdbError, ServerError
 
-WRITES = {"add", "delete", "compact", "refresh"}
-CALLS = {"search", "candidates", "rerank", "add", "delete", "get", "metadata", "contains", "compact", "refresh",
+WRITES = {"add", "add_encoded", "delete", "compact", "refresh"}
+CALLS = {"search", "candidates", "rerank", "add", "add_encoded", "delete", "get", "metadata", "contains", "compact", "refresh",
          "verify", "stats", "__len__"}
 
 

@@ -37,6 +37,8 @@ except ImportError as e:  # pragma: no cover - the message says what to install
     raise ImportError(f"mvdb.shards.cluster needs Ray: pip install 'mvdb[distributed]' ({e})") from None
 
 from mvdb.contract import DatabaseAPI
+from mvdb.encoders import as_encoder
+from mvdb.engine.progress import Progress
 from mvdb.errors import DuplicateIdError, InvalidInputError
 from mvdb.explain import ExplainMethods
 from mvdb.shards import layout
@@ -48,6 +50,7 @@ from mvdb.shards.merge import (
     single_query,
 )
 from mvdb.shards.placement import assign, membership, owners, split_packed, tokens_of
+from mvdb.text import TextMethods
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -260,8 +263,8 @@ class ShardActor:
         m = self.db.store.manifest
         return {"dim": m["dim"], "id_type": m["id_type"], "next_id": m["next_id"], "tokens": tokens_of(self.db.store)}
 
-    def add(self, docs, ids, metadata, sparse=None):
-        return self.db.add(docs, ids=ids, metadata=metadata, sparse=sparse)
+    def add(self, docs, ids, metadata, sparse=None, encoder_record=None):
+        return self.db._add(docs, ids=ids, metadata=metadata, sparse=sparse, encoder_record=encoder_record)
 
     def delete(self, ids):
         self.db.delete(ids)
@@ -291,7 +294,7 @@ class ShardActor:
         self.db.close()
 
 
-class Cluster(ExplainMethods, DatabaseAPI):
+class Cluster(TextMethods, ExplainMethods, DatabaseAPI):
     """Client of one ``ShardActor`` per shard, with the API of :class:`mvdb.Database`: fans a
     query batch out and merges the exact per-shard top-k by score. ``shard_paths``: a sharded
     database directory (its ``shards.json``) or a list of database directories. ``num_gpus`` per
@@ -303,9 +306,12 @@ class Cluster(ExplainMethods, DatabaseAPI):
     --shards`` (:mod:`mvdb.shards.placement`). ``stats()`` and ``verify()`` give one answer over the
     shards (:mod:`mvdb.shards.merge`), ``compact()`` and ``refresh()`` run on every shard, and
     ``close()`` (or leaving a ``with`` block) closes the shards and ends their actors: any later
-    use is an InvalidInputError."""
+    use is an InvalidInputError. ``encoder``: a text model for ``add_texts`` / ``search_text``,
+    which encode here and send vectors to the actors (every shard records the encoder)."""
 
-    def __init__(self, shard_paths, *, num_gpus: float = 0, actor_options: dict | None = None, **open_kw):
+    def __init__(self, shard_paths, *, num_gpus: float = 0, actor_options: dict | None = None, encoder=None,
+                 **open_kw):
+        self.encoder = as_encoder(encoder)
         paths = _shard_dirs(shard_paths)
         opts = dict(actor_options or {}, num_gpus=num_gpus)
         open_kw.setdefault("device", "cuda" if num_gpus else "cpu")
@@ -446,13 +452,37 @@ class Cluster(ExplainMethods, DatabaseAPI):
         ids = list(ids)
         ray.get([self.actors[s].delete.remote([ids[i] for i in pos]) for s, pos in enumerate(self._owners(ids)) if pos])
 
+    # ---- text: encoded here, stored by the actors
+
+    def _text_record(self) -> dict | None:
+        return next((st["encoder"] for st in ray.get([a.stats.remote() for a in self._live()]) if st.get("encoder")),
+                    None)
+
+    def _text_float16(self) -> bool:
+        return all(st["dtype"] == "float16" for st in ray.get([a.stats.remote() for a in self._live()]))
+
+    def _text_path(self):
+        return self.path or self.paths
+
+    def _text_progress(self) -> Progress:
+        return Progress()
+
+    def _check_writable(self) -> None:
+        self._live()
+
     def add(self, docs, ids=None, metadata=None, sparse=None) -> list:
+        return self._add(docs, ids, metadata, sparse)
+
+    def _add(self, docs, ids=None, metadata=None, sparse=None, encoder_record: dict | None = None) -> list:
         """Store documents, each on the shard holding the fewest tokens; returns their ids.
         ``sparse``: per-document sparse vectors, as ``Database.add`` (each goes with its document).
         ``ids=None`` continues after the largest int id of any shard. The whole batch is checked
         (documents, ids, metadata, sparse vectors, ids already stored in any shard) before any
-        shard writes; then the shards commit in parallel. One writing client at a time."""
+        shard writes; then the shards commit in parallel. One writing client at a time.
+        ``encoder_record`` (``add_texts``): every shard records the encoder with its part of the
+        batch (or alone)."""
         from mvdb.storage import validate
+        from mvdb.storage.packed import Packed
 
         actors = self._live()
         infos = ray.get([a.info.remote() for a in actors])
@@ -468,12 +498,12 @@ class Cluster(ExplainMethods, DatabaseAPI):
         dup = np.flatnonzero(self.contains(ids)) if n else []
         if len(dup):
             raise DuplicateIdError(f"ids: already in the database: {[ids[i] for i in dup[:5]]}")
-        items = list(docs)
+        items = docs.split() if isinstance(docs, Packed) else list(docs)
         parts = assign(lengths, [i["tokens"] for i in infos])
         ray.get([actors[s].add.remote([items[i] for i in pos], [ids[i] for i in pos],
                                       None if metadata is None else [metadata[i] for i in pos],
-                                      None if sparse is None else [sparse[i] for i in pos])
-                 for s, pos in enumerate(parts) if pos])
+                                      None if sparse is None else [sparse[i] for i in pos], encoder_record)
+                 for s, pos in enumerate(parts) if pos or encoder_record is not None])
         return ids
 
     def close(self) -> None:
