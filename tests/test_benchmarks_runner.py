@@ -61,6 +61,7 @@ def test_registry_names_are_unique_and_cover_the_docs_suites():
         assert name in IDS
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("suite", SUITES, ids=IDS)
 def test_registered_script_exists_and_answers_help(suite, helps):
     assert suite.path.is_file(), suite.path
@@ -82,6 +83,7 @@ def test_run_refuses_out():
     assert r.stderr.strip() == "the runner chooses --out; use --results DIR before the suite's name"
 
 
+@pytest.mark.heavy
 def test_run_writes_latest_results_with_machine_versions_and_date(tmp_path):
     r = _runner("--results", str(tmp_path), "run", "first-open", "--docs", "200", timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
