@@ -2,11 +2,15 @@
 
     python -m benchmarks list                    # name, what it measures, command, GPU
     python -m benchmarks run NAME [ARGS...]      # the suite's script with its default arguments, then ARGS
+    python -m benchmarks run NAME --smoke        # its smoke run instead: tiny, on a CPU, in seconds
 
 ``run`` executes the suite's script with its JSON going to a scratch folder, then writes
 ``benchmarks/results/<suite>-<machine>.json`` (the latest run per suite and machine): the suite,
 the command, the date (UTC), the machine, the versions and every JSON file the script wrote.
-``--results DIR`` (before NAME) writes it elsewhere.
+``--results DIR`` (before NAME) writes it elsewhere. ``--smoke`` runs the script with the suite's
+smoke arguments and environment (benchmarks/registry.py) in place of its default arguments, and
+names the file ``<suite>-<machine>-smoke.json`` (git-ignored): a check that the script runs end to
+end, not a measurement.
 """
 
 from __future__ import annotations
@@ -95,15 +99,23 @@ def cmd_run(name: str, extra: list[str], results: Path) -> int:
     if any(a == "--out" or a.startswith("--out=") for a in extra):
         print("the runner chooses --out; use --results DIR before the suite's name", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix=f"mvdb-bench-{name}-") as tmp:
+    smoke = extra[:1] == ["--smoke"]
+    if smoke:
+        extra = extra[1:]
+    with tempfile.TemporaryDirectory(prefix=f"mvdb-bench-{name}-") as tmp, \
+            tempfile.TemporaryDirectory(prefix=f"mvdb-bench-{name}-scratch-") as scratch:
+        args = [a.replace("{tmp}", scratch) for a in suite.smoke] if smoke else list(suite.args)
+        env = {**os.environ, "OUT": tmp}
+        if smoke:
+            env.update((k, v.replace("{tmp}", scratch)) for k, v in suite.smoke_env)
         if suite.script.endswith(".sh"):
-            argv = ["bash", str(suite.path), *suite.args, *extra]
+            argv = ["bash", str(suite.path), *args, *extra]
         else:
-            argv = [sys.executable, str(suite.path), *suite.args, *extra, "--out", tmp]
+            argv = [sys.executable, str(suite.path), *args, *extra, "--out", tmp]
         print("$", " ".join(argv), flush=True)
         date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         t0 = time.perf_counter()
-        rc = subprocess.call(argv, cwd=HERE.parent, env={**os.environ, "OUT": tmp})
+        rc = subprocess.call(argv, cwd=HERE.parent, env=env)
         seconds = time.perf_counter() - t0
         if rc != 0:
             print(f"{suite.script} exited with {rc}; no results written", file=sys.stderr)
@@ -118,10 +130,13 @@ def cmd_run(name: str, extra: list[str], results: Path) -> int:
         print(f"{suite.script} wrote no JSON; no results written", file=sys.stderr)
         return 1
     mach = machine(suite)
-    res = {"suite": suite.name, "command": " ".join([suite.command, *extra]), "date": date,
+    command = suite.smoke_command if smoke else suite.command
+    res = {"suite": suite.name, "command": " ".join([command, *extra]), "date": date,
            "seconds": round(seconds, 1), "machine": mach, "versions": versions(), "results": files}
+    if smoke:
+        res["smoke"] = True
     results.mkdir(parents=True, exist_ok=True)
-    path = results / f"{suite.name}-{mach['tag']}.json"
+    path = results / f"{suite.name}-{mach['tag']}{'-smoke' if smoke else ''}.json"
     path.write_text(json.dumps(res, indent=1, default=str) + "\n")
     print("wrote", path)
     return 0
@@ -133,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", type=Path, default=HERE / "results", help="folder of the results files")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="the suites: name, what it measures, command, GPU")
-    r = sub.add_parser("run", help="run a suite; arguments after NAME go to its script")
+    r = sub.add_parser("run", help="run a suite; arguments after NAME go to its script (--smoke first: its "
+                                   "smoke run)")
     r.add_argument("name", metavar="NAME")
     r.add_argument("extra", nargs=argparse.REMAINDER, metavar="ARGS")
     a = p.parse_args(argv)

@@ -2,6 +2,11 @@
 candidate pools of the size the codes tier ranks (issue #45): checked against the torch reference first.
 
     python benchmarks/codes_kernel.py --queries 100 --pool 8192
+    TRITON_INTERPRET=1 python benchmarks/codes_kernel.py --docs 200 --queries 2 --pool 16 --nlist 64 --configs 2 \
+        --check-width 8                                                   # smoke: tiny, in Triton's CPU interpreter
+
+Times are triton.testing.do_bench's on a GPU; on the CPU (the interpreter: a smoke run, where the
+launch settings change nothing) the median of timed calls.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import torch
 import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_json  # noqa: E402
+from common import median_ms, write_json  # noqa: E402
 
 from mvdb.kernels.codes import ops  # noqa: E402
 from mvdb.kernels.codes.naive import approx_candidates_torch, encode, train_buckets  # noqa: E402
@@ -31,6 +36,8 @@ def main():
     p.add_argument("--pool", type=int, default=8192)
     p.add_argument("--nlist", type=int, default=16384)
     p.add_argument("--bits", type=int, default=2)
+    p.add_argument("--configs", type=int, default=None, help="only the first N launch configs of the grid")
+    p.add_argument("--check-width", type=int, default=61, help="candidates of each query of the correctness check")
     p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
     a = p.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -57,10 +64,10 @@ def main():
     # the reference on a slice (a query longer than one tile among them), then every config
     qc = torch.nn.functional.normalize(torch.randn(144, 128, device=dev, generator=g), dim=1)
     cuc = torch.tensor([0, 32, 64, 144], dtype=torch.int32, device=dev)
-    sub = torch.randint(0, a.docs, (3, 61), device=dev, generator=g)
+    sub = torch.randint(0, a.docs, (3, a.check_width), device=dev, generator=g)
     ref = approx_candidates_torch(qc, cuc, cent, lists, codes, w, off, sub, a.bits)
     rows = []
-    grid = itertools.product((16, 32), (2, 4), (2,), (1, 4, 8), (False, True))
+    grid = list(itertools.product((16, 32), (2, 4), (2,), (1, 4, 8), (False, True)))[: a.configs]
     for bd, warps, stages, group, half in grid:
         ops.BLOCK_D, ops.WARPS, ops.STAGES, ops.GROUP, ops.HALF = bd, warps, stages, group, half
         cfg = {"block_d": bd, "warps": warps, "stages": stages, "group": group, "half": half}
@@ -68,9 +75,10 @@ def main():
             got = ops.approx_maxsim_candidates(qc, cuc, cent, lists, codes, w, off, sub, a.bits)
             err = float((got - ref).abs().max())
             ok = err <= 0.3
-            ms = triton.testing.do_bench(lambda: ops.approx_maxsim_candidates(q, cu, cent, lists, codes, w, off, cand,
-                                                                              a.bits, max_seqlen_q=32),
-                                         warmup=5, rep=30)
+            def run():
+                return ops.approx_maxsim_candidates(q, cu, cent, lists, codes, w, off, cand, a.bits, max_seqlen_q=32)
+
+            ms = triton.testing.do_bench(run, warmup=5, rep=30) if dev == "cuda" else median_ms(run, cpu_runs=1)
         except Exception as e:  # noqa: BLE001 - a config that does not compile is a row too
             rows.append({**cfg, "error": str(e)[:120]})
             continue

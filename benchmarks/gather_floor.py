@@ -12,6 +12,8 @@ can read faster).
 
     python benchmarks/gather_floor.py --out DIR        # GPU; JSON gather-floor.json
     bash benchmarks/gpu_session.sh py:gather_floor     # on the lent GPU
+    TRITON_INTERPRET=1 python benchmarks/gather_floor.py --device cpu --docs-c 16 --docs-a 8 --queries-c 1 \
+        --configs 2 --rounds 1                         # smoke: every step, tiny, in Triton's CPU interpreter
 
 Each case also times mvdb's default call on the same tensors (correctness against the float32
 reference first), in the same alternating rounds as the sweep, and torch's ``sum`` over as many
@@ -76,6 +78,10 @@ def reference(tok, sc, off, docs):
     return torch.stack(res)
 
 
+CONFIGS = list(itertools.product((16, 32, 64, 128), (1, 2, 4), (1, 2, 3)))  # BLOCK_D, warps, stages
+N_CONFIGS = len(CONFIGS)  # --configs: the first this many of them
+
+
 def sweep(tok, sc, off, cand, n_prog, rounds, extra=None):
     """{config: median ms} of the read kernel, every config checked against torch first (on 200
     programs: each one's rows and scales), timed in alternating rounds with the ``extra`` calls."""
@@ -86,7 +92,7 @@ def sweep(tok, sc, off, cand, n_prog, rounds, extra=None):
     check = torch.arange(0, n_prog, max(1, n_prog // 200), device=tok.device)
     ref = reference(tok, sc, off, docs[check])
     res = {}
-    for block_d, warps, stages in itertools.product((16, 32, 64, 128), (1, 2, 4), (1, 2, 3)):
+    for block_d, warps, stages in CONFIGS[:N_CONFIGS]:
         def fn(block_d=block_d, warps=warps, stages=stages):
             _read_docs[(n_prog,)](tok, sc, off, cand, out, DIM=tok.shape[1], BLOCK_D=block_d,
                                   INT8=sc is not None, HAS_CAND=cand is not None,
@@ -95,7 +101,8 @@ def sweep(tok, sc, off, cand, n_prog, rounds, extra=None):
         if not torch.equal(fn()[check], ref):
             raise SystemExit(f"read kernel wrong at {block_d}/{warps}/{stages}")
         res[f"BLOCK_D {block_d}, {warps} warps, {stages} stages"] = fn
-    return alternating_rounds({**res, **(extra or {})}, rounds, warmup=5, rep=40)[1]
+    # cpu_runs: one timed call a round off CUDA (the interpreter: a smoke run, not a measurement)
+    return alternating_rounds({**res, **(extra or {})}, rounds, warmup=5, rep=40, cpu_runs=1)[1]
 
 
 def seq_read_ms(nbytes, dev):
@@ -135,40 +142,55 @@ def case(label, res, tok, sc, off, cand, n_prog, rounds, default, ref):
     print(label, {k: v for k, v in row.items() if k != "read_kernel_ms"}, flush=True)
 
 
+def _size(n: int) -> str:
+    """1000000 -> "1M", 10000 -> "10k", 40 -> "40" (the cases' labels)."""
+    return f"{n // 1_000_000}M" if n % 1_000_000 == 0 else f"{n // 1000}k" if n % 1000 == 0 else str(n)
+
+
 def main():
+    global N_CONFIGS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--cases", default="c-1M,a-10k")
+    ap.add_argument("--cases", default="c-1M,a-10k", help="c (candidates), a (one query), or both")
+    ap.add_argument("--docs-c", type=int, default=1_000_000, help="case c: documents of the store")
+    ap.add_argument("--queries-c", type=int, default=32, help="case c: queries, 1,000 candidates each at most")
+    ap.add_argument("--docs-a", type=int, default=10_000, help="case a: documents the query scores")
+    ap.add_argument("--configs", type=int, default=len(CONFIGS), help="the first N launch configs of the sweep")
+    ap.add_argument("--device", default="cuda", help="cuda (the probe) or cpu (with TRITON_INTERPRET=1: a smoke run)")
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
-    dev = "cuda"
-    only = set(args.cases.split(","))
+    dev = args.device
+    cuda = dev.startswith("cuda")
+    N_CONFIGS = args.configs
+    only = {c.split("-")[0] for c in args.cases.split(",")}
     res = gpu_header(rounds=args.rounds, cases={})
-    if "c-1M" in only:
-        corpus, _, q, cu_q, cand = candidate_lists(1_000_000, 32, 1000, device=dev)
+    if "c" in only:
+        label = f"c-{_size(args.docs_c)}"
+        corpus, _, q, cu_q, cand = candidate_lists(args.docs_c, args.queries_c, min(1000, args.docs_c), device=dev)
         tok16, off = corpus.tokens, corpus.offsets
         del corpus
         tok8, sc = quantize_int8(tok16)
         ref = naive.maxsim_csr(q.float(), cu_q, tok8, off, cand, sc, dtype=torch.float32)
-        case("c-1M int8", res, tok8, sc, off, cand, cand.numel(), args.rounds,
+        case(f"{label} int8", res, tok8, sc, off, cand, cand.numel(), args.rounds,
              lambda: maxsim_candidates(q, cu_q, tok8, off, cand, sc, check=False), ref)
         del tok8, sc
-        torch.cuda.empty_cache()
+        torch.cuda.empty_cache() if cuda else None
         ref = naive.maxsim_csr(q.float(), cu_q, tok16, off, cand, None, dtype=torch.float32)
-        case("c-1M fp16", res, tok16, None, off, cand, cand.numel(), args.rounds,
+        case(f"{label} fp16", res, tok16, None, off, cand, cand.numel(), args.rounds,
              lambda: maxsim_candidates(q, cu_q, tok16, off, cand, check=False), ref)
         del tok16, off, cand, ref
-        torch.cuda.empty_cache()
-    if "a-10k" in only:
-        corpus, q, cu_q, tok16, cu_d = one_query_inputs(10_000, device=dev)
+        torch.cuda.empty_cache() if cuda else None
+    if "a" in only:
+        n, label = args.docs_a, f"a-{_size(args.docs_a)}"
+        corpus, q, cu_q, tok16, cu_d = one_query_inputs(n, device=dev)
         off = corpus.offsets
         tok8, sc = quantize_int8(tok16)
-        every = torch.arange(10_000, device=dev)[None]  # the reference scores every document as candidates
+        every = torch.arange(n, device=dev)[None]  # the reference scores every document as candidates
         ref = naive.maxsim_csr(q.float(), cu_q, tok8, off, every, sc, dtype=torch.float32)
-        case("a-10k int8", res, tok8, sc, off, None, 10_000, args.rounds,
+        case(f"{label} int8", res, tok8, sc, off, None, n, args.rounds,
              lambda: maxsim_varlen(q, cu_q, tok8, cu_d, d_scales=sc, check=False), ref)
         ref = naive.maxsim_csr(q.float(), cu_q, tok16, off, every, None, dtype=torch.float32)
-        case("a-10k fp16", res, tok16, None, off, None, 10_000, args.rounds,
+        case(f"{label} fp16", res, tok16, None, off, None, n, args.rounds,
              lambda: maxsim_varlen(q, cu_q, tok16, cu_d, check=False), ref)
     write_json(args.out, "gather-floor.json", res)
 

@@ -2,6 +2,7 @@
 second candidate channel, on the man-page dev set embedded with MiniLM (as benchmarks/quality.py).
 
     python benchmarks/hybrid.py [--limit N]
+    python benchmarks/hybrid.py --data mvdb/data/manpages-sample.jsonl.gz --limit 40 --encoder words   # smoke
 
 BM25 term weights come from the MiniLM tokenizer (WordPiece ids, installed offline with the
 model): each page body (all of it, not only the 256 embedded tokens) becomes a sparse vector of
@@ -23,14 +24,18 @@ import gzip
 import json
 import math
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-import mvdb
-from mvdb.embed import MiniLM
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import Words, text_model  # noqa: E402
+
+import mvdb  # noqa: E402
+from mvdb.engine import search as search_mod  # noqa: E402
 
 DOC_TOKENS, QUERY_TOKENS = 256, 32
 SETTINGS = [
@@ -41,9 +46,17 @@ SETTINGS = [
 ]
 
 
-def bm25(tokenizer, bodies, summaries, k1=1.2, b=0.75):
+def term_ids(model):
+    """text -> its term ids: MiniLM's WordPiece ids without the special ones, or the stand-in's word ids."""
+    if isinstance(model, Words):
+        return model.token_ids
+    tokenizer = model.model.tokenizer
     special = set(tokenizer.all_special_ids)
-    docs = [[t for t in tokenizer(x, add_special_tokens=False)["input_ids"] if t not in special] for x in bodies]
+    return lambda x: [t for t in tokenizer(x, add_special_tokens=False)["input_ids"] if t not in special]
+
+
+def bm25(terms, bodies, summaries, k1=1.2, b=0.75):
+    docs = [terms(x) for x in bodies]
     df = collections.Counter(t for d in docs for t in set(d))
     n, avgdl = len(docs), sum(len(d) for d in docs) / max(1, len(docs))
     idf = {t: math.log(1 + (n - f + 0.5) / (f + 0.5)) for t, f in df.items()}
@@ -52,8 +65,7 @@ def bm25(tokenizer, bodies, summaries, k1=1.2, b=0.75):
         tf = collections.Counter(d)
         norm = k1 * (1 - b + b * len(d) / avgdl)
         doc_vecs.append({t: idf[t] * c * (k1 + 1) / (c + norm) for t, c in tf.items()})
-    q_vecs = [dict(collections.Counter(t for t in tokenizer(x, add_special_tokens=False)["input_ids"] if t not in special))
-              for x in summaries]
+    q_vecs = [dict(collections.Counter(terms(x))) for x in summaries]
     return doc_vecs, q_vecs
 
 
@@ -66,19 +78,22 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared/data/manpages/dev.jsonl.gz"))
     p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--encoder", default="minilm", choices=["minilm", "words"],
+                   help="words: a stand-in that needs no model (smoke runs; benchmarks/common.py Words)")
     p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
     args = p.parse_args()
     with gzip.open(args.data, "rt") as f:
         rows = [json.loads(line) for line in f]
     rows = rows[: args.limit] if args.limit else rows
     ids = list(range(len(rows)))
-    model = MiniLM()
+    model = text_model(args.encoder)
     docs = model.encode([r["body"] for r in rows], max_tokens=DOC_TOKENS, progress=True)
     queries = model.encode([r["summary"] for r in rows], max_tokens=QUERY_TOKENS)
-    doc_vecs, q_vecs = bm25(model.model.tokenizer, [r["body"] for r in rows], [r["summary"] for r in rows])
+    doc_vecs, q_vecs = bm25(term_ids(model), [r["body"] for r in rows], [r["summary"] for r in rows])
+    terms = "word ids (crc32)" if isinstance(model, Words) else "MiniLM WordPiece ids"
     res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "pages": len(rows),
-           "device": "cpu", "model": MiniLM.name, "bm25": {"k1": 1.2, "b": 0.75, "terms": "MiniLM WordPiece ids"},
-           "n_sparse": mvdb.engine.search.DEFAULT_SPARSE_CANDIDATES, "settings": []}
+           "device": "cpu", "model": model.name, "bm25": {"k1": 1.2, "b": 0.75, "terms": terms},
+           "n_sparse": search_mod.DEFAULT_SPARSE_CANDIDATES, "settings": []}
     with tempfile.TemporaryDirectory() as tmp:
         for st in SETTINGS:
             path = os.path.join(tmp, st["index"])
@@ -120,7 +135,8 @@ def main():
             db.close()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "hybrid-manpages-dev-cpu.json").write_text(json.dumps(res, indent=1))
+    name = f"hybrid-manpages-dev-cpu{'-words' if args.encoder == 'words' else ''}.json"
+    (out / name).write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 # Clean-venv installs of mvdb from this checkout (issue #18): wall time, venv size, `pip check`, and
 # a tiny database built and searched with the index backend it reports.
 #   bash benchmarks/installs.sh cpu gpu plain        -> $OUT or benchmarks/results/installs-cpu.json
-#   KEEP=1 keeps the venvs (/tmp/venv-CASE); SMOKE_ONLY=1 reinstalls only mvdb into kept venvs and
-#   reruns the smoke test (the install figures already recorded stay).
+#   KEEP=1 keeps the venvs ($VENVS/venv-CASE, VENVS=/tmp by default); SMOKE_ONLY=1 reinstalls only
+#   mvdb into kept venvs and reruns the smoke test (the install figures already recorded stay).
+#   RAW (/tmp/mvdb-installs by default) keeps each case's record; the JSON lists every one there.
 # Cases (the README's commands, with this checkout in place of the package name):
 #   cpu    pip install "mvdb[cpu]" with the CPU torch build. The README's form takes torch from
 #          download.pytorch.org/whl/cpu (--extra-index-url); this machine reaches PyPI only, and its
@@ -13,6 +14,9 @@
 #   gpu    pip install "mvdb[gpu]" (PyPI's CUDA torch + faiss-gpu), then the same command again with
 #          --upgrade: faiss-gpu must stay and faiss-cpu must not come.
 #   plain  pip install mvdb (CPU torch as for cpu, no FAISS): the pure-torch token index.
+#   local  pip install --no-deps --no-build-isolation of a copy of this checkout's package files
+#          into a venv that sees this Python's packages: no download, seconds (the smoke run: the
+#          script's every step; the copy keeps setuptools' build/ out of the checkout).
 # Every install runs with --no-cache-dir (downloads counted) on Python 3.11.
 set -uo pipefail
 if [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then
@@ -30,6 +34,7 @@ spec() {  # the install arguments of a case
         cpu) echo "$ROOT[cpu] torch==2.13.*" ;;
         gpu) echo "$ROOT[gpu]" ;;
         plain) echo "$ROOT torch==2.13.*" ;;
+        local) echo "--no-deps --no-build-isolation $RAW/src" ;;
     esac
 }
 
@@ -61,8 +66,8 @@ record() {  # $1 case $2 venv $3 seconds $4 upgrade json -> $RAW/$1.json
     local v=$2
     local size check pkgs smk
     size=$(du -sm "$v" | cut -f1)
-    check=$("$v/bin/pip" check 2>&1)
-    pkgs=$("$v/bin/pip" list --format=json 2>/dev/null)
+    check=$("$v/bin/python" -m pip check 2>&1)
+    pkgs=$("$v/bin/python" -m pip list --format=json 2>/dev/null)
     smk=$(smoke "$v" 2>"$RAW/$1.smoke.err" | tail -1)
     "$v/bin/python" - "$1" "$(spec "$1")" "$3" "$size" "$check" "$pkgs" "${smk:-null}" "$4" > "$RAW/$1.json" <<'EOF'
 import json, sys
@@ -78,22 +83,29 @@ EOF
 }
 
 for c in "$@"; do
-    v=/tmp/venv-$c
+    v=${VENVS:-/tmp}/venv-$c
     if [ "${SMOKE_ONLY:-0}" = 1 ]; then
-        "$v/bin/pip" install -q --no-deps --force-reinstall "$ROOT" >/dev/null && s=$(smoke "$v" | tail -1) && echo "$s" \
+        "$v/bin/python" -m pip install -q --no-deps --force-reinstall "$ROOT" >/dev/null && s=$(smoke "$v" | tail -1) && echo "$s" \
             && python3 -c "import json, sys; p = sys.argv[1]; d = json.load(open(p)); d['smoke'] = json.loads(sys.argv[2])
 json.dump(d, open(p, 'w'))" "$RAW/$c.json" "$s"
         continue
     fi
-    rm -rf "$v" && "$PY" -m venv "$v" && "$v/bin/pip" install -q --upgrade pip >/dev/null
+    if [ "$c" = local ]; then
+        # no pip of its own: the venv's bundled setuptools (no bdist_wheel) would hide this Python's
+        rm -rf "$v" "$RAW/src" && "$PY" -m venv --system-site-packages --without-pip "$v" || continue
+        mkdir "$RAW/src" && cp -r "$ROOT"/{pyproject.toml,README.md,LICENSE,mvdb,kernels,storage} "$RAW/src/" \
+            || continue
+    else
+        rm -rf "$v" && "$PY" -m venv "$v" && "$v/bin/python" -m pip install -q --upgrade pip >/dev/null
+    fi
     # shellcheck disable=SC2046
     t0=$(date +%s.%N)
-    "$v/bin/pip" install -q $(spec "$c") > "$RAW/$c.log" 2>&1 || { echo "$c: install failed"; tail "$RAW/$c.log"; continue; }
+    "$v/bin/python" -m pip install -q $(spec "$c") > "$RAW/$c.log" 2>&1 || { echo "$c: install failed"; tail "$RAW/$c.log"; continue; }
     secs=$(echo "$(date +%s.%N) - $t0" | bc)
     upg=null
     if [ "$c" = gpu ]; then  # the same command again, upgrading: faiss-gpu stays, faiss-cpu does not come
         t0=$(date +%s.%N)
-        "$v/bin/pip" install -q --upgrade $(spec "$c") >> "$RAW/$c.log" 2>&1
+        "$v/bin/python" -m pip install -q --upgrade $(spec "$c") >> "$RAW/$c.log" 2>&1
         u=$(echo "$(date +%s.%N) - $t0" | bc)
         upg=$("$v/bin/python" -c "
 import importlib.metadata as m, json

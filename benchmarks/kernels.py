@@ -3,7 +3,8 @@
     python benchmarks/kernels.py                 # all cases, GPU; JSON to benchmarks/results/
     python benchmarks/kernels.py --cases a,b     # a subset
     python benchmarks/kernels.py --sweep         # autotune over the full config list, report winners
-    python benchmarks/kernels.py --smoke         # tiny shapes on the CPU (torch fallback), no peers
+    python benchmarks/kernels.py --smoke         # tiny shapes on the CPU, each call timed once, no peers
+                                                 # (the Triton kernels with TRITON_INTERPRET=1, else torch)
 
 Every implementation is checked against an fp32 reference on the same inputs before it is timed;
 a failed check is reported and its time is not. Times are medians of triton.testing.do_bench
@@ -54,6 +55,7 @@ from mvdb.kernels import maxsim, maxsim_candidates, maxsim_varlen, quantize_int8
 from mvdb.kernels.maxsim import naive, tuning  # noqa: E402
 
 ROWS: list[dict] = []
+CPU_RUNS, HOST_CALLS = 3, 50  # timed calls of a row on the CPU, back-to-back calls of host_us (--smoke: 1, 0)
 
 
 def _sync():
@@ -63,7 +65,7 @@ def _sync():
 
 def bench(fn) -> float:
     """Median milliseconds of fn()."""
-    return median_ms(fn)
+    return median_ms(fn, cpu_runs=CPU_RUNS)
 
 
 def peak_extra_mb(fn) -> float | None:
@@ -77,8 +79,9 @@ def peak_extra_mb(fn) -> float | None:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def host_us(fn, n: int = 50) -> float:
+def host_us(fn, n: int | None = None) -> float:
     """Wall microseconds per call of n back-to-back calls (launch overhead when the GPU is faster)."""
+    n = n or HOST_CALLS
     _sync()
     t0 = time.perf_counter()
     for _ in range(n):
@@ -141,7 +144,8 @@ def run(case: str, impl: str, fn, ref: torch.Tensor, *, nbytes: float, flops: fl
     if row["correct"]:
         row["ms"] = bench(fn)
         row["peak_extra_mb"] = peak_extra_mb(fn)
-        row["host_us"] = host_us(fn)
+        if HOST_CALLS:
+            row["host_us"] = host_us(fn)
         rate = ceil["int8_tops"] if int8 else ceil["bf16_tflops"]
         floor_mem = nbytes / (ceil["hbm_gbps"] * 1e9) * 1e3
         floor_mma = flops / (rate * 1e12) * 1e3
@@ -227,9 +231,9 @@ def _colpali_case(dev, ceil, peers_ok: bool, scale: float):
     del D
 
 
-def _candidates_case(n_docs: int, dev, ceil, peers_ok: bool, label: str):
+def _candidates_case(n_docs: int, dev, ceil, peers_ok: bool, label: str, nq: int = 32):
     """(c) 32 queries x 1000 candidates each, gathered from a CSR store of n_docs docs of 64-128 tokens."""
-    nq, k = 32, min(1000, n_docs)
+    k = min(1000, n_docs)
     corpus, Q, q, cu_q, cand = candidate_lists(n_docs, nq, k, device=dev)
     tok, off = corpus.tokens, corpus.offsets
     ref = naive.maxsim_csr(q.float(), cu_q, tok, off, cand, dtype=torch.float32)
@@ -277,10 +281,22 @@ def _candidates_case(n_docs: int, dev, ceil, peers_ok: bool, label: str):
     del tok8, sc8, corpus
 
 
+def _peers_skipped(asked: bool) -> dict:
+    """Why each peer is not run: --no-peers, not importable, or no GPU (their kernels need CUDA)."""
+    out = {}
+    for name, v in peers.versions().items():  # a version, or the error its import raised
+        why = "--no-peers" if asked else f"not importable ({v})" if ": " in v else f"{name} {v} needs CUDA"
+        out[name] = f"skipped: {why}"
+    return out
+
+
 def main():
+    global CPU_RUNS, HOST_CALLS
     args = ARGS or _parse()
     dev = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     peers_ok = dev == "cuda" and not args.no_peers
+    if args.smoke:
+        CPU_RUNS, HOST_CALLS = 1, 0
     scale = 0.02 if args.smoke else 1.0
     ceil = ceilings()
     info = {
@@ -289,7 +305,7 @@ def main():
         "torch": torch.__version__,
         "triton": __import__("triton").__version__,
         "python": platform.python_version(),
-        "peers": peers.versions() if peers_ok else "not run",
+        "peers": peers.versions() if peers_ok else _peers_skipped(args.no_peers),
         "ceilings": ceil,
         "autotune": os.environ.get("MVDB_AUTOTUNE", "1"),
     }
@@ -297,16 +313,16 @@ def main():
     cases = set(args.cases.split(","))
     t0 = time.time()
     if "a" in cases:
-        for n in ((50,) if args.smoke else (1000, 10_000)):
+        for n in ((8,) if args.smoke else (1000, 10_000)):
             _varlen_case(n, dev, ceil, peers_ok, scale)
             torch.cuda.empty_cache() if dev == "cuda" else None
     if "b" in cases:
         _colpali_case(dev, ceil, peers_ok, scale)
         torch.cuda.empty_cache() if dev == "cuda" else None
     if "c" in cases:
-        sizes = [(200, "200")] if args.smoke else [(150_000, "150k"), (1_000_000, "1M")]
+        sizes = [(16, "16")] if args.smoke else [(150_000, "150k"), (1_000_000, "1M")]
         for n, label in sizes:
-            _candidates_case(n, dev, ceil, peers_ok, label)
+            _candidates_case(n, dev, ceil, peers_ok, label, nq=2 if args.smoke else 32)
             torch.cuda.empty_cache() if dev == "cuda" else None
     configs = {str(k): str(v) for k, v in getattr(tuning._tuned, "cache", {}).items()}
     result = {"info": info, "rows": ROWS, "autotune_choices": configs, "seconds": time.time() - t0}

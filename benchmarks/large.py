@@ -1,6 +1,7 @@
 """A database larger than one GPU, searched on one GPU (issue #45).
 
     python benchmarks/large.py --docs 5600000 --gen dups          # on nvidia-h100-x4: ~406M tokens, 104 GB fp16
+    python benchmarks/large.py --docs 300 --device cpu --also host,disk   # smoke: every step, tiny, on a CPU
 
 Generates a seeded corpus of a ``mvdb/testing/synthetic.py`` generator on GPU 0 into host memory,
 computes the exhaustive MaxSim top-10 of every query with the corpus split over all the machine's
@@ -12,11 +13,13 @@ against exhaustive MaxSim, batched QPS (median of 3 passes over all queries) and
 p50/p99, GPU memory. ``--also disk`` reopens with ``residency="disk"`` and measures again.
 JSON to --out after every phase (a run cut short keeps what it measured); ``--phase build`` stops
 after the ingest and leaves the database and the queries for a later ``--phase search``.
+``--device cpu`` runs the same steps on the CPU (the reference in one shard there).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -36,10 +39,12 @@ from mvdb.kernels import maxsim_varlen  # noqa: E402
 
 
 def reference_multi_gpu(tokens: torch.Tensor, offsets: torch.Tensor, q: torch.Tensor, k: int = 10,
-                        batch: int = 50) -> tuple[list, float]:
+                        batch: int = 50, device: str = "cuda") -> tuple[list, float]:
     """Exhaustive MaxSim top-k of every query, the documents split into one contiguous shard per
-    GPU (tokens [T, dim] on the host) -> (top-k sets of document numbers, seconds)."""
-    n_gpu = torch.cuda.device_count()
+    GPU (tokens [T, dim] on the host; one shard on the host where ``device`` is the CPU) ->
+    (top-k sets of document numbers, seconds)."""
+    cuda = device.startswith("cuda")
+    n_gpu = torch.cuda.device_count() if cuda else 1
     n_docs = offsets.numel() - 1
     off = offsets.cpu()
     # shards of about equal tokens
@@ -51,23 +56,24 @@ def reference_multi_gpu(tokens: torch.Tensor, offsets: torch.Tensor, q: torch.Te
     def work(g: int):
         try:
             d0, d1 = cuts[g], cuts[g + 1]
-            with torch.cuda.device(g):
+            dev = f"cuda:{g}" if cuda else "cpu"
+            with torch.cuda.device(g) if cuda else contextlib.nullcontext():
                 t0, t1 = int(off[d0]), int(off[d1])
-                tok = tokens[t0:t1].to(f"cuda:{g}")
-                cu_d = (off[d0 : d1 + 1] - t0).to(f"cuda:{g}", torch.int32)
-                qq = q.to(f"cuda:{g}", torch.float16)
+                tok = tokens[t0:t1].to(dev)
+                cu_d = (off[d0 : d1 + 1] - t0).to(dev, torch.int32)
+                qq = q.to(dev, torch.float16)
                 lq = q.shape[1]
                 vals, idx = [], []
                 for a in range(0, q.shape[0], batch):
                     b = min(q.shape[0], a + batch)
-                    cu_q = torch.arange(b - a + 1, dtype=torch.int32, device=f"cuda:{g}") * lq
+                    cu_q = torch.arange(b - a + 1, dtype=torch.int32, device=dev) * lq
                     s = maxsim_varlen(qq[a:b].reshape(-1, q.shape[2]), cu_q, tok, cu_d, max_seqlen_q=lq, check=False)
                     top = s.topk(min(k, d1 - d0), dim=1)
                     vals.append(top.values.cpu())
                     idx.append(top.indices.cpu() + d0)
                 results[g] = (torch.cat(vals), torch.cat(idx))
                 del tok
-                torch.cuda.empty_cache()
+                torch.cuda.empty_cache() if cuda else None
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append((g, repr(e)))
 
@@ -105,16 +111,20 @@ def main():
     p.add_argument("--also", default="", help='tiers measured after the default one, e.g. "disk"')
     p.add_argument("--phase", default="all", choices=["all", "build", "search"])
     p.add_argument("--latency-queries", type=int, default=100)
+    p.add_argument("--device", default="cuda", help="cuda (the benchmark) or cpu (the same steps, for a smoke run)")
     p.add_argument("--path", default="/tmp/mvdb-large.mvdb")
     p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
     args = p.parse_args()
+    cuda = args.device.startswith("cuda")
+    dev0 = "cuda:0" if cuda else "cpu"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = out / f"large-{args.gen}-{args.docs}.json"
     case = Path(args.path + ".case.pt")
     res = json.loads(name.read_text()) if args.phase == "search" and name.exists() else {}
-    res.update({"docs": args.docs, "gen": args.gen, "queries": args.queries, "gpus": torch.cuda.device_count(),
-                "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+    res.update({"docs": args.docs, "gen": args.gen, "queries": args.queries,
+                "gpus": torch.cuda.device_count() if cuda else 0,
+                "device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 "disk_free_gb": shutil.disk_usage(Path(args.path).parent).free / 1e9})
 
@@ -125,14 +135,14 @@ def main():
 
     if args.phase in ("all", "build"):
         t0 = time.perf_counter()
-        corpus = make_structured(args.gen, args.docs, device="cuda:0", seed=args.seed, store="cpu")
+        corpus = make_structured(args.gen, args.docs, device=dev0, seed=args.seed, store="cpu")
         q, _ = make_queries(corpus, args.queries, 32, seed=args.seed + 1)
         res["generate_s"] = time.perf_counter() - t0
         res["tokens"] = int(corpus.offsets[-1])
         res["fp16_gb"] = res["tokens"] * corpus.tokens.shape[1] * 2 / 1e9
-        torch.cuda.empty_cache()
+        torch.cuda.empty_cache() if cuda else None
         save("generated")
-        ref, res["reference_s"] = reference_multi_gpu(corpus.tokens, corpus.offsets, q)
+        ref, res["reference_s"] = reference_multi_gpu(corpus.tokens, corpus.offsets, q, device=args.device)
         save("reference")
         torch.save({"q": q.cpu(), "ref": [sorted(r) for r in ref]}, case)
         lengths = corpus.lengths.cpu().numpy()
@@ -143,25 +153,26 @@ def main():
         if args.phase == "build":
             return
     saved = torch.load(case)
-    q, ref = saved["q"].cuda(), [set(r) for r in saved["ref"]]
+    q, ref = saved["q"].to(dev0), [set(r) for r in saved["ref"]]
     res["runs"] = []
     tiers = ["auto"] + [t for t in args.also.split(",") if t]
     for tier in tiers:
-        torch.cuda.empty_cache()
+        torch.cuda.empty_cache() if cuda else None
         kw = {} if tier == "auto" else {"residency": tier}
         if args.max_gpu_gb:
             kw["max_gpu_bytes"] = int(args.max_gpu_gb * 1e9)
-        before = device_used_gb("cuda:0")
+        before = device_used_gb(dev0)
         t0 = time.perf_counter()
-        db = mvdb.open(args.path, device="cuda", progress=False, **kw)
+        db = mvdb.open(args.path, device=args.device, progress=False, **kw)
         run = {"open": tier, "options": kw, "open_s": time.perf_counter() - t0,
                "stats": {k: v for k, v in db.stats().items() if k not in ("path", "encoder")},
-               "gpu_used_gb": device_used_gb("cuda:0") - before, "gpu_allocated_gb": torch.cuda.memory_allocated(0) / 1e9,
+               "gpu_used_gb": device_used_gb(dev0) - before if cuda else None,
+               "gpu_allocated_gb": torch.cuda.memory_allocated(0) / 1e9 if cuda else None,
                "host_rss_gb": host_rss_gb()}
         res["runs"].append(run)
         save(f"opened {tier}")
         run["search"] = measure(db, q, ref, {"k": 10}, latency_queries=args.latency_queries)
-        run["gpu_peak_gb"] = torch.cuda.max_memory_allocated(0) / 1e9
+        run["gpu_peak_gb"] = torch.cuda.max_memory_allocated(0) / 1e9 if cuda else None
         save(f"searched {tier}")
         db.close()
         del db

@@ -2,6 +2,7 @@
 
     python benchmarks/quality.py                 # all 1,979 dev pages
     python benchmarks/quality.py --limit 300     # a quick run on the first 300 pages
+    python benchmarks/quality.py --data mvdb/data/manpages-sample.jsonl.gz --limit 40 --encoder words  # smoke
 
 Known-item search (../shared/data/manpages/README.md): each page's one-line summary is a query and
 its single relevant document is the page body with the same id. Documents and queries are
@@ -33,6 +34,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,9 +42,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import mvdb
-from mvdb.embed import MiniLM
-from mvdb.kernels import maxsim_varlen
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import text_model  # noqa: E402
+
+import mvdb  # noqa: E402
+from mvdb.kernels import maxsim_varlen  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DOC_TOKENS, QUERY_TOKENS = 256, 32  # as in mvdb/demo.py and the data set's README
@@ -59,6 +63,8 @@ def main():
     p.add_argument("--nprobe", type=int, default=None, help="IVF lists probed per query token (default: mvdb's)")
     p.add_argument("--index", default="auto", choices=["auto", "flat", "ivf"],
                    help="token index kind passed to mvdb.open (auto: the default, flat at this size)")
+    p.add_argument("--encoder", default="minilm", choices=["minilm", "words"],
+                   help="words: a stand-in that needs no model (smoke runs; benchmarks/common.py Words)")
     args = p.parse_args()
     dev = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                        else ("cpu" if args.device == "auto" else args.device))
@@ -74,7 +80,7 @@ def main():
     print(f"{n} man pages from {data}; device {dev} ({tag})", flush=True)
 
     t0 = time.perf_counter()
-    model = MiniLM(device="cuda" if dev.type == "cuda" else "cpu")
+    model = text_model(args.encoder, device="cuda" if dev.type == "cuda" else "cpu")
     docs = model.encode([r["body"] for r in rows], max_tokens=DOC_TOKENS, progress=True)
     queries = model.encode([r["summary"] for r in rows], max_tokens=QUERY_TOKENS)
     embed_s = time.perf_counter() - t0
@@ -94,7 +100,7 @@ def main():
                  "torch": torch.__version__, "faiss": _faiss_version(), "load_avg_start": os.getloadavg()},
         "data": {"file": str(data), "pages": n, "limit": args.limit, "doc_tokens": int(doc_len.sum()),
                  "doc_tokens_mean": float(doc_len.mean()), "query_tokens_mean": float(q_len.mean())},
-        "settings": {"model": MiniLM.name, "doc_max_tokens": DOC_TOKENS, "query_max_tokens": QUERY_TOKENS,
+        "settings": {"model": model.name, "doc_max_tokens": DOC_TOKENS, "query_max_tokens": QUERY_TOKENS,
                      "dtype": "float16 (default)", "search": "defaults (n_candidates, k_tokens, nprobe not passed)", "open_index": args.index,
                      "defaults": _defaults()},
         "embed_s": embed_s,
@@ -160,10 +166,11 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     suffix = ("" if args.index == "auto" else "-" + args.index) + (f"-c{args.n_candidates}" if args.n_candidates else "")
+    suffix += "-words" if args.encoder == "words" else ""
     path = out / f"quality-manpages-dev-{tag}{suffix}.json"
     path.write_text(json.dumps(res, indent=1) + "\n")
 
-    print(f"\n{n} queries (one-line summaries) over {n} man-page bodies, MiniLM per-token, {tag}; "
+    print(f"\n{n} queries (one-line summaries) over {n} man-page bodies, {model.name}, {tag}; "
           f"index {res['index']}, build {res['build_s']:.1f} s")
     print(f"  {'':28} {'MRR@10':>7} {'R@10':>6} {'R@100':>6} {'R@10 vs exh.':>13} {'top-10 =':>9} {'queries/s':>10}")
     for name, m in (("exhaustive MaxSim", res["exhaustive"]), ("mvdb search, k=100", res["mvdb_k100"]),

@@ -1,12 +1,17 @@
 """Sparton (issue #7) against the PyTorch eager SPLADE head, bf16, on the GPU.
 
     python benchmarks/sparton.py [--vocab 30522,250002] [--batches 32,64,128,256]
+    TRITON_INTERPRET=1 python benchmarks/sparton.py --device cpu --dtype float32 --vocab 200 --batches 2 --batch 2 \
+        --seq 16 --hidden 32
 
 Per vocabulary size: B=32, S=256, D=768 forward and forward+backward (gradients of hidden,
 weight and bias; the loss is the sum of the outputs times fixed random weights), median ms
 (triton.testing.do_bench) and peak extra memory, for the eager head (logits, relu, log1p, mask,
 amax) and mvdb.kernels.sparton. Correctness first: both against the eager head in fp32 on the same
 inputs. Then, per vocabulary, the batch sizes at which each one still runs fwd+bwd. JSON to --out.
+``--device cpu`` with tiny shapes (the kernels in Triton's interpreter) checks the script: times
+are medians of timed calls, no memory figures; float32 there, since the interpreter of triton 3.9
+computes bf16 dots wrongly.
 """
 
 from __future__ import annotations
@@ -15,24 +20,28 @@ import argparse
 import datetime
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
 import triton
 
-from mvdb.kernels import sparton
-from mvdb.kernels.sparton import reference
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import median_ms  # noqa: E402
+
+from mvdb.kernels import sparton  # noqa: E402
+from mvdb.kernels.sparton import reference  # noqa: E402
 
 
-def make(B, S, D, V, dtype, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    h = torch.randn(B, S, D, device="cuda", generator=g, dtype=torch.float32).to(dtype)
-    w = (torch.randn(V, D, device="cuda", generator=g) * 0.05).to(dtype)
-    b = (torch.randn(V, device="cuda", generator=g) * 0.1 - 0.5).to(dtype)
-    m = torch.ones(B, S, dtype=torch.int64, device="cuda")
-    lens = torch.randint(S // 4, S + 1, (B,), device="cuda", generator=g)
-    m[torch.arange(S, device="cuda")[None, :] >= lens[:, None]] = 0
-    G = torch.randn(B, V, device="cuda", generator=g)
+def make(B, S, D, V, dtype, seed=0, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    h = torch.randn(B, S, D, device=device, generator=g, dtype=torch.float32).to(dtype)
+    w = (torch.randn(V, D, device=device, generator=g) * 0.05).to(dtype)
+    b = (torch.randn(V, device=device, generator=g) * 0.1 - 0.5).to(dtype)
+    m = torch.ones(B, S, dtype=torch.int64, device=device)
+    lens = torch.randint(S // 4, S + 1, (B,), device=device, generator=g)
+    m[torch.arange(S, device=device)[None, :] >= lens[:, None]] = 0
+    G = torch.randn(B, V, device=device, generator=g)
     return h, w, b, m, G
 
 
@@ -47,6 +56,9 @@ def step(fn, h, w, b, m, G):
 
 
 def peak(fn):
+    """(fn(), peak extra GB on the GPU during it; None on the CPU)."""
+    if not torch.cuda.is_available():
+        return fn(), None
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -66,22 +78,30 @@ def main():
     p.add_argument("--batches", default="32,64,128,256")
     p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
     p.add_argument("--sweep", action="store_true", help="time launch-parameter variants instead (V=30522)")
+    p.add_argument("--batch", type=int, default=32, help="B of the timed case")
+    p.add_argument("--seq", type=int, default=256, help="S, tokens a sequence")
+    p.add_argument("--hidden", type=int, default=768, help="D, the hidden size")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--device", default="cuda",
+                   help="cuda (the benchmark) or cpu (with TRITON_INTERPRET=1: a smoke run)")
     args = p.parse_args()
-    S, D = 256, 768
+    S, D, B, dev, dtype = args.seq, args.hidden, args.batch, args.device, getattr(torch, args.dtype)
     if args.sweep:
         return sweep(S, D, args.out)
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+    cuda = dev.startswith("cuda")
+    res = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+           "triton": triton.__version__, "dtype": args.dtype,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "cases": []}
     impls = {"eager": eager, "sparton": lambda h, w, b, m: sparton(h, w, b, m)}
     for V in [int(v) for v in args.vocab.split(",")]:
-        row = {"V": V, "B": 32, "S": S, "D": D, "flops_fwd": 2 * 32 * S * V * D}
-        h, w, b, m, G = make(32, S, D, V, torch.bfloat16)
+        row = {"V": V, "B": B, "S": S, "D": D, "flops_fwd": 2 * B * S * V * D}
+        h, w, b, m, G = make(B, S, D, V, dtype, device=dev)
         try:  # fp32 eager reference on the same (bf16-rounded) inputs
             ref_out = eager(h.float(), w.float(), b.float(), m)
             ref_g = step(eager, h.float(), w.float(), b.float(), m, G)
         except torch.cuda.OutOfMemoryError:
             ref_out = ref_g = None
-        torch.cuda.empty_cache()
+        torch.cuda.empty_cache() if cuda else None
         for name, fn in impls.items():
             r = {}
             try:
@@ -93,36 +113,35 @@ def main():
                         rel(a, b_) for a, b_ in zip(grads, ref_g))
                 del out, grads
                 with torch.no_grad():
-                    r["fwd_ms"] = triton.testing.do_bench(lambda: fn(h, w, b, m), warmup=5, rep=50,
-                                                          return_mode="median")
-                r["fwd_bwd_ms"] = triton.testing.do_bench(lambda: step(fn, h, w, b, m, G), warmup=3, rep=30,
-                                                          return_mode="median")
+                    r["fwd_ms"] = median_ms(lambda: fn(h, w, b, m), warmup=5, rep=50, cpu_runs=1)
+                r["fwd_bwd_ms"] = median_ms(lambda: step(fn, h, w, b, m, G), warmup=3, rep=30, cpu_runs=1)
                 r["fwd_tflops"] = row["flops_fwd"] / r["fwd_ms"] / 1e9
             except torch.cuda.OutOfMemoryError as e:
                 r["error"] = f"out of memory: {str(e)[:100]}"
-            torch.cuda.empty_cache()
+            torch.cuda.empty_cache() if cuda else None
             row[name] = r
             print(V, name, json.dumps(r), flush=True)
         if "fwd_ms" in row["eager"] and "fwd_ms" in row["sparton"]:
             row["speedup_fwd"] = row["eager"]["fwd_ms"] / row["sparton"]["fwd_ms"]
             row["speedup_fwd_bwd"] = row["eager"]["fwd_bwd_ms"] / row["sparton"]["fwd_bwd_ms"]
-            row["memory_ratio_fwd_bwd"] = row["eager"]["fwd_bwd_peak_gb"] / row["sparton"]["fwd_bwd_peak_gb"]
+            if cuda:
+                row["memory_ratio_fwd_bwd"] = row["eager"]["fwd_bwd_peak_gb"] / row["sparton"]["fwd_bwd_peak_gb"]
         del h, w, b, m, G, ref_out, ref_g
-        torch.cuda.empty_cache()
+        torch.cuda.empty_cache() if cuda else None
         # which batch sizes still run fwd+bwd
         row["batches"] = {}
-        for B in [int(x) for x in args.batches.split(",")]:
-            h, w, b, m, G = make(B, S, D, V, torch.bfloat16)
+        for nb in [int(x) for x in args.batches.split(",")]:
+            h, w, b, m, G = make(nb, S, D, V, dtype, device=dev)
             for name, fn in impls.items():
                 try:
                     _, gb = peak(lambda: step(fn, h, w, b, m, G))
-                    row["batches"].setdefault(name, {})[B] = {"fwd_bwd_peak_gb": gb}
+                    row["batches"].setdefault(name, {})[nb] = {"fwd_bwd_peak_gb": gb}
                 except torch.cuda.OutOfMemoryError:
-                    row["batches"].setdefault(name, {})[B] = "out of memory"
-                torch.cuda.empty_cache()
-            print(V, B, json.dumps({k: v.get(B) for k, v in row["batches"].items()}), flush=True)
+                    row["batches"].setdefault(name, {})[nb] = "out of memory"
+                torch.cuda.empty_cache() if cuda else None
+            print(V, nb, json.dumps({k: v.get(nb) for k, v in row["batches"].items()}), flush=True)
             del h, w, b, m, G
-            torch.cuda.empty_cache()
+            torch.cuda.empty_cache() if cuda else None
         res["cases"].append(row)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

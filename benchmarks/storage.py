@@ -35,6 +35,8 @@ def main():
     p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
     p.add_argument("--keep", action="store_true", help="keep the database afterwards")
     p.add_argument("--no-load", action="store_true", help="skip load_all (when the store exceeds memory)")
+    p.add_argument("--probe-mb", type=int, default=1024,
+                   help="MiB of each of the disk probe's two writes, at most 1024 and the pool's size")
     args = p.parse_args()
     shutil.rmtree(args.path, ignore_errors=True)
     rng = np.random.default_rng(0)
@@ -43,9 +45,9 @@ def main():
     res = {"docs": args.docs, "dim": args.dim, "tokens": int(lengths.sum()), "machine": platform.node(),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
-    # The disk's own ceiling for ingest: 2 GiB written with pwrite, then fsync.
+    # The disk's own ceiling for ingest: two blocks of the pool written with pwrite, then fsync.
     probe = args.path + ".probe"
-    block = memoryview(pool[: 1 << 22].view(np.uint8).reshape(-1))[: 1 << 30]
+    block = memoryview(pool[: 1 << 22].view(np.uint8).reshape(-1))[: min(1 << 30, args.probe_mb << 20)]
     t0 = time.perf_counter()
     fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     for i in range(2):
@@ -54,7 +56,8 @@ def main():
     os.close(fd)
     res["disk_write_fsync_gbps"] = 2 * len(block) / (time.perf_counter() - t0) / 1e9
     os.unlink(probe)
-    print(f"disk: 2 GiB pwrite + fsync at {res['disk_write_fsync_gbps']:.2f} GB/s", flush=True)
+    print(f"disk: {2 * len(block) / 2**20:.0f} MiB pwrite + fsync at {res['disk_write_fsync_gbps']:.2f} GB/s",
+          flush=True)
 
     t_add, nbytes = 0.0, 0
     with Store(args.path, dim=args.dim, dtype="float16") as st:

@@ -2,6 +2,7 @@
 
     python benchmarks/text_api.py --limit 500     # the first 500 dev pages
     python benchmarks/text_api.py                 # all 1,979 (several minutes of CPU encoding per path)
+    python benchmarks/text_api.py --data mvdb/data/manpages-sample.jsonl.gz --limit 40 --encoder words  # smoke
 
 Known-item search as in benchmarks/quality.py: each page's one-line summary is a query, its page
 body the one relevant document; all-MiniLM-L6-v2 per-token vectors, bodies cut at 256 tokens,
@@ -26,6 +27,7 @@ import gzip
 import json
 import os
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,8 +35,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import mvdb
-from mvdb.embed import MiniLM
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import text_model  # noqa: E402
+
+import mvdb  # noqa: E402
 
 
 def mrr10(lists, ids) -> float:
@@ -46,6 +50,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared/data/manpages/dev.jsonl.gz"))
     p.add_argument("--limit", type=int, default=None, help="only the first N pages")
+    p.add_argument("--encoder", default="minilm", choices=["minilm", "words"],
+                   help="words: a stand-in that needs no model (smoke runs; benchmarks/common.py Words)")
     p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
     args = p.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -55,8 +61,9 @@ def main():
     rows = rows[: args.limit] if args.limit else rows
     ids, bodies, summaries = [r["id"] for r in rows], [r["body"] for r in rows], [r["summary"] for r in rows]
     print(f"{len(rows)} man pages from {args.data}; {dev}", flush=True)
-    model = MiniLM(device=dev)
-    res = {"benchmark": "text-api-manpages-dev", "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    model = text_model(args.encoder, device=dev)
+    res = {"benchmark": "text-api-manpages-dev", "model": model.name,
+           "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
            "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "torch": torch.__version__, "device": tag},
            "pages": len(rows), "limit": args.limit}
     with tempfile.TemporaryDirectory() as tmp:
@@ -83,7 +90,7 @@ def main():
     res["max_abs_score_diff"] = max(abs(x.score - y.score) for a, b in zip(emb, txt) for x, y in zip(a, b))
     print(f"top-10 id lists equal for {res['top10_lists_equal']:.2%} of the queries; largest score difference "
           f"{res['max_abs_score_diff']:.2e}", flush=True)
-    out = Path(args.out) / f"text-api-manpages-dev-{tag}.json"
+    out = Path(args.out) / f"text-api-manpages-dev-{tag}{'-words' if args.encoder == 'words' else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n")
     print(f"wrote {out}")

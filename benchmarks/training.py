@@ -3,11 +3,14 @@ bf16, median ms (triton.testing.do_bench) and peak extra GPU memory, for naive a
 max) and mvdb's fused kernels with the default (``auto``) and both backwards. Gradients are checked against naive first.
 
     python benchmarks/training.py [--cases colbert,hardneg,colpali] [--out DIR]
+    TRITON_INTERPRET=1 python benchmarks/training.py --device cpu --cases tiny,tiny-hardneg   # smoke
 
 Cases: ColBERT in-batch B=256 (Lq=32, Ld=180, d=128); hard negatives B=256 x 16 negatives of
 ColPali shape (Lq=32, Ld=1030) as per-query candidates [B, 16, Ld, d]; ColPali in-batch B=64
 (Lq=1024, Ld=1024). late-interaction-kernels 0.4.5 (its wheel in .whl/, installed by
 gpu_session.sh) runs beside when importable, with its own unified and lowmem backwards.
+``--device cpu`` (the tiny cases, the kernels in Triton's interpreter) checks the script: times are
+medians of timed calls, no memory figures.
 """
 
 from __future__ import annotations
@@ -16,17 +19,24 @@ import argparse
 import datetime
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
 import triton
 
-from mvdb.kernels import maxsim
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import median_ms  # noqa: E402
+
+from mvdb.kernels import maxsim  # noqa: E402
 
 CASES = {
     "colbert": dict(b=256, lq=32, ld=180, neg=0),
     "hardneg": dict(b=256, lq=32, ld=1030, neg=16),
     "colpali": dict(b=64, lq=1024, ld=1024, neg=0),
+    # shapes small enough for Triton's CPU interpreter (smoke runs)
+    "tiny": dict(b=4, lq=8, ld=24, neg=0),
+    "tiny-hardneg": dict(b=3, lq=8, ld=24, neg=2),
 }
 
 
@@ -85,10 +95,14 @@ def device_breakdown(fn, n: int = 10) -> dict:
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", default="colbert,hardneg,colpali")
+    p.add_argument("--device", default="cuda",
+                   help="cuda (the benchmark) or cpu (with TRITON_INTERPRET=1: a smoke run)")
     p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
     args = p.parse_args()
-    dev = "cuda"
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+    dev = args.device
+    cuda = dev.startswith("cuda")
+    res = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+           "triton": triton.__version__,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "cases": {}}
     impls = {
         "naive": naive,
@@ -99,9 +113,12 @@ def main():
     try:
         import late_interaction_kernels as lik
 
-        res["late_interaction_kernels"] = lik.__version__
-        impls["lik-unified"] = lambda Q, D: lik.maxsim(Q, D, backward="unified")
-        impls["lik-lowmem"] = lambda Q, D: lik.maxsim(Q, D, backward="lowmem")
+        if cuda:
+            res["late_interaction_kernels"] = lik.__version__
+            impls["lik-unified"] = lambda Q, D: lik.maxsim(Q, D, backward="unified")
+            impls["lik-lowmem"] = lambda Q, D: lik.maxsim(Q, D, backward="lowmem")
+        else:
+            res["late_interaction_kernels"] = f"skipped: {lik.__version__} runs on CUDA only"
     except ImportError as e:
         res["late_interaction_kernels"] = f"not importable: {e}"
     for case in args.cases.split(","):
@@ -116,29 +133,31 @@ def main():
         except torch.cuda.OutOfMemoryError:
             ref = None
             row["reference"] = "fp32 naive did not fit; no gradient check"
-        torch.cuda.empty_cache()
+        torch.cuda.empty_cache() if cuda else None
         for name, fn in impls.items():
             r = {}
             try:
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
-                base = torch.cuda.memory_allocated()
-                torch.cuda.reset_peak_memory_stats()
+                if cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
+                    base = torch.cuda.memory_allocated()
+                    torch.cuda.reset_peak_memory_stats()
                 gq, gd = step(fn, Q, D)
-                torch.cuda.synchronize()
-                r["peak_extra_gb"] = (torch.cuda.max_memory_allocated() - base) / 1e9
+                if cuda:
+                    torch.cuda.synchronize()
+                    r["peak_extra_gb"] = (torch.cuda.max_memory_allocated() - base) / 1e9
                 if ref is not None:
                     r["max_err_dq"] = (gq.float() - ref[0]).abs().max().item()
                     r["max_err_dd"] = (gd.float() - ref[1]).abs().max().item()
                     r["rel_err_dq"] = r["max_err_dq"] / max(ref[0].abs().max().item(), 1e-12)
                     r["rel_err_dd"] = r["max_err_dd"] / max(ref[1].abs().max().item(), 1e-12)
                 del gq, gd
-                r["ms"] = triton.testing.do_bench(lambda fn=fn, Q=Q, D=D: step(fn, Q, D), warmup=5, rep=50,
-                                                  return_mode="median")
-                r["device"] = device_breakdown(lambda fn=fn, Q=Q, D=D: step(fn, Q, D))
+                r["ms"] = median_ms(lambda fn=fn, Q=Q, D=D: step(fn, Q, D), warmup=5, rep=50, cpu_runs=1)
+                if cuda:
+                    r["device"] = device_breakdown(lambda fn=fn, Q=Q, D=D: step(fn, Q, D))
                 Qg, Dg = Q.detach().requires_grad_(), D.detach().requires_grad_()
-                r["fwd_ms"] = triton.testing.do_bench(lambda fn=fn, Qg=Qg, Dg=Dg: fn(Qg, Dg), warmup=5, rep=50,
-                                                      return_mode="median")  # forward only, saving what backward needs
+                r["fwd_ms"] = median_ms(lambda fn=fn, Qg=Qg, Dg=Dg: fn(Qg, Dg), warmup=5, rep=50,
+                                        cpu_runs=1)  # forward only, saving what backward needs
                 del Qg, Dg
             except torch.cuda.OutOfMemoryError as e:
                 r["error"] = f"out of memory: {str(e)[:120]}"

@@ -334,6 +334,7 @@ def test_deeply_nested_bodies_are_400_not_500(server, depth, fmt):
     assert "nested more than 64 levels" in answer["message"]
 
 
+@pytest.mark.heavy
 def test_obj_maps_make_no_type_per_request_and_are_bounded(server):
     import msgpack
 
@@ -399,6 +400,7 @@ def test_legacy_metadata_with_lone_surrogates_is_served(tmp_path):
         assert status == 200 and answer == [{"a": "\udc80"}]
 
 
+@pytest.mark.heavy
 def test_cli_verify_and_recover_on_a_restored_manifest(tmp_path):
     path = tmp_path / "db"
     rng = np.random.default_rng(12)

@@ -1,5 +1,7 @@
 """The benchmark runner (``python -m benchmarks``): its list, every registered script present and
-answering ``--help`` on a CPU machine, and one small run writing its results file."""
+answering ``--help`` on a CPU machine, one small run writing its results file, and every suite's
+smoke run (``run NAME --smoke``: the whole script at a tiny size on the CPU) writing results whose
+key figures hold."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,6 +23,9 @@ IDS = [s.name for s in SUITES]
 # the scripts as users run them: conftest turns the Triton interpreter on for the tests' kernels
 ENV = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 GPU = {"no": "no", "optional": "optional", "1": "yes", "2": "2 GPUs"}
+# the smoke runs, two at a time on the 2-core machine: one thread each
+SMOKE_ENV = {**ENV, "OMP_NUM_THREADS": "1", "MVDB_PROGRESS": "0"}
+SMOKE_TIMEOUT = 600
 
 
 def _runner(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -61,6 +67,7 @@ def test_registry_names_are_unique_and_cover_the_docs_suites():
         assert name in IDS
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("suite", SUITES, ids=IDS)
 def test_registered_script_exists_and_answers_help(suite, helps):
     assert suite.path.is_file(), suite.path
@@ -82,6 +89,7 @@ def test_run_refuses_out():
     assert r.stderr.strip() == "the runner chooses --out; use --results DIR before the suite's name"
 
 
+@pytest.mark.heavy
 def test_run_writes_latest_results_with_machine_versions_and_date(tmp_path):
     r = _runner("--results", str(tmp_path), "run", "first-open", "--docs", "200", timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -94,3 +102,230 @@ def test_run_writes_latest_results_with_machine_versions_and_date(tmp_path):
     assert {"python", "torch", "numpy"} <= set(res["versions"])
     assert res["date"].endswith("+00:00")
     assert list(res["results"]) == ["first-open-200-cpu.json"]
+
+
+# ---- smoke runs: every suite end to end at a tiny size on the CPU (issue #46)
+
+
+def _smoke(suite, root: Path) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run([sys.executable, "-m", "benchmarks", "--results", str(root / suite.name), "run", suite.name,
+                            "--smoke"], cwd=ROOT, capture_output=True, text=True, timeout=SMOKE_TIMEOUT, env=SMOKE_ENV)
+    except subprocess.TimeoutExpired as e:
+        r = subprocess.CompletedProcess(e.cmd, -1, str(e.stdout or ""), f"timed out after {e.timeout} s")
+    return r, time.perf_counter() - t0
+
+
+@pytest.fixture(scope="module")
+def smokes(request, tmp_path_factory) -> dict:
+    """The selected suites' ``run NAME --smoke``, two at a time, the ones running Triton's
+    interpreter first (the longest): name -> (process, seconds, its results folder)."""
+    root = tmp_path_factory.mktemp("smoke")
+    wanted = {item.callspec.params["suite"].name for item in request.session.items
+              if getattr(item, "originalname", None) == "test_smoke_run_writes_results_with_its_key_figures"}
+    order = sorted((s for s in SUITES if s.name in wanted), key=lambda s: not dict(s.smoke_env).get("TRITON_INTERPRET"))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = dict(zip([s.name for s in order], pool.map(lambda s: _smoke(s, root), order)))
+    return {name: (r, sec, root / name) for name, (r, sec) in runs.items()}
+
+
+def _unit(x) -> bool:
+    return isinstance(x, (int, float)) and 0 <= x <= 1
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and x > 0
+
+
+def _kernels(r):
+    rows = r["rows"]
+    mvdb_rows = [row for row in rows if row["impl"].startswith("mvdb")]
+    assert {row["case"] for row in mvdb_rows} == {"a-8", "a-8-int8", "b-colpali", "b-colpali-int8", "c-16", "c-16-int8"}
+    for row in rows:
+        assert row["correct"], row
+        assert _positive(row["ms"]) and _unit(row["top10_agreement"])
+    assert all(v.startswith("skipped: ") for v in r["info"]["peers"].values()), r["info"]["peers"]
+
+
+def _kernel_floor(r):
+    assert set(r["cases"]) == {"c-16 int8", "c-16 fp16", "a-8 int8", "a-8 fp16"}
+    for row in r["cases"].values():
+        assert row["mvdb_max_rel_err"] <= 3e-2
+        assert _positive(row["mvdb_default_ms"]) and _positive(row["read_kernel_best_ms"])
+    assert _positive(r["in_order"]["c-16 fp16"]["ms"])
+
+
+def _codes_kernel(r):
+    assert len(r["rows"]) == 2 and all(row["correct"] and _positive(row["ms"]) for row in r["rows"])
+    assert r["best"] in r["rows"]
+
+
+def _e2e(r):
+    (run,) = r["runs"]
+    assert len(run["sweep"]) == 6 and _positive(r["exhaustive_qps"])
+    for row in run["sweep"]:
+        assert _unit(row["recall10"]) and _unit(row["source_at_1"]) and _positive(row["batch_qps"])
+    assert run["sweep"][0]["recall10"] >= 0.9
+
+
+def _fastplaid(r):
+    assert _positive(r["exhaustive_qps"])
+    if "skipped" in r:  # fast_plaid not importable: said so, nothing of it reported
+        assert r["skipped"].startswith("fast-plaid: cannot import fast_plaid") and "sweep" not in r
+    else:
+        assert all(_unit(row["recall10_vs_exhaustive"]) for row in r["sweep"])
+
+
+def _tiers(r):
+    assert [(run["tier"], run["stats"]["tier"]) for run in r["runs"]] == [
+        ("device", "device"), ("host", "codes+host"), ("disk", "codes+disk"), ("disk-cold", "codes+disk")]
+    for run in r["runs"]:
+        assert all(_unit(row["recall10"]) and row["recall10"] >= 0.9 and _positive(row["batch_qps"])
+                   for row in run["rows"])
+    assert _unit(r["runs"][-1]["cold"]["recall10"])
+
+
+def _large(r):
+    assert r["phase"] == "done"
+    assert [(run["open"], run["stats"]["tier"]) for run in r["runs"]] == [
+        ("auto", "device"), ("host", "codes+host"), ("disk", "codes+disk")]
+    assert all(_unit(run["search"]["recall10"]) and run["search"]["recall10"] >= 0.9 for run in r["runs"])
+
+
+def _defaults(files):
+    assert sorted(files) == ["defaults-dups-300.json", "defaults-topics-300.json"]
+    for r in files.values():
+        assert len(r["variants"]) == 2
+        for v in r["variants"]:
+            assert [s.get("nprobe") for s in v["search"]] == [None, 2]
+            assert all(_unit(s["recall10"]) and _positive(s["batch_qps"]) for s in v["search"])
+
+
+def _grow(r):
+    assert [m["mode"] for m in r["modes"]] == ["bulk", "grow3"]
+    for m in r["modes"]:
+        assert all(_unit(s["recall10"]) for s in m["search"]) and _unit(m["after_reopen"]["search"]["recall10"])
+    assert r["modes"][1]["after_compact"]["segments"] == 1
+
+
+def _multigpu(r):
+    assert r["devices"] == ["cpu", "cpu"] and len(r["sharded"]["shards"]) == 2
+    assert _unit(r["one_gpu"]["recall10_vs_exhaustive"]) and _unit(r["sharded"]["recall10_vs_exhaustive"])
+    assert _unit(r["hits_overlap_one_vs_sharded"]) and _positive(r["speedup_batch_qps"])
+
+
+def _ray_ingest(r):
+    (run,) = r["runs"]
+    assert run["workers"] == 2 and run["added"] == 100 and _positive(run["docs_per_s"])
+
+
+def _serve(r):
+    (server,) = r["servers"]
+    assert server["served_equals_in_process"] == "100/100" and server["server_exit"] == 0
+    (load,) = server["load"]
+    assert load["clients"] == 2 and _positive(load["qps"]) and "errors" not in load
+    assert _positive(r["in_process_batched_qps"])
+
+
+def _training(r):
+    assert set(r["cases"]) == {"tiny", "tiny-hardneg"}
+    assert r["late_interaction_kernels"].startswith(("not importable", "skipped"))
+    for case in r["cases"].values():
+        for name in ("mvdb-auto", "mvdb-unified", "mvdb-lowmem"):
+            row = case[name]
+            assert row["rel_err_dq"] < 2e-2 and row["rel_err_dd"] < 2e-2, (name, row)
+            assert _positive(row["ms"]) and _positive(row["fwd_ms"])
+
+
+def _sparton(r):
+    (case,) = r["cases"]
+    row = case["sparton"]
+    assert max(row[k] for k in ("rel_err_out", "rel_err_d_hidden", "rel_err_d_weight", "rel_err_d_bias")) < 1e-4, row
+    assert _positive(row["fwd_ms"]) and _positive(case["speedup_fwd"])
+
+
+def _hybrid(r):
+    assert r["pages"] == 40 and r["model"].startswith("words") and _unit(r["bm25_alone_mrr10"])
+    assert len(r["settings"]) == 4
+    for row in r["settings"]:
+        for channel in ("tokens", "tokens+bm25"):
+            c = row[channel]
+            assert _unit(c["candidate_recall"]) and _unit(c["recall_at_10"]) and _unit(c["mrr10"])
+
+
+def _quality(r):
+    assert r["data"]["pages"] == 40 and r["settings"]["model"].startswith("words")
+    assert _unit(r["exhaustive"]["mrr10"]) and r["exhaustive"]["mrr10"] > 0.5
+    for k in ("mvdb_k10", "mvdb_k100"):
+        assert _unit(r[k]["mrr10"]) and _unit(r[k]["recall10_vs_exhaustive"])
+    assert r["max_abs_score_diff_vs_exhaustive"] < 1e-2
+
+
+def _text_api(r):
+    assert r["pages"] == 40 and r["model"].startswith("words")
+    assert _unit(r["embeddings_path"]["mrr10"]) and r["text_path"]["mrr10"] == r["embeddings_path"]["mrr10"]
+    assert r["top10_lists_equal"] == 1.0
+
+
+def _storage(r):
+    for key in ("disk_write_fsync_gbps", "ingest_gbps", "open_seconds_median", "gather_1000_ms_median",
+                "gather_1000_ms_h5py_slices", "load_all_gbps"):
+        assert _positive(r[key]), key
+
+
+def _open_checksums(r):
+    assert all(_positive(t) for k in ("open_s_checksums_True", "open_s_checksums_False") for t in r[k])
+    assert isinstance(r["overhead"], float)
+
+
+def _first_open(r):
+    assert r["docs"] == 200 and all(_positive(r[step]["open_s"]) for step in ("first", "reopen"))
+
+
+def _cpu(r):
+    assert [s["docs"] for s in r["sizes"]] == [300, 600]
+    assert all(_positive(s["ivf_per_query_s"]) and _positive(s["exhaustive_per_query_s"]) for s in r["sizes"])
+
+
+def _cpu_pool(r):
+    assert [run["nlist"] for run in r["runs"]] == [64, 128]
+    for run in r["runs"]:
+        assert all(_unit(p["pool_recall"]) for p in run["pools"]) and all(_unit(s["recall10"]) for s in run["searches"])
+
+
+def _install(r):
+    (case,) = r["cases"]
+    assert case["case"] == "local" and case["smoke"]["ok"] and case["packages"]["torch"]
+
+
+CHECKS = {"kernels": _kernels, "kernel-floor": _kernel_floor, "codes-kernel": _codes_kernel, "e2e": _e2e,
+          "fastplaid": _fastplaid, "tiers": _tiers, "large": _large, "grow": _grow, "multigpu": _multigpu,
+          "ray-ingest": _ray_ingest, "serve": _serve, "training": _training, "sparton": _sparton, "hybrid": _hybrid,
+          "quality": _quality, "text-api": _text_api, "storage": _storage, "open-checksums": _open_checksums,
+          "first-open": _first_open, "cpu": _cpu, "cpu-pool": _cpu_pool, "install": _install}
+CHECK_FILES = {"defaults": _defaults}  # suites whose script writes several files: checked together
+
+
+def test_every_suite_has_a_smoke_run_and_a_check():
+    assert set(CHECKS) | set(CHECK_FILES) == set(IDS)
+    for s in SUITES:
+        assert s.smoke, s.name
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("suite", SUITES, ids=IDS)
+def test_smoke_run_writes_results_with_its_key_figures(suite, smokes):
+    r, seconds, folder = smokes[suite.name]
+    assert r.returncode == 0, f"{suite.smoke_command}: {r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    (path,) = folder.iterdir()
+    assert path.name.startswith(f"{suite.name}-") and path.name.endswith("-smoke.json")
+    res = json.loads(path.read_text())
+    assert res["suite"] == suite.name and res["smoke"] is True and res["command"] == suite.smoke_command
+    files = res["results"]
+    if suite.name in CHECK_FILES:
+        CHECK_FILES[suite.name](files)
+    else:
+        (r,) = files.values()
+        CHECKS[suite.name](r)
+    print(f"{suite.name}: {seconds:.1f} s")

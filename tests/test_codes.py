@@ -63,6 +63,7 @@ def _store(n_docs, dim, nlist, bits, seed=0):
     return x, off, centroids, lists, encode(x, lists, centroids, cutoffs, bits), weights
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("dim", [32, 48])
 @pytest.mark.parametrize("group,half", [(1, False), (3, True)])
@@ -148,6 +149,7 @@ def _open(path, residency="host", **kw):
     return mvdb.open(path, device="cpu", residency=residency, index="ivf", nlist=8, progress=False, **kw)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("tier", ["host", "disk"])
 def test_codes_tier_answers_as_exhaustive_maxsim_when_the_pool_covers_the_corpus(tmp_path, tier):
     rng = np.random.default_rng(0)
@@ -179,6 +181,7 @@ def test_codes_tier_answers_as_exhaustive_maxsim_when_the_pool_covers_the_corpus
             [[h.id for h in r] for r in exact]
 
 
+@pytest.mark.heavy
 def test_codes_persist_and_damaged_codes_are_rebuilt(tmp_path):
     rng = np.random.default_rng(1)
     docs = _docs(rng, 80)

@@ -156,6 +156,8 @@ def _kind_marks(kind):
         return [pytest.mark.skip(reason=RAY_MISSING)]
     if kind == "client" and Client is None:
         return [pytest.mark.skip(reason=SERVE_MISSING)]
+    if kind == "cluster":  # a local Ray and its actors: seconds a check on the 2-core CI machine
+        return [pytest.mark.heavy]
     return []
 
 
@@ -419,6 +421,7 @@ WHERE = {
 }
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("kind,case", params("search_where", list(WHERE)))
 def test_search_where(kind, case, corpus):
     where, fn = WHERE[case]

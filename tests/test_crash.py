@@ -97,6 +97,7 @@ def test_sigkill_writer_25_times(tmp_path):
     print(stats)
 
 
+@pytest.mark.heavy
 def test_sigkill_database_writer_during_retrains(tmp_path):
     """A database writer whose IVF index retrains after almost every add, killed at random moments:
     nothing committed is lost and the index files stay consistent (issue #13)."""
@@ -112,6 +113,7 @@ def test_sigkill_writer_300_times(tmp_path):
     assert stats["kills"] == 300
 
 
+@pytest.mark.heavy
 def test_sigkill_codes_writer_during_code_rebuilds(tmp_path):
     """The same with the compressed tier (issue #45): its residual codes are rebuilt with every
     retrain; a kill in the middle loses nothing and leaves the codes' files consistent."""

@@ -49,6 +49,7 @@ def db(tmp_path):
     d.close()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("dtype", ["float16", "int8"])
 def test_search_recall_against_exhaustive(tmp_path, dtype):
     docs = _corpus(400)
@@ -166,6 +167,7 @@ def test_empty_database_search(db):
         db.rerank(np.ones((2, DIM), np.float32), [])
 
 
+@pytest.mark.heavy
 def test_where_filters_return_k_hits_when_k_match(db):
     docs = _corpus(120)
     langs = ["en", "fr", "de"]
@@ -185,6 +187,7 @@ def test_where_filters_return_k_hits_when_k_match(db):
         db.search(q, where=["lang"])
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("dtype", ["float16", "int8"])
 def test_ivf_index_search_and_incremental_add(tmp_path, dtype):
     docs = _corpus(300, seed=9)
@@ -198,6 +201,7 @@ def test_ivf_index_search_and_incremental_add(tmp_path, dtype):
         assert sum(first) >= 9
 
 
+@pytest.mark.heavy
 def test_ivf_recall_against_exhaustive(tmp_path):
     """Centroid lists on a corpus with word structure (mvdb/testing/synthetic.py, scaled down): the
     candidate stage must find the exhaustive top-10 among 3-7% of the documents. (The defaults
@@ -222,6 +226,7 @@ def _index_files(path):
     return sorted(p.name for p in (path / "index").iterdir())
 
 
+@pytest.mark.heavy
 def test_ivf_index_is_persisted_and_reopening_does_not_retrain(tmp_path, monkeypatch, engine_over):
     docs = _corpus(120, seed=13)
     q = _query(docs[7], np.random.default_rng(14))
@@ -246,6 +251,7 @@ def test_ivf_index_is_persisted_and_reopening_does_not_retrain(tmp_path, monkeyp
     assert torch.equal(engine_over(tmp_path / "db").state.index.list_rows, lists)
 
 
+@pytest.mark.heavy
 def test_ivf_index_file_damage_is_repaired_from_the_segments(tmp_path):
     docs = _corpus(60, seed=15)
     q = _query(docs[3], np.random.default_rng(16))
@@ -273,6 +279,7 @@ def _centroids(db):
     return next(e for e in db.store.manifest["index_files"] if e["kind"] == "centroids")
 
 
+@pytest.mark.heavy
 def test_ivf_retrains_as_the_corpus_grows_and_compaction_drops_stale_codes(tmp_path):
     docs = _corpus(200, seed=17)
     with mvdb.open(tmp_path / "db", index="ivf", nlist=8) as db:
@@ -334,6 +341,7 @@ def test_bad_index_options(tmp_path):
             db.search(_corpus(1)[0], n_candidates=0)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("index", ["flat", "ivf"])
 @pytest.mark.parametrize("dtype", ["float16", "int8"])
 def test_host_residency_gives_the_same_results(tmp_path, index, dtype, engine_over):

@@ -42,6 +42,7 @@ def _sources(tmp_path, n_files=3, per_file=40, seed=0):
     return paths, docs
 
 
+@pytest.mark.heavy
 def test_ingest_and_cluster_search_equal_a_single_database(local_ray, tmp_path):
     sources, docs = _sources(tmp_path)
     shards = [tmp_path / f"shard-{i}" for i in range(3)]
@@ -74,6 +75,7 @@ def test_ingest_and_cluster_search_equal_a_single_database(local_ray, tmp_path):
         single.close()
 
 
+@pytest.mark.heavy
 def test_actor_killed_mid_ingest_leaves_committed_shards_and_resumes(local_ray, tmp_path):
     sources, docs = _sources(tmp_path, seed=1)
     shards = [tmp_path / f"shard-{i}" for i in range(2)]
@@ -129,6 +131,7 @@ def _assert_finds_every_document(db, ids, docs, meta=None):
     assert [h[0].id for h in hits] == list(ids)
 
 
+@pytest.mark.heavy
 def test_sharded_database_opens_as_a_cluster_and_back(local_ray, tmp_path):
     """A database written by ShardedDatabase (mvdb.open(path, devices=[...])) works through a Ray
     Cluster on its directory: get, metadata, delete and search route by membership, not by a hash
@@ -213,6 +216,7 @@ def test_layout_records_placement_and_rejects_escaping_names(local_ray, tmp_path
         md.ingest([os.devnull], path)
 
 
+@pytest.mark.heavy
 def test_cluster_has_the_database_api(local_ray, tmp_path):
     """What a Cluster offers beyond search and reads by id, against the same directory opened as
     a ShardedDatabase: rerank routed to the owner shards, one stats dict and one verify report

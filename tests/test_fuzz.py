@@ -95,6 +95,7 @@ READS = {
 }
 
 
+@pytest.mark.heavy
 @SETTINGS
 @given(name=st.sampled_from(sorted(WRITES)), a=anything, b=anything, c=anything)
 def test_writes_refuse_with_mvdb_errors_and_leave_no_trace(db, name, a, b, c):
@@ -125,6 +126,7 @@ filters = st.recursive(
     max_leaves=10)
 
 
+@pytest.mark.heavy
 @SETTINGS
 @given(where=filters)
 def test_filters_match_a_reference_or_are_refused(db, where):

@@ -25,6 +25,7 @@ def small_pages(monkeypatch):
     monkeypatch.setattr(resident, "MIN_PAGE_BYTES", 0)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("dtype", ["float16", "int8"])
 def test_many_adds_score_like_one_add(tmp_path, dtype, small_pages):
     docs = _corpus(90, seed=31)
@@ -51,6 +52,7 @@ def test_many_adds_score_like_one_add(tmp_path, dtype, small_pages):
         assert again.search(queries, **kw) == got
 
 
+@pytest.mark.heavy
 def test_resident_capacity_grows_logarithmically(tmp_path, small_pages):
     docs = _corpus(40, seed=33)
     rng = np.random.default_rng(34)
@@ -103,6 +105,7 @@ def test_page_starts_are_whole_rows_from_the_first_page(tmp_path, small_pages):
             assert int(view.starts[row]) == view.pages[page].row + a - view.pages[page].first
 
 
+@pytest.mark.heavy
 def test_ivf_grown_in_many_adds_keeps_its_recall(tmp_path):
     """40 adds of a topic corpus into an IVF database reach the one-add build's recall@10 (within
     0.02), before and after reopening: the index is retrained as the corpus grows (list-count steps, 4x growth)."""
@@ -169,6 +172,7 @@ def test_new_database_records_its_choice_without_warning(tmp_path):
             assert db.stats()["index"] == "ivf" and db.stats()["nlist"] == 4
 
 
+@pytest.mark.heavy
 def test_cpu_flat_index_is_filled_on_first_use(tmp_path):
     """On a CPU, opening a flat ("auto", small) database copies no tokens into the token index:
     default searches (and nprobe or a sparse channel, which an exhaustive search covers) score

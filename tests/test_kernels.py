@@ -186,6 +186,7 @@ def test_long_query_is_chunked_exactly(device):
     _check_close(got, ref, _torch_same_dtype_csr(q, cu_q, d, cu_d))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("device", TRITON_DEVICES)
 @pytest.mark.parametrize("dtype", ["fp16", "int8", "int8-quant-in-kernel"])
 def test_long_queries_split_across_programs(device, dtype, monkeypatch):
@@ -297,6 +298,7 @@ def test_query_chunk_rule():
     assert tuning._mean_doc_len(int(kernel.PADDED_CROSS.value), d, None, 700, None) == 700
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("device", TRITON_DEVICES)
 @pytest.mark.parametrize("dtype", ["fp16", "int8", "int8-quant-in-kernel"])
 @pytest.mark.parametrize("runmax", [0, 1], ids=["reduce-per-tile", "running-max"])

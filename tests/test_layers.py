@@ -86,6 +86,7 @@ def test_no_import_cycles_inside_mvdb():
     assert not cycles, cycles
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("module, absent", [
     ("mvdb.kernels", ["h5py", "faiss", "mvdb.database", "mvdb.engine"]),
     ("mvdb.storage", ["faiss", "mvdb.database", "mvdb.engine"]),

@@ -15,6 +15,7 @@ def _lists(nlist, n_rows, max_len, g):
     return torch.tensor(off), torch.cat(rows).int()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("n_rows,max_len,p", [(50, 20, 3), (3000, 2500, 2), (9, 9, 5)])
 def test_credit_lists_triton_matches_torch(n_rows, max_len, p):
     g = torch.Generator().manual_seed(n_rows)
@@ -60,6 +61,7 @@ def test_credit_lists_long_query():
     torch.testing.assert_close(got.cpu(), torch.full((1, 2), t - 0.5), rtol=1e-5, atol=0)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("tokens_per_launch,block,p", [(1, 16, 3), (7, 32, 3), (100, 64, 3), (3, 32, 1)])
 def test_credit_lists_fixed_launches_and_blocks(tokens_per_launch, block, p):
     """However many tokens a launch holds (its bitmaps re-zeroed between launches) and however
@@ -93,6 +95,7 @@ def test_credit_lists_fixed_launches_and_blocks(tokens_per_launch, block, p):
     assert torch.equal(tail, got[2:])
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("n_rows,spans", [(200, 8), (1000, 4), (70, 16)])
 def test_credit_lists_fixed_parts_give_the_same_table(n_rows, spans):
     """Rows split into spans, a program per (token, span): the same table for every number of
@@ -148,6 +151,7 @@ def test_credit_lists_no_queries():
         assert got.shape == (0, 2)
 
 
+@pytest.mark.heavy
 def test_candidates_triton_and_torch_agree():
     """Lists.candidates: the Triton path = the torch path, in one chunk and in chunks of one query
     (the table's first row is then a later query of the batch)."""

@@ -70,6 +70,7 @@ def _flat_answers(path, docs, queries):
         return db.stats()["index_backend"], [sorted(c) for c in cand], [[(h.id, round(h.score, 4)) for h in q] for q in hits]
 
 
+@pytest.mark.heavy
 def test_torch_flat_index_matches_faiss(tmp_path, monkeypatch):
     pytest.importorskip("faiss")
     docs = _corpus(400, seed=1)
@@ -83,6 +84,7 @@ def test_torch_flat_index_matches_faiss(tmp_path, monkeypatch):
     assert hits_t == hits  # same top-k, same scores
 
 
+@pytest.mark.heavy
 def test_torch_flat_index_follows_adds(tmp_path, no_faiss):
     docs = _corpus(300, seed=3)
     with mvdb.open(tmp_path / "db", index="flat", device="cpu") as db:
@@ -98,6 +100,7 @@ def test_torch_flat_index_follows_adds(tmp_path, no_faiss):
         assert [h[0].id for h in top] == list(range(0, 300, 30))
 
 
+@pytest.mark.heavy
 def test_torch_ivf_recall_against_exhaustive(tmp_path, monkeypatch, no_faiss):
     """test_database.test_ivf_recall_against_exhaustive's corpus and thresholds, k-means and list
     assignment in torch, on the CPU path for many lists: two-level k-means, the coarse quantizer."""
@@ -161,6 +164,7 @@ def test_torch_kmeans_half_gemm_clusters_as_well():
     assert fit(half) >= 0.99 * fit(full), (fit(half), fit(full))
 
 
+@pytest.mark.heavy
 def test_ivf_index_trained_in_torch_is_persisted(tmp_path, monkeypatch, no_faiss):
     docs = _corpus(200, seed=7)
     with mvdb.open(tmp_path / "db", index="ivf", device="cpu") as db:
@@ -188,6 +192,7 @@ BLOCKED = ("import sys; sys.modules['faiss'] = None\n"  # `import faiss` raises 
            "print(json.dumps(out))\n")
 
 
+@pytest.mark.heavy
 def test_a_fresh_interpreter_without_faiss_searches(tmp_path):
     r = subprocess.run([sys.executable, "-c", BLOCKED], check=False, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr

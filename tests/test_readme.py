@@ -67,6 +67,7 @@ def _env():
     return env
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("block", RUNNABLE, ids=[b["where"] for b in RUNNABLE])
 def test_readme_block_runs(block, tmp_path):
     if block["mark"] == "gpu" and not torch.cuda.is_available():

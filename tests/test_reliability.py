@@ -206,6 +206,7 @@ def test_lock_survives_deleting_lock_files(tmp_path):
             Store(path)
 
 
+@pytest.mark.heavy
 def test_index_write_failure_after_the_commit_leaves_the_handle_consistent(tmp_path, monkeypatch):
     rng = np.random.default_rng(2)
     docs = _docs(rng, 40, 20, 40)
@@ -290,6 +291,7 @@ _ENOSPC_SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("preflight", [True, False], ids=["preflight", "mid-write"])
 def test_disk_full_on_a_small_tmpfs(tmp_path, preflight):
     mnt = tmp_path / "mnt"
@@ -380,6 +382,7 @@ _THREADS_SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("kind", ["single", "sharded"])
 def test_threads_search_while_one_writes(tmp_path, kind):
     seconds = os.environ.get("MVDB_THREAD_SECONDS", "8")

@@ -73,6 +73,7 @@ def served(tmp_path):
     db.close()
 
 
+@pytest.mark.heavy
 def test_every_method_equals_the_library(served):
     db, c, _, docs = served
     rng = np.random.default_rng(1)
@@ -204,6 +205,7 @@ def test_api_key_size_limit_and_read_only(tmp_path):
         assert len(db) == 10
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("workers", [1, 2])
 def test_concurrent_clients_while_one_writes_get_consistent_answers(tmp_path, workers):
     """16 client threads search (fixed number of rounds) while one thread adds: every hit is a
@@ -310,6 +312,7 @@ def _gone(pids, timeout=30.0) -> bool:
     return False
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("workers", [1, 2])
 def test_killed_mid_add_restarts_with_every_acknowledged_add(tmp_path, workers):
     """SIGKILL of the server (with worker processes: of the main one, which holds the database)
@@ -361,6 +364,7 @@ def test_killed_mid_add_restarts_with_every_acknowledged_add(tmp_path, workers):
         assert proc.wait(timeout=60) == 0  # graceful
 
 
+@pytest.mark.heavy
 def test_sigterm_lets_the_write_in_flight_finish(tmp_path):
     rng = np.random.default_rng(8)
     proc, url = _start(tmp_path / "db", "--create")

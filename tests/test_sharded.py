@@ -32,6 +32,7 @@ DEVICE_SETS = [
 ]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("devices", DEVICE_SETS)
 def test_sharded_results_equal_a_single_database(tmp_path, devices):
     """With every document a candidate in both, the merged per-shard top-k is the single top-k."""

@@ -430,6 +430,7 @@ def test_auto_on_the_gpu_returns_the_measured_backwards_gradients(monkeypatch):
     assert list(train.AUTO_CHOICES.values()) == [chosen]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("device", TRITON_DEVICES)
 @pytest.mark.parametrize("tune", [{}, {"dd_perdoc": 0, "dd_cross": 0}, {"dq_bq": 8}],
                          ids=["defaults", "sorted-dD", "dq-blocks-of-8"])
