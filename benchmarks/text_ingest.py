@@ -44,10 +44,11 @@ DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "manpage
 
 
 def passages(data: Path, n: int, words: int = 50) -> list[str]:
-    """``n`` passages of ``words`` words from the man pages' bodies (cycled with a number if short)."""
+    """``n`` passages of ``words`` words from the man pages' bodies (cycled with a number if short);
+    ``data``: the set's folder, or one of its JSONL files."""
     out = []
-    for name in ("dev.jsonl.gz", "gcloud.jsonl.gz"):
-        with gzip.open(data / name, "rt") as f:
+    for path in [data] if data.is_file() else [data / "dev.jsonl.gz", data / "gcloud.jsonl.gz"]:
+        with gzip.open(path, "rt") as f:
             for line in f:
                 w = json.loads(line)["body"].split()
                 out += [" ".join(w[i : i + words]) for i in range(0, len(w) - words // 2, words)]
@@ -66,7 +67,7 @@ def main():
     p.add_argument("--dtype", default=None, choices=["float16", "float32"],
                    help="the model's dtype (default float16 on a GPU, float32 on a CPU)")
     p.add_argument("--model", default=None)
-    p.add_argument("--data", default=str(DATA))
+    p.add_argument("--data", default=str(DATA), help="the man-page set's folder, or one JSONL file of it")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--check", type=int, default=2000)
     p.add_argument("--skip", default="", help="comma list of bare,mvdb,stages,add_texts to leave out")

@@ -294,6 +294,13 @@ def _cpu_pool(r):
         assert all(_unit(p["pool_recall"]) for p in run["pools"]) and all(_unit(s["recall10"]) for s in run["searches"])
 
 
+def _text_ingest(r):
+    assert r["texts"] == 48 and r["check"]["same_token_counts"] and r["check"]["max_abs_diff_fp16_store"] < 2e-3
+    for path in ("mvdb", "mvdb_first_call", "bare", "add_texts"):
+        assert _positive(r[path]["docs_per_s"]), path
+    assert r["add_texts"]["documents"] == 48 and _positive(r["stages"]["forward_s"])
+
+
 def _install(r):
     (case,) = r["cases"]
     assert case["case"] == "local" and case["smoke"]["ok"] and case["packages"]["torch"]
@@ -302,7 +309,7 @@ def _install(r):
 CHECKS = {"kernels": _kernels, "kernel-floor": _kernel_floor, "codes-kernel": _codes_kernel, "e2e": _e2e,
           "fastplaid": _fastplaid, "tiers": _tiers, "large": _large, "grow": _grow, "multigpu": _multigpu,
           "ray-ingest": _ray_ingest, "serve": _serve, "training": _training, "sparton": _sparton, "hybrid": _hybrid,
-          "quality": _quality, "text-api": _text_api, "storage": _storage, "open-checksums": _open_checksums,
+          "quality": _quality, "text-api": _text_api, "text-ingest": _text_ingest, "storage": _storage, "open-checksums": _open_checksums,
           "first-open": _first_open, "cpu": _cpu, "cpu-pool": _cpu_pool, "install": _install}
 CHECK_FILES = {"defaults": _defaults}  # suites whose script writes several files: checked together
 
