@@ -313,8 +313,9 @@ def test_inline_rerank_still_takes_ints_and_float64():
         ([0, 1.5], r"candidate_ids\[1\]: expected an int or str id, got float"),
         ([True], r"candidate_ids\[0\]: expected an int or str id, got bool"),
         (np.array([0.0, 1.0]), r"candidate_ids\[0\]: expected an int or str id, got float"),
+        (np.array(0, dtype=np.int8), r"candidate_ids: expected a list of ids, got ndarray"),  # 0-d: no length
     ],
-    ids=["none", "int", "str", "dict", "none-id", "float-id", "bool-id", "float-array"],
+    ids=["none", "int", "str", "dict", "none-id", "float-id", "bool-id", "float-array", "0-d-array"],
 )
 def test_database_rerank_bad_candidate_ids(filled, candidate_ids, message):
     with pytest.raises(InvalidTypeError, match=message):

