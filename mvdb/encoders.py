@@ -19,9 +19,8 @@ Three kinds of model, told apart by their class:
   unless ``normalize=True`` asks the adapter to L2-normalise each token.
 
 ``encode`` runs a Sentence Transformers or PyLate model through mvdb's batched pipeline
-(:mod:`mvdb.text_pipeline`: tokenized ahead in a thread, masked, normalised and packed on the
-device, one copy to the host per chunk of batches), which makes the vectors the model's own
-``encode`` makes. A callable (or ``pipeline=False``) is called ``batch_size`` texts at a time, the
+(:mod:`mvdb.text_pipeline`: a chunk of texts tokenized at once, masked, normalised and packed on
+the device, few copies to the host), which makes the vectors the model's own ``encode`` makes. A callable (or ``pipeline=False``) is called ``batch_size`` texts at a time, the
 texts sorted by length as Sentence Transformers sorts them, and every output is checked: one per
 text, 2-D, the same dim for all. Progress goes to stderr (``mvdb.engine.progress``;
 ``MVDB_PROGRESS=0`` turns it off). Results are float32 numpy arrays in the order of the texts;
@@ -243,14 +242,19 @@ class Encoder:
         for a special token), for showing which words matched; None where the model does not say
         (a callable, a PyLate model, ``pipeline=False``)."""
         texts, _ = texts_arg(texts)
-        if self.kind == "callable" or not self.pipeline:
-            return None
-        from mvdb import text_pipeline
-
-        if not text_pipeline.supported(self.model, self.kind):
+        pipeline = self._pipeline()
+        if pipeline is None:
             return None
         with self._limit(is_query):
-            return text_pipeline.spans(self.model, self.kind, texts, is_query)
+            return pipeline.spans(self.model, self.kind, texts, is_query)
+
+    def _pipeline(self):
+        """:mod:`mvdb.text_pipeline` where it runs this model (else None: the model's own encode)."""
+        if self.kind == "callable" or not self.pipeline:
+            return None
+        from mvdb import text_pipeline  # torch: only where a model runs
+
+        return text_pipeline if text_pipeline.supported(self.model, self.kind) else None
 
     def _cache_path(self, texts: list[str], is_query: bool) -> Path | None:
         if self.cache is None:
@@ -263,20 +267,18 @@ class Encoder:
     def _encode(self, texts: list[str], is_query: bool, progress: Progress, dtype) -> tuple[np.ndarray, np.ndarray]:
         what = "queries" if is_query else "documents"
         with progress.step(f"encoding {len(texts):,} {what} with {self.name}", len(texts), "texts") as step:
-            if self.kind != "callable" and self.pipeline:
-                from mvdb import text_pipeline  # torch: only where a model runs
-
-                if text_pipeline.supported(self.model, self.kind):
-                    with self._limit(is_query):
-                        tokens, lengths = text_pipeline.encode(
-                            self.model, self.kind, texts, is_query=is_query, batch_size=self.batch_size,
-                            normalize=self.normalize, out_dtype=dtype, progress=step)
-                    if self.dim is None:
-                        self.dim = int(tokens.shape[1])
-                    if tokens.shape[1] != self.dim:
-                        raise InvalidInputError(f"encoder {self.name}: expected dim {self.dim}, got vectors of "
-                                                f"{tokens.shape[1]}")
-                    return tokens, lengths
+            pipeline = self._pipeline()
+            if pipeline is not None:
+                with self._limit(is_query):
+                    tokens, lengths = pipeline.encode(self.model, self.kind, texts, is_query=is_query,
+                                                      batch_size=self.batch_size, normalize=self.normalize,
+                                                      out_dtype=dtype, progress=step)
+                if self.dim is None:
+                    self.dim = int(tokens.shape[1])
+                if tokens.shape[1] != self.dim:
+                    raise InvalidInputError(f"encoder {self.name}: expected dim {self.dim}, got vectors of "
+                                            f"{tokens.shape[1]}")
+                return tokens, lengths
             out = self._encode_each(texts, is_query, step)
         lengths = np.array([len(v) for v in out], dtype=np.int64)
         return np.concatenate(out).astype(dtype, copy=False), lengths

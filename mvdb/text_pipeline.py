@@ -1,5 +1,5 @@
 """The batched text-encoding pipeline of :class:`mvdb.Encoder` over a Sentence Transformers or
-PyLate model: what ``add_texts``, ``search_text`` and ``mvdb ingest`` of text run through.
+PyLate model: what ``add_texts`` and ``search_text`` run through.
 
 The model's generic encode loop spends its time outside the model: it synchronises with the
 device for every padding position of every text and copies every text's output to the host on
@@ -23,6 +23,8 @@ the batches (differences of the order of the model dtype's rounding).
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -36,6 +38,7 @@ PAD_MULTIPLE = 8
 # in one transfer into their place (no concatenation on the host)
 DEVICE_BYTES = 4 << 30
 TOKENIZE_THREADS = max(1, min(8, (os.cpu_count() or 1) // 2))  # threads of a chunk's tokenization
+TEXTS_PER_THREAD = 256  # a call's tokenization takes another thread per this many texts (up to the above)
 
 
 def supported(model, kind: str) -> bool:
@@ -60,28 +63,25 @@ def prompt(model, kind: str, is_query: bool) -> str | None:
     return (prompts.get(default) or None) if default else None
 
 
-def _text_length(text: str) -> int:
-    return len(text)
-
-
 def _to_device(features: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
 
 
 class FastTokens:
     """A Sentence Transformers model's tokenization straight from its Rust tokenizer: a whole
-    chunk of texts in one ``encode_batch`` (which spreads over the cores), each batch then padded
-    here. What the model's ``tokenize`` does for single texts (strip, lowercase where the module
-    does, truncate to ``max_seq_length``, pad to the longest of the batch, here rounded up to
-    ``PAD_MULTIPLE``); checked against it on a call's first batch, and not used where they differ. :meth:`make` gives None for a model it
-    does not know."""
+    chunk of texts at once, split over up to ``TOKENIZE_THREADS`` copies of the tokenizer in
+    threads, each batch then padded here. What the model's ``tokenize`` does for single texts
+    (strip, lowercase where the module does, truncate to ``max_seq_length``, pad to the longest of
+    the batch, here rounded up to ``PAD_MULTIPLE``); checked against it on a call's first batch,
+    and not used where they differ. :meth:`make` gives None for a model it does not know, and the
+    same object for the same model (the copies are made once, as they are first needed)."""
+
+    _made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def __init__(self, module, tokenizer, backend):
-        self.module, self.tokenizer = module, tokenizer
-        # copies with their own truncation settings, one per worker (a Rust tokenizer is not reentrant)
-        self.backends = [type(backend).from_str(backend.to_str()) for _ in range(TOKENIZE_THREADS)]
-        for b in self.backends:
-            b.no_padding()
+        self.module, self.tokenizer, self.source = module, tokenizer, backend
+        self.backends = []  # copies with their own truncation settings (a Rust tokenizer is not reentrant)
+        self.lock = threading.Lock()  # one call at a time uses the copies
         self.names = [n for n in tokenizer.model_input_names if n in ("input_ids", "token_type_ids", "attention_mask")]
         self.pad = (tokenizer.pad_token_id or 0, tokenizer.pad_token_type_id or 0)
         self.left = tokenizer.padding_side == "left"
@@ -96,29 +96,42 @@ class FastTokens:
             backend = tokenizer.backend_tokenizer  # a fast (Rust) tokenizer
             if not hasattr(backend, "encode_batch") or not isinstance(module.max_seq_length, int):
                 return None
-            return cls(module, tokenizer, backend)
         except (AttributeError, IndexError, KeyError, TypeError, ValueError):
             return None
+        made = cls._made.get(model)
+        if made is None or made.tokenizer is not tokenizer or made.source is not backend:
+            made = cls._made[model] = cls(module, tokenizer, backend)
+        return made
+
+    def copies(self, n: int) -> list:
+        """``n`` tokenizer copies, truncating at the module's ``max_seq_length`` as it is now."""
+        while len(self.backends) < n:
+            b = type(self.source).from_str(self.source.to_str())
+            b.no_padding()
+            self.backends.append(b)
+        for b in self.backends[:n]:
+            b.enable_truncation(self.module.max_seq_length, strategy="longest_first",
+                                direction=getattr(self.tokenizer, "truncation_side", "right"))
+        return self.backends[:n]
 
     def encode(self, texts: list[str]) -> list:
         texts = [t.strip() for t in texts]
         if getattr(self.module, "do_lower_case", False):
             texts = [t.lower() for t in texts]
-        for b in self.backends:
-            b.enable_truncation(self.module.max_seq_length, strategy="longest_first",
-                                direction=getattr(self.tokenizer, "truncation_side", "right"))
-        step = -(-len(texts) // len(self.backends))
-        parts = [texts[i : i + step] for i in range(0, len(texts), step)]
+        with self.lock:
+            backends = self.copies(max(1, min(TOKENIZE_THREADS, len(texts) // TEXTS_PER_THREAD)))
+            step = -(-len(texts) // len(backends))
+            parts = [texts[i : i + step] for i in range(0, len(texts), step)]
 
-        def run(i):
-            b = self.backends[i]
-            encode = getattr(b, "encode_batch_fast", b.encode_batch)  # fast: no character offsets
-            return [e.ids for e in encode(parts[i], add_special_tokens=True)]
+            def run(i):
+                b = backends[i]
+                encode = getattr(b, "encode_batch_fast", b.encode_batch)  # fast: no character offsets
+                return [e.ids for e in encode(parts[i], add_special_tokens=True)]
 
-        if len(parts) <= 1:
-            return run(0) if parts else []
-        with ThreadPoolExecutor(len(parts)) as pool:
-            return [x for part in pool.map(run, range(len(parts))) for x in part]
+            if len(parts) <= 1:
+                return run(0) if parts else []
+            with ThreadPoolExecutor(len(parts)) as pool:
+                return [x for part in pool.map(run, range(len(parts))) for x in part]
 
     def batch(self, encoded: list, rows) -> dict:
         width = -(-max(len(encoded[r]) for r in rows) // PAD_MULTIPLE) * PAD_MULTIPLE
@@ -160,7 +173,7 @@ def batches(model, kind: str, texts: list[str], is_query: bool, batch_size: int,
     for c0 in range(0, len(texts), batch_size * CHUNK_BATCHES):
         c1 = min(len(texts), c0 + batch_size * CHUNK_BATCHES)
         chunk = texts[c0:c1]
-        order = np.argsort([-_text_length(t) for t in chunk])
+        order = np.argsort([-len(t) for t in chunk])  # as the model's encode sorts
         encoded = fast.encode(chunk) if fast is not None else None
         for b0 in range(0, c1 - c0, batch_size):
             rows = order[b0 : b0 + batch_size]
@@ -284,15 +297,18 @@ def spans(model, kind: str, texts: list[str], is_query: bool) -> list | None:
     fast = FastTokens.make(model, kind)
     if fast is None:
         return None
-    p = prompt(model, kind, is_query) or ""
-    b = fast.backends[0]
-    b.enable_truncation(fast.module.max_seq_length, strategy="longest_first",
-                        direction=getattr(fast.tokenizer, "truncation_side", "right"))
+    with fast.lock:
+        return _spans(fast, prompt(model, kind, is_query) or "", texts)
+
+
+def _spans(fast: FastTokens, p: str, texts: list[str]) -> list:
+    (b,) = fast.copies(1)
     lower = getattr(fast.module, "do_lower_case", False)
     out = []
     for text in texts:
         fed = (p + text).strip()
-        lead = len(p + text) - len((p + text).lstrip()) - len(p)  # the text's own leading spaces
+        # offsets count from the first character the strip kept; the text starts len(p) further
+        shift = len(p + text) - len((p + text).lstrip()) - len(p)
         if lower:
             if len(fed.lower()) != len(fed):  # lowercasing moved characters: no spans for this text
                 out.append(None)
@@ -301,7 +317,7 @@ def spans(model, kind: str, texts: list[str], is_query: bool) -> list | None:
         e = b.encode(fed, add_special_tokens=True)
         row = []
         for (s, t), special in zip(e.offsets, e.special_tokens_mask):
-            s, t = s - len(p) + max(lead, 0), t - len(p) + max(lead, 0)
+            s, t = s + shift, t + shift
             row.append(None if special or t <= 0 or s < 0 else (s, t))
         out.append(row)
     return out
