@@ -176,16 +176,8 @@ class TextMethods:
                                             dtype=np.float16 if self._text_float16() else np.float32)
         vecs = Packed.of(tokens, lengths)
         self._check_dim(enc)
-        rec = self._text_record()
-        check_encoder(enc, rec, self._text_path(), len(self))  # the dim is known now
-        record = enc.record() if rec is None or enc.differences(rec) else None
-        return self._store_encoded(vecs, ids, meta, enc.record(), record)
-
-    def _store_encoded(self, docs, ids, metadata, encoder: dict, record: dict | None) -> list:
-        """Store what ``encoder`` made; ``record``: the record to commit with the batch (None: the
-        database's is the same). A class whose database is elsewhere sends ``encoder`` to be
-        checked there (``add_encoded``)."""
-        return self._add(docs, ids=ids, metadata=metadata, encoder_record=record)  # the record commits with the batch
+        # checked against the record now the dim is known, and recorded with the batch where there is none
+        return self.add_encoded(vecs, enc.record(), ids=ids, metadata=meta)
 
     def search_text(self, queries, k: int = 10, where=None, *, encoder=None, **options):
         """Encode ``queries`` (one str, or a list) as queries (``is_query=True``) and ``search``

@@ -149,9 +149,6 @@ class Client(TextMethods, ExplainMethods, DatabaseAPI):
     def _check_writable(self) -> None:
         """The server refuses writes it does not take (read-only, a reader's API key)."""
 
-    def _store_encoded(self, docs, ids, metadata, encoder: dict, record: dict | None) -> list:
-        return self.add_encoded(docs, encoder, ids=ids, metadata=metadata)
-
     def delete(self, ids) -> None:
         self._call("/delete", {"ids": _ids(ids)}, write=True)
 
