@@ -3,12 +3,9 @@ kernel_variants.py), and the text benchmarks' model (hybrid.py, quality.py, text
 
 from __future__ import annotations
 
-import functools
 import json
-import re
 import statistics
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -171,50 +168,13 @@ def device_used_gb(dev: str = "cuda") -> float | None:
     return (total - free) / 1e9
 
 
-class Words:
-    """A lexical stand-in for MiniLM that needs no model (``--encoder words``, the text suites'
-    smoke runs): each word of a text, lowercased, becomes one fixed random unit vector of 384
-    dimensions seeded by the word's id, so a query scores highest the documents sharing its words.
-    The same interface as ``mvdb.embed.MiniLM`` where the benchmarks use it, plus ``token_ids``."""
-
-    name = "words: one seeded random vector per word (a stand-in, no model)"
-    dim = 384
-    vocab = 30522  # word ids (crc32 modulo this): as many as MiniLM's WordPiece ids
-
-    def __init__(self, device: str = "cpu"):
-        self.device = device
-
-    def token_ids(self, text: str) -> list[int]:
-        return [zlib.crc32(w.encode()) % self.vocab for w in re.findall(r"\w+", text.lower())]
-
-    @staticmethod
-    @functools.lru_cache(maxsize=1 << 16)
-    def _vector(word_id: int) -> np.ndarray:
-        v = np.random.default_rng(word_id).standard_normal(Words.dim).astype(np.float32)
-        return v / np.linalg.norm(v)
-
-    def _vectors(self, texts: list[str], max_tokens: int) -> list[np.ndarray]:
-        return [np.stack([self._vector(i) for i in (self.token_ids(t)[:max_tokens] or [0])]) for t in texts]
-
-    def encode(self, texts: list[str], max_tokens: int, batch_size: int = 32, progress: bool = False,
-               is_query: bool = False) -> list[np.ndarray]:
-        return self._vectors(texts, max_tokens)
-
-    def encoder(self, document_max_tokens: int = 256, query_max_tokens: int = 32, batch_size: int = 32,
-                cache=True):
-        """An :class:`mvdb.Encoder` of the stand-in (never cached on disk)."""
-        import mvdb
-
-        def model(texts, is_query):
-            return self._vectors(texts, query_max_tokens if is_query else document_max_tokens)
-
-        return mvdb.Encoder(model, name="words-stand-in", batch_size=batch_size, dim=self.dim)
-
-
 def text_model(name: str, device: str = "cpu"):
     """``--encoder`` of the text benchmarks: "minilm" (mvdb.embed.MiniLM, the figures) or "words"
-    (:class:`Words`)."""
+    (``mvdb.testing.words.Words``, a stand-in that needs no model)."""
     if name == "words":
+        from mvdb.testing.words import Words
+
+
         return Words(device)
     from mvdb.embed import MiniLM
 

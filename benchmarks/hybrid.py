@@ -32,10 +32,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Words, text_model  # noqa: E402
+from common import text_model  # noqa: E402
 
 import mvdb  # noqa: E402
 from mvdb.engine import search as search_mod  # noqa: E402
+from mvdb.testing.words import Words  # noqa: E402
 
 DOC_TOKENS, QUERY_TOKENS = 256, 32
 SETTINGS = [
@@ -79,7 +80,7 @@ def main():
     p.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared/data/manpages/dev.jsonl.gz"))
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--encoder", default="minilm", choices=["minilm", "words"],
-                   help="words: a stand-in that needs no model (smoke runs; benchmarks/common.py Words)")
+                   help="words: a stand-in that needs no model (smoke runs; mvdb.testing.words)")
     p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
     args = p.parse_args()
     with gzip.open(args.data, "rt") as f:

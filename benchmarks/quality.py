@@ -64,7 +64,7 @@ def main():
     p.add_argument("--index", default="auto", choices=["auto", "flat", "ivf"],
                    help="token index kind passed to mvdb.open (auto: the default, flat at this size)")
     p.add_argument("--encoder", default="minilm", choices=["minilm", "words"],
-                   help="words: a stand-in that needs no model (smoke runs; benchmarks/common.py Words)")
+                   help="words: a stand-in that needs no model (smoke runs; mvdb.testing.words)")
     args = p.parse_args()
     dev = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                        else ("cpu" if args.device == "auto" else args.device))

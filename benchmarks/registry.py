@@ -44,7 +44,7 @@ class Suite:
 # the kernel suites' smoke runs: the Triton kernels themselves, on the CPU, in Triton's interpreter
 INTERPRET = (("TRITON_INTERPRET", "1"),)
 # the text suites' smoke runs: the man pages shipped in the package, and a stand-in for the model
-# that needs no download (benchmarks/common.py Words)
+# that needs no download (mvdb.testing.words)
 TEXT = ("--data", "mvdb/data/manpages-sample.jsonl.gz", "--limit", "40", "--encoder", "words")
 
 SUITES: tuple[Suite, ...] = (

@@ -51,7 +51,7 @@ def main():
     p.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared/data/manpages/dev.jsonl.gz"))
     p.add_argument("--limit", type=int, default=None, help="only the first N pages")
     p.add_argument("--encoder", default="minilm", choices=["minilm", "words"],
-                   help="words: a stand-in that needs no model (smoke runs; benchmarks/common.py Words)")
+                   help="words: a stand-in that needs no model (smoke runs; mvdb.testing.words)")
     p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
     args = p.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
