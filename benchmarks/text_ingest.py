@@ -132,7 +132,7 @@ def main():
                         model({k: v.to(args.device, non_blocking=True) for k, v in f.items()})
 
             _, s_fwd = timed(forward)
-        res["stages"] = {"tokenize_s": s_tok, "forward_s": s_fwd, "tokenize_threads": text_pipeline.TOKENIZE_THREADS}
+        res["stages"] = {"tokenize_s": s_tok, "forward_s": s_fwd, "tokenize": "one Rust call per chunk"}
         print("stages", json.dumps(res["stages"]), flush=True)
         del items
     if "bare" not in skip:

@@ -451,3 +451,30 @@ def test_explain_names_the_matched_words(minilm, tmp_path):
         assert [m.doc_span for m in want.matches] == [m.doc_span for m in x.matches]
     with mvdb.open(tmp_path / "x.mvdb", device="cpu") as plain, pytest.raises(InvalidInputError, match="encoder"):
         plain.explain("compress files", "gzip")
+
+
+@pytest.mark.parametrize("bound", [0, 50, 200, 10_000])
+def test_pipeline_host_assembles_chunks_in_order(bound):
+    """The pipeline's host side puts chunks one after the other, whether the room it reserved
+    holds them all, runs out part way (a model that made more than its limit) or was not known."""
+    torch = pytest.importorskip("torch")
+    from mvdb import text_pipeline
+
+    chunks = [torch.randn(n, 8).half() for n in (30, 0, 70, 45)]
+    host = text_pipeline._Host(torch.device("cpu"), bound)
+    for c in chunks:
+        host.put(c)
+    got = host.result()
+    host.close()
+    assert got.dtype == np.float16 and got.shape == (145, 8)
+    np.testing.assert_array_equal(got, torch.cat(chunks).numpy())
+
+
+def test_pipeline_reserved_array_is_writable_and_sized():
+    torch = pytest.importorskip("torch")
+    from mvdb import text_pipeline
+
+    a = text_pipeline._reserved((70_000, 512), torch.float32)  # 143 MB: the reserved kind on Linux
+    assert a.shape == (70_000, 512) and a.dtype == np.float32 and a.flags.writeable
+    a[-1] = 1.5
+    assert float(a[-1, -1]) == 1.5
