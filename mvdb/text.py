@@ -33,7 +33,7 @@ from mvdb.errors import (
     InvalidTypeError,
 )
 
-__all__ = ["TEXT_KEY", "TextMethods", "check_encoder", "check_record", "recorded_encoder"]
+__all__ = ["TEXT_KEY", "TextMethods", "check_encoder", "check_record", "record_config", "recorded_encoder"]
 
 
 
@@ -65,6 +65,18 @@ def check_record(record: dict, recorded: dict | None, path, n_live: int) -> None
             f"{_describe(record)} (differs in {', '.join(diff)}). Vectors of different models "
             f"must not be mixed: open it with the recorded model and settings (mvdb.Encoder(model, "
             f"name=..., document_max_tokens=...)), or encode into a new database")
+
+
+def record_config(config: dict, record: dict | None) -> dict | None:
+    """The config a store whose config is ``config`` commits with its next batch so that it
+    records the encoder ``record``; None when there is nothing to record (no record, or one that
+    differs from the store's only where records may differ)."""
+    if record is None:
+        return None
+    had = config.get("encoder")
+    if had is not None and not differences(record, had):
+        return None
+    return dict(config, encoder=dict(record))
 
 
 def merge_text(texts: list[str], metadata, store_text: bool) -> list | None:

@@ -278,11 +278,11 @@ class Store(StoreReader):
         return self._add(tokens, lengths, dim, ids, metadata, sparse, config)
 
     @_io("add")
-    def add_packed(self, tokens, lengths, ids=None, metadata=None, sparse=None) -> list:
-        """Store packed documents: tokens [T, dim] and lengths [n] (each >= 1)."""
+    def add_packed(self, tokens, lengths, ids=None, metadata=None, sparse=None, *, config: dict | None = None) -> list:
+        """Store packed documents: tokens [T, dim] and lengths [n] (each >= 1); ``config`` as in :meth:`add`."""
         self._writable()
         tokens, lengths, dim = validate.packed(tokens, lengths, self.dim)
-        return self._add(tokens, lengths, dim, ids, metadata, sparse)
+        return self._add(tokens, lengths, dim, ids, metadata, sparse, config)
 
     def _add(self, tokens, lengths, dim, ids, metadata, sparse=None, config=None) -> list:
         m = self.manifest

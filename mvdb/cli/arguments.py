@@ -1,11 +1,13 @@
-"""The DB and ids arguments of the commands: which store directories DB names, whether it is a
-database, ids as the database stores them."""
+"""The DB, ids and --model arguments of the commands: which store directories DB names, whether
+it is a database, ids as the database stores them, the text model --model names."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 
-from mvdb.errors import InvalidInputError
+from mvdb.errors import EncoderMismatchError, InvalidInputError
 
 
 def shard_paths(db: str, create: int = 0) -> list[str]:
@@ -41,3 +43,37 @@ def ids_arg(d, ids: tuple[str, ...]) -> list:
             raise InvalidInputError(f"ids: this database uses int ids, got {x!r}") from None
     return out
 
+
+def load_model(spec: str, device: str, batch_size: int | None = None):
+    """The :class:`mvdb.Encoder` that ``--model SPEC`` names (:func:`mvdb.encoders.load_encoder`),
+    run on ``--device`` ("auto": cuda when present). A ``module:attr`` imports from the current
+    directory too, as ``python -m`` would."""
+    from mvdb.encoders import load_encoder
+    from mvdb.engine.args import device_arg
+
+    if batch_size is not None and batch_size < 1:
+        raise InvalidInputError(f"--batch-size: expected 1 or more texts, got {batch_size}")
+    if ":" in spec and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return load_encoder(spec, device=str(device_arg(device)), batch_size=batch_size or 32)
+
+
+@contextlib.contextmanager
+def model_checked(spec: str):
+    """An EncoderMismatchError (the database holds another model's vectors) names --model."""
+    try:
+        yield
+    except EncoderMismatchError as e:
+        raise EncoderMismatchError(f"--model {spec}: {e}") from None
+
+
+def recorded_model(db: str) -> str | None:
+    """The name of the text model whose vectors DB holds (None: no record)."""
+    from mvdb.storage import Store
+
+    for p in shard_paths(db):
+        with Store(p, read_only=True) as st:
+            rec = st.config.get("encoder")
+        if rec:
+            return rec.get("name")
+    return None

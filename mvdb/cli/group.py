@@ -13,6 +13,12 @@ from mvdb.errors import MvdbError
 QUIET = click.option("--quiet", "-q", is_flag=True, help="No progress bars or summaries.")
 DEVICE = click.option("--device", default="auto", show_default=True, help="cpu, cuda, or auto (cuda when present).")
 JSON_OUT = click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of text.")
+MODEL = click.option("--model", default=None, metavar="SPEC",
+                     help="Text model: minilm (all-MiniLM-L6-v2, the demo extra), package.module:attr (an "
+                          "mvdb.Encoder or a function f(texts, is_query); the current directory is importable), "
+                          "or a model folder or Hugging Face name.")
+BATCH_SIZE = click.option("--batch-size", type=int, default=None,
+                          help="Texts per call of the text model [default: 32].")
 _DEBUG_KEY = "mvdb.debug"
 
 

@@ -1,4 +1,5 @@
-"""``mvdb ingest``: documents from embedding files into a database, created if missing."""
+"""``mvdb ingest``: documents from embedding files, or texts a text model encodes
+(:mod:`mvdb.ingest.texts` reads them), into a database created if missing."""
 
 from __future__ import annotations
 
@@ -9,15 +10,24 @@ import sys
 import time
 
 import click
+import numpy as np
 
 from mvdb.cli.arguments import shard_paths
-from mvdb.cli.group import DEBUG, DEVICE, JSON_OUT, QUIET
+from mvdb.cli.group import BATCH_SIZE, DEBUG, DEVICE, JSON_OUT, MODEL, QUIET
+from mvdb.engine.progress import Progress
 from mvdb.errors import InvalidInputError, MvdbError
-
 
 @click.command()
 @click.argument("db")
 @click.argument("sources", nargs=-1, required=True)
+@MODEL
+@click.option("--text-field", default=None, help="JSON lines: the field holding the text [default: text].")
+@click.option("--id-field", default=None,
+              help="JSON lines: the field holding the id, in every line or in none [default: id].")
+@click.option("--store-text/--no-store-text", default=None,
+              help="Keep each text in its metadata under 'text' (explain then shows the matched words) "
+                   "[default: keep].")
+@BATCH_SIZE
 @click.option("--dtype", type=click.Choice(["float16", "int8"]), default=None,
               help="Storage dtype of a new database (default float16).")
 @click.option("--batch", default=10_000, show_default=True, help="Documents per committed batch.")
@@ -31,35 +41,90 @@ from mvdb.errors import InvalidInputError, MvdbError
 @DEVICE
 @QUIET
 @DEBUG
-def ingest(db: str, sources: tuple[str, ...], dtype: str | None, batch: int, build_index: bool, shards: int,
-           metadata_file: str | None, as_json: bool, device: str, quiet: bool) -> None:
-    """Add document embeddings from files to DB (created if missing).
+def ingest(db: str, sources: tuple[str, ...], model: str | None, text_field: str | None, id_field: str | None,
+           store_text: bool | None, batch_size: int | None, dtype: str | None, batch: int, build_index: bool,
+           shards: int, metadata_file: str | None, as_json: bool, device: str, quiet: bool) -> None:
+    """Add documents to DB (created if missing): embeddings from files, or texts that --model encodes.
 
-    SOURCES: packed X.npy + X.lengths.npy (optional X.ids.npy; side files given among the
-    sources, as by *.npy, are read with their X.npy), .npz / .safetensors / .h5 with 'tokens' and
-    'lengths' (optional 'ids'), or a directory of per-document .npy files. Every source is checked
-    before DB is created or written.
+    Embedding SOURCES: packed X.npy + X.lengths.npy (optional X.ids.npy; side files given among
+    the sources, as by *.npy, are read with their X.npy), .npz / .safetensors / .h5 with 'tokens'
+    and 'lengths' (optional 'ids'), or a directory of per-document .npy files.
 
-    Documents without ids in their file get ids from the file's content (<content key>#<row>),
-    not its path, so re-running an interrupted ingest skips what is stored however the path is
-    spelled, even from a copy of the file.
+    Text SOURCES, with --model: JSON lines (.jsonl, .jsonl.gz: one object per line, the text in
+    --text-field, an optional id in --id-field, the other fields its metadata), plain text (.txt:
+    one document per non-empty line), or a directory of .txt / .md files (one document per file,
+    named by its path in the directory), each text kept in its metadata under 'text'. One call
+    takes sources of one kind.
+
+    Every source is checked before DB is created or written. Documents without ids get ids from
+    their file's content (<content key>#<row>), not its path, so re-running an interrupted ingest
+    skips what is stored however the path is spelled, even from a copy of the file.
 
     A sharded DB (created with --shards N, or by mvdb.open(DB, devices=[...])) gets each document
     on the shard holding the fewest tokens.
 
-    --metadata F.jsonl gives each document a metadata object (for search --where), line i for
-    the i-th document of the sources in order; documents already stored keep theirs.
+    --metadata F.jsonl gives each document of embedding sources a metadata object (for search
+    --where), line i for the i-th document of the sources in order; documents already stored keep
+    theirs.
 
     Example: mvdb ingest my.mvdb docs.npz more_docs/ --metadata docs.metadata.jsonl
+
+    Example: mvdb ingest texts.mvdb pages.jsonl.gz --model minilm --device cuda
     """
     from mvdb.engine.args import device_arg
-    from mvdb.ingest import open_source, sources_of
+    from mvdb.ingest.texts import is_text_source
 
     if batch < 1:
         raise InvalidInputError(f"--batch: expected 1 or more documents, got {batch}")
     device_arg(device)  # before anything is written: the index step at the end opens on it
-    with contextlib.ExitStack() as opened:
+    text = [is_text_source(p) for p in sources]
+    quiet = quiet or as_json
+    if any(text):
+        if not all(text):
+            raise InvalidInputError(f"sources: {sources[text.index(False)]} is an embedding source and "
+                                    f"{sources[text.index(True)]} a text source: ingest them in separate calls")
+        if model is None:
+            raise InvalidInputError(f"{sources[0]}: a text source needs --model (minilm, package.module:attr, or "
+                                    f"a model folder)")
+        if metadata_file is not None:
+            raise InvalidInputError("--metadata: for embedding sources; text sources carry theirs (the other "
+                                    "fields of a JSON line)")
+        summary = _ingest_texts(db, sources, model, text_field=text_field or "text", id_field=id_field or "id",
+                                store_text=store_text is not False, batch_size=batch_size, dtype=dtype, batch=batch,
+                                shards=shards, device=device, quiet=quiet)
+    else:
+        given = [name for name, v in (("--model", model), ("--text-field", text_field), ("--id-field", id_field),
+                                      ("--store-text/--no-store-text", store_text), ("--batch-size", batch_size))
+                 if v is not None]
+        if given:
+            raise InvalidInputError(f"{given[0]}: for text sources (.jsonl, .jsonl.gz, .txt, a directory of .txt / "
+                                    f".md files), but {sources[0]} is an embedding source")
+        summary = _ingest_embeddings(db, sources, dtype, batch, shards, quiet, metadata_file)
+    if build_index:
+        import mvdb
 
+        summary["index"] = []
+        for p in shard_paths(db):
+            t0 = time.perf_counter()
+            with mvdb.open(p, device=device, progress=not quiet) as d:
+                stats = d.stats()
+            summary["index"].append({"path": p, "index": stats["index"], "nlist": stats["nlist"],
+                                     "seconds": time.perf_counter() - t0})
+            if not quiet:
+                nlist = f", nlist {stats['nlist']}" if stats["nlist"] else ""
+                click.echo(f"token index{'' if p == db else ' of ' + os.path.basename(p)}: {stats['index']}{nlist} "
+                           f"on {stats['device']}, ready in {time.perf_counter() - t0:.1f} s")
+    if as_json:
+        click.echo(json.dumps(summary))
+
+
+def _ingest_embeddings(db: str, sources: tuple[str, ...], dtype: str | None, batch: int, shards: int, quiet: bool,
+                       metadata_file: str | None) -> dict:
+    """Check every embedding source, then add their documents (DB removed again if this created
+    it and a bad document stopped it before any was stored); the summary."""
+    from mvdb.ingest import open_source, sources_of
+
+    with contextlib.ExitStack() as opened:
         srcs = []
         for path in sources_of(sources):
             srcs.append(open_source(path))
@@ -69,29 +134,20 @@ def ingest(db: str, sources: tuple[str, ...], dtype: str | None, batch: int, bui
             raise InvalidInputError("sources: different embedding dims: " + ", ".join(f"{s.path} has {s.dim}" for s in srcs))
         dim = dims.pop()
         meta = _read_metadata(metadata_file, sum(src.n for src in srcs)) if metadata_file else None
-        new = not os.path.lexists(db)
-        try:
-            summary = _ingest(db, srcs, dim, dtype, batch, shards, quiet or as_json, meta)
-        except BaseException:
-            if new:
-                _remove_if_empty(db)
-            raise
-    if build_index:
-        import mvdb
+        with removed_if_failed(db):
+            return _ingest(db, srcs, dim, dtype, batch, shards, quiet, meta)
 
-        summary["index"] = []
-        for p in shard_paths(db):
-            t0 = time.perf_counter()
-            with mvdb.open(p, device=device, progress=not (quiet or as_json)) as d:
-                stats = d.stats()
-            summary["index"].append({"path": p, "index": stats["index"], "nlist": stats["nlist"],
-                                     "seconds": time.perf_counter() - t0})
-            if not (quiet or as_json):
-                nlist = f", nlist {stats['nlist']}" if stats["nlist"] else ""
-                click.echo(f"token index{'' if p == db else ' of ' + os.path.basename(p)}: {stats['index']}{nlist} "
-                           f"on {stats['device']}, ready in {time.perf_counter() - t0:.1f} s")
-    if as_json:
-        click.echo(json.dumps(summary))
+
+@contextlib.contextmanager
+def removed_if_failed(db: str):
+    """DB removed again when the block fails, if the block created it and it holds no document."""
+    new = not os.path.lexists(db)
+    try:
+        yield
+    except BaseException:
+        if new:
+            _remove_if_empty(db)
+        raise
 
 
 def _read_metadata(path: str, n: int) -> list:
@@ -154,6 +210,113 @@ def _ingest(db: str, srcs: list, dim: int, dtype: str | None, batch: int, shards
                        f"skipped {skipped} already stored; {len(st)} in {db}")
         return {"db": db, "added": added, "skipped": skipped, "tokens_added": tokens_added, "documents": len(st),
                 "seconds": dt}
+
+
+def _ingest_texts(db: str, sources: tuple[str, ...], spec: str, *, text_field: str, id_field: str, store_text: bool,
+                  batch_size: int | None, dtype: str | None, batch: int, shards: int, device: str, quiet: bool) -> dict:
+    """Check every text source, load the model, then encode and add the documents not stored yet,
+    ``batch`` a commit, each commit recording the model (as ``add_texts``); the summary."""
+    from mvdb.cli.arguments import load_model, model_checked
+    from mvdb.ingest.texts import open_text_sources
+    from mvdb.shards.placement import PlacedStores, membership
+    from mvdb.storage import Store
+    from mvdb.text import check_record, recorded_encoder
+
+    srcs = open_text_sources(sources, text_field=text_field, id_field=id_field, store_text=store_text)
+    enc = load_model(spec, device, batch_size)
+    with removed_if_failed(db), contextlib.ExitStack() as stack:
+        stores = [stack.enter_context(Store(p, dtype=dtype)) for p in shard_paths(db, create=shards)]
+        st = PlacedStores(stores)  # one store, or the shards: each document to the least loaded
+        with model_checked(spec):
+            check_record(enc.record(), recorded_encoder(stores), db, len(st))
+        held = {s.manifest["id_type"] for s in stores} - {None}
+        if held and srcs[0].id_type not in held:
+            raise InvalidInputError(f"{db}: holds {held.pop()} ids, but {srcs[0].path} has {srcs[0].id_type} ids")
+        float16 = all(s.dtype == "float16" for s in stores)
+        meter = _Meter()
+        for src in srcs:
+            with meter.bar(src, quiet):
+                for ids, texts, metas in src.batches(batch):
+                    new = np.flatnonzero(~membership(st, ids))
+                    meter.skip(len(ids) - len(new))
+                    if not len(new):
+                        continue
+                    before = meter.done
+                    tokens, lengths = enc.encode_packed([texts[i] for i in new], progress=_BarProgress(meter.encoded),
+                                                        dtype=np.float16 if float16 else np.float32)
+                    meter.encoded(len(new) - (meter.done - before))  # what the model did not report (a cache hit)
+                    dims = {s.dim for s in stores} - {None}
+                    if dims and enc.dim not in dims:
+                        raise InvalidInputError(f"{db}: stores dim {dims.pop()}, but --model {spec} makes {enc.dim}-d "
+                                                f"vectors")
+                    st.add_packed(tokens, lengths, ids=[ids[i] for i in new],
+                                  metadata=None if metas is None else [metas[i] for i in new],
+                                  encoder_record=enc.record())
+                    meter.stored(len(new), int(lengths.sum()))
+        summary = meter.summary(db, len(st), quiet)
+    return dict(summary, model=enc.name)
+
+
+class _Meter:
+    """The counts of a text ingest, and the progress bar of each source: documents skipped (stored
+    already) or encoded, with the documents encoded per second."""
+
+    def __init__(self):
+        self.added = self.skipped = self.tokens = self.done = 0
+        self.t0 = time.perf_counter()
+        self._bar = None
+        self._rate = ""
+
+    @contextlib.contextmanager
+    def bar(self, src, quiet: bool):
+        with click.progressbar(length=src.n, label=src.path, show_pos=True, file=sys.stderr,
+                               item_show_func=lambda _: self._rate, hidden=quiet) as bar:
+            self._bar = bar
+            yield bar
+
+    def skip(self, n: int) -> None:
+        self.skipped += n
+        self._bar.update(n)
+
+    def encoded(self, n: int) -> None:
+        self.done += n
+        dt = max(time.perf_counter() - self.t0, 1e-9)
+        self._rate = f"{self.done / dt:,.0f} docs/s encoded"
+        self._bar.update(n)
+
+    def stored(self, n: int, tokens: int) -> None:
+        self.added += n
+        self.tokens += tokens
+
+    def summary(self, db: str, documents: int, quiet: bool) -> dict:
+        dt = time.perf_counter() - self.t0
+        if not quiet:
+            click.echo(f"ingested {self.added} documents ({self.tokens:,} tokens) in {dt:.1f} s; "
+                       f"skipped {self.skipped} already stored; {documents} in {db}")
+        return {"db": db, "added": self.added, "skipped": self.skipped, "tokens_added": self.tokens,
+                "documents": documents, "seconds": dt}
+
+
+class _BarProgress(Progress):
+    """The encoder's progress (:class:`mvdb.engine.progress.Progress`) moving the command's bar."""
+
+    def __init__(self, advance):
+        super().__init__(enabled=False)
+        self._advance = advance
+
+    def step(self, what: str, total: int | None = None, unit: str = ""):
+        return _BarStep(self._advance)
+
+
+class _BarStep:
+    def __init__(self, advance):
+        self.update = advance
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
 
 
 def _remove_if_empty(db: str) -> None:

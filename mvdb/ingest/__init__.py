@@ -1,6 +1,7 @@
 """Bulk ingest shared by ``mvdb ingest`` and Ray's ``mvdb.shards.cluster.ingest``: the sources
 (:mod:`mvdb.ingest.sources`: formats, checks, content keys) and the writer that skips what is
-already stored (:mod:`mvdb.ingest.writer`)."""
+already stored (:mod:`mvdb.ingest.writer`). The text sources of ``mvdb ingest --model`` are in
+:mod:`mvdb.ingest.texts`."""
 
 from mvdb.ingest.sources import (
     EDGE,

@@ -106,7 +106,18 @@ class PlacedStores:
     def contains(self, ids) -> np.ndarray:
         return contains_any(self.stores, list(ids))
 
-    def add_packed(self, tokens, lengths, ids, metadata=None) -> None:
-        for si, part, toks, lens in split_packed(tokens, lengths, place(lengths, self.stores)):
+    def add_packed(self, tokens, lengths, ids, metadata=None, encoder_record: dict | None = None) -> None:
+        """``encoder_record`` (``mvdb ingest --model``): every store records the text encoder, with
+        its part of the batch or, after them, alone (as :class:`~mvdb.shards.local.ShardedDatabase`)."""
+        from mvdb.text import record_config
+
+        parts = place(lengths, self.stores)
+        for si, part, toks, lens in split_packed(tokens, lengths, parts):
             meta = None if metadata is None else [metadata[i] for i in part]
-            self.stores[si].add_packed(toks, lens, ids=[ids[i] for i in part], metadata=meta)
+            st = self.stores[si]
+            st.add_packed(toks, lens, ids=[ids[i] for i in part], metadata=meta,
+                          config=record_config(st.config, encoder_record))
+        for st, part in zip(self.stores, parts):
+            config = None if part else record_config(st.config, encoder_record)
+            if config is not None:
+                st.commit_config(config)
