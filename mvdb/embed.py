@@ -8,17 +8,22 @@ settings, since a 2-core CPU encodes about 5-15 documents per second.
     m = MiniLM()
     db = mvdb.open("man.mvdb", encoder=m.encoder())   # documents cut at 256 tokens, queries at 32
     vecs = m.encode(texts, max_tokens=256)           # or the vectors themselves
+
+:func:`load_encoder` gives the encoder a command line names (``--model``): ``minilm``, a module's
+attribute, or a model folder.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 
 from mvdb.encoders import Encoder, cache_dir
+from mvdb.errors import InvalidInputError
 
-__all__ = ["MiniLM", "cache_dir"]
+__all__ = ["MiniLM", "cache_dir", "load_encoder"]
 
 
 class MiniLM:
@@ -49,3 +54,48 @@ class MiniLM:
         (float16-rounded: the cache keeps float16)."""
         enc = self.encoder(max_tokens, max_tokens, batch_size)
         return enc.encode(texts, is_query=is_query, progress=progress)
+
+
+def load_encoder(spec: str, *, device: str = "cpu", batch_size: int = 32) -> Encoder:
+    """The encoder a command line names (``--model``):
+
+    - ``minilm``: all-MiniLM-L6-v2 from the ``mvdb[demo]`` extra (no download);
+    - ``package.module:attr``: an attribute of an importable module, an :class:`Encoder` (used as it
+      is) or a model (a callable ``f(texts, is_query)`` included);
+    - otherwise a folder or Hugging Face name of a model: a PyLate ColBERT where the folder's
+      ``modules.json`` names PyLate, else a Sentence Transformers model.
+
+    ``device``: where a loaded model runs ("cpu", "cuda", "cuda:1"); ``batch_size``: texts per call."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise InvalidInputError(f"model: expected a model name, folder or module:attr, got {spec!r}")
+    if spec == "minilm":
+        return MiniLM(device=device).encoder(batch_size=batch_size, cache=False)
+    if ":" in spec and not Path(spec).exists() and "/" not in spec.split(":", 1)[0]:
+        import importlib
+
+        module, attr = spec.split(":", 1)
+        try:
+            obj = importlib.import_module(module)
+        except ImportError as e:
+            raise InvalidInputError(f"model {spec}: cannot import module {module!r} ({e})") from None
+        for part in attr.split("."):
+            if not hasattr(obj, part):
+                raise InvalidInputError(f"model {spec}: module {module!r} has no attribute {attr!r}")
+            obj = getattr(obj, part)
+        return obj if isinstance(obj, Encoder) else Encoder(obj, batch_size=batch_size)
+    modules = Path(spec) / "modules.json"
+    pylate = modules.is_file() and "pylate" in modules.read_text(encoding="utf-8", errors="replace")
+    try:
+        if pylate:
+            from pylate.models import ColBERT
+
+            model = ColBERT(spec, device=device)
+        else:
+            from sentence_transformers import SentenceTransformer
+
+            model = SentenceTransformer(spec, device=device)
+    except ImportError as e:
+        raise ImportError(f"model {spec}: needs {'pylate' if pylate else 'sentence-transformers'} ({e})") from None
+    except OSError as e:
+        raise InvalidInputError(f"model {spec}: not a model folder or a name that loads ({e})") from None
+    return Encoder(model, batch_size=batch_size)

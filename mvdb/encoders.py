@@ -50,7 +50,7 @@ from mvdb.engine.progress import Progress
 from mvdb.errors import InvalidInputError, InvalidTypeError
 from mvdb.kernels import settings
 
-__all__ = ["ADAPTER_VERSION", "IDENTITY", "TEXT_KEY", "Encoder", "as_encoder", "cache_dir", "differences", "load_encoder",
+__all__ = ["ADAPTER_VERSION", "IDENTITY", "TEXT_KEY", "Encoder", "as_encoder", "cache_dir", "differences",
            "texts_arg"]
 
 ADAPTER_VERSION = 1
@@ -343,49 +343,3 @@ def as_encoder(encoder) -> Encoder | None:
         return encoder
     return Encoder(encoder)
 
-
-def load_encoder(spec: str, *, device: str = "cpu", batch_size: int = 32) -> Encoder:
-    """The encoder a command line names (``--model``):
-
-    - ``minilm``: all-MiniLM-L6-v2 from the ``mvdb[demo]`` extra (no download);
-    - ``package.module:attr``: an attribute of an importable module, an :class:`Encoder` (used as it
-      is) or a model (a callable ``f(texts, is_query)`` included);
-    - otherwise a folder or Hugging Face name of a model: a PyLate ColBERT where the folder's
-      ``modules.json`` names PyLate, else a Sentence Transformers model.
-
-    ``device``: where a loaded model runs ("cpu", "cuda", "cuda:1"); ``batch_size``: texts per call."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise InvalidInputError(f"model: expected a model name, folder or module:attr, got {spec!r}")
-    if spec == "minilm":
-        from mvdb.embed import MiniLM
-
-        return MiniLM(device=device).encoder(batch_size=batch_size, cache=False)
-    if ":" in spec and not Path(spec).exists() and "/" not in spec.split(":", 1)[0]:
-        import importlib
-
-        module, attr = spec.split(":", 1)
-        try:
-            obj = importlib.import_module(module)
-        except ImportError as e:
-            raise InvalidInputError(f"model {spec}: cannot import module {module!r} ({e})") from None
-        for part in attr.split("."):
-            if not hasattr(obj, part):
-                raise InvalidInputError(f"model {spec}: module {module!r} has no attribute {attr!r}")
-            obj = getattr(obj, part)
-        return obj if isinstance(obj, Encoder) else Encoder(obj, batch_size=batch_size)
-    modules = Path(spec) / "modules.json"
-    pylate = modules.is_file() and "pylate" in modules.read_text(encoding="utf-8", errors="replace")
-    try:
-        if pylate:
-            from pylate.models import ColBERT
-
-            model = ColBERT(spec, device=device)
-        else:
-            from sentence_transformers import SentenceTransformer
-
-            model = SentenceTransformer(spec, device=device)
-    except ImportError as e:
-        raise ImportError(f"model {spec}: needs {'pylate' if pylate else 'sentence-transformers'} ({e})") from None
-    except OSError as e:
-        raise InvalidInputError(f"model {spec}: not a model folder or a name that loads ({e})") from None
-    return Encoder(model, batch_size=batch_size)

@@ -45,10 +45,10 @@ def ids_arg(d, ids: tuple[str, ...]) -> list:
 
 
 def load_model(spec: str, device: str, batch_size: int | None = None):
-    """The :class:`mvdb.Encoder` that ``--model SPEC`` names (:func:`mvdb.encoders.load_encoder`),
+    """The :class:`mvdb.Encoder` that ``--model SPEC`` names (:func:`mvdb.embed.load_encoder`),
     run on ``--device`` ("auto": cuda when present). A ``module:attr`` imports from the current
     directory too, as ``python -m`` would."""
-    from mvdb.encoders import load_encoder
+    from mvdb.embed import load_encoder
     from mvdb.engine.args import device_arg
 
     if batch_size is not None and batch_size < 1:
