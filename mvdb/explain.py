@@ -11,6 +11,9 @@ Transformers model) and the document's text is stored (``add_texts(..., store_te
 match also names the matched words: ``doc_span`` (start, end characters in the stored text) and
 ``doc_text``; a query given as a str is encoded with the encoder and gets ``query_span`` /
 ``query_text`` the same way. Special tokens ([CLS], [SEP]) have no span.
+
+:func:`explain_stored` takes a stored document as the query (what ``mvdb serve``'s ``/explain``
+does with ``query_id``); its words come from its stored text.
 """
 
 from __future__ import annotations
@@ -83,33 +86,71 @@ def explain(db, query, doc_id) -> Explanation:
     """``db.explain(query, doc_id)`` of any database-shaped class (it needs ``dim`` and ``get``):
     one query ([Lq, dim], or a str where the database has an encoder) against one stored
     document; UnknownIdError where the id is not stored."""
-    dim = db.dim
-    if dim is None:
-        raise InvalidInputError("explain: the database is empty (no document to explain)")
-    if isinstance(doc_id, (list, tuple, np.ndarray)):
-        raise InvalidTypeError(f"doc_id: expected one id (an int or a str), got {type(doc_id).__name__}")
+    dim = _dim(db)
+    _one_id(doc_id, "doc_id")
     enc = getattr(db, "encoder", None)
-    q_spans = None
     if isinstance(query, str):
         if enc is None:
             raise InvalidInputError("query: a str needs an encoder: open the database with mvdb.open(path, "
                                     "encoder=model), or pass the query's embeddings [Lq, dim]")
         q = _query(enc.encode([query], is_query=True)[0], dim)
-        q_spans = (enc.token_spans([query], is_query=True) or [None])[0]
-    else:
-        q = _query(query, dim)
-    doc = np.asarray(db.get([doc_id])[0], dtype=np.float32)
+        return _with_words(db, enc, q, doc_id, query, _spans(enc, query, q.shape[0], is_query=True))
+    return _with_words(db, enc, _query(query, dim), doc_id, None, None)
+
+
+def explain_stored(db, query_id, doc_id) -> Explanation:
+    """:func:`explain` with a stored document as the query ("more like this"): its stored tokens
+    against those of ``doc_id``. Where the database has an encoder that gives spans and the query
+    document's text is stored, each match names the query's words too (``query_span`` /
+    ``query_text``, in that stored text)."""
+    dim = _dim(db)
+    _one_id(query_id, "query_id")
+    _one_id(doc_id, "doc_id")
+    enc = getattr(db, "encoder", None)
+    q = _query(_doc(db, query_id), dim)
+    source = stored_text(db, query_id) if enc is not None else None
+    return _with_words(db, enc, q, doc_id, source, _spans(enc, source, q.shape[0], is_query=False))
+
+
+def stored_text(db, doc_id) -> str | None:
+    """The text ``add_texts(..., store_text=True)`` kept for ``doc_id`` (None where none was)."""
+    meta = db.metadata([doc_id])[0]
+    text = meta.get(TEXT_KEY) if isinstance(meta, dict) else None
+    return text if isinstance(text, str) else None
+
+
+def _dim(db) -> int:
+    dim = db.dim
+    if dim is None:
+        raise InvalidInputError("explain: the database is empty (no document to explain)")
+    return dim
+
+
+def _one_id(doc_id, name: str) -> None:
+    if isinstance(doc_id, (list, tuple, np.ndarray)):
+        raise InvalidTypeError(f"{name}: expected one id (an int or a str), got {type(doc_id).__name__}")
+
+
+def _doc(db, doc_id) -> np.ndarray:
+    return np.asarray(db.get([doc_id])[0], dtype=np.float32)
+
+
+def _spans(enc, text: str | None, n: int, is_query: bool) -> list | None:
+    """The character spans of ``text``'s ``n`` vectors, or None (no text, no spans from the model,
+    or not the stored vectors' tokens)."""
+    if enc is None or text is None:
+        return None
+    spans = (enc.token_spans([text], is_query=is_query) or [None])[0]
+    return spans if spans is not None and len(spans) == n else None
+
+
+def _with_words(db, enc, q: np.ndarray, doc_id, q_source: str | None, q_spans) -> Explanation:
+    """The explanation of ``doc_id`` for ``q``, with the matched words where the document's text
+    is stored and the encoder gives spans (``doc_*``), and where the query's are known (``query_*``)."""
+    doc = _doc(db, doc_id)
     out = explain_tokens(doc_id, q, doc)
-    text, d_spans = None, None
-    if enc is not None:
-        meta = db.metadata([doc_id])[0]
-        text = meta.get(TEXT_KEY) if isinstance(meta, dict) else None
-        if isinstance(text, str):
-            d_spans = (enc.token_spans([text]) or [None])[0]
-    if d_spans is not None and len(d_spans) != doc.shape[0]:  # not the stored vectors' tokens
-        d_spans = None
-    if q_spans is not None and len(q_spans) != q.shape[0]:
-        q_spans = None
+    text = stored_text(db, doc_id) if enc is not None else None
+    d_spans = _spans(enc, text, doc.shape[0], is_query=False)
     if d_spans is None and q_spans is None:
         return out
 
@@ -120,6 +161,6 @@ def explain(db, query, doc_id) -> Explanation:
     matches = []
     for m in out.matches:
         d_span, d_text = words(d_spans, m.doc_token, text)
-        q_span, q_text = words(q_spans, m.query_token, query)
+        q_span, q_text = words(q_spans, m.query_token, q_source)
         matches.append(TokenMatch(*m[:4], doc_span=d_span, doc_text=d_text, query_span=q_span, query_text=q_text))
     return Explanation(out.id, out.score, matches)

@@ -503,3 +503,20 @@ def test_cli_bad_arguments_are_clear_and_change_nothing(tmp_path):
     assert r.exit_code == 1 and "--where: expected a JSON object" in r.output
     r = run("export", db, tmp_path / "x.txt")
     assert r.exit_code == 1 and "expected a path ending in .npy" in r.output
+
+
+def test_serve_model_that_does_not_load_or_fit_is_one_error_line(tmp_path):
+    """``mvdb serve --model``: a model that does not load, or is not the one the database's texts were
+    added with, is one 'Error:' line before anything serves."""
+    pytest.importorskip("fastapi")
+    import mvdb
+    from mvdb.testing.words import encode
+
+    assert "--model SPEC" in run("serve", "--help").output
+    db = tmp_path / "t.mvdb"
+    with mvdb.open(db, device="cpu", encoder=mvdb.Encoder(encode, name="words-v0")) as d:
+        d.add_texts(["gzip compresses files", "df shows free disk space"])
+    _one_error_line(run("serve", db, "--port", 0, "--model", "no_such_module_zz:encode"),
+                    "model no_such_module_zz:encode: cannot import module 'no_such_module_zz'")
+    _one_error_line(run("serve", db, "--port", 0, "--device", "cpu", "--model", "mvdb.testing.words:encode"),
+                    "its 2 documents were encoded by 'words-v0'", "'mvdb.testing.words.encode'")

@@ -307,7 +307,7 @@ def test_the_servers_proxy_forwards_the_contract():
     workers = pytest.importorskip("mvdb.serve.workers")
     from mvdb.contract import MEMBERS
 
-    # answered by the app itself; explain computes from get (mvdb.explain)
+    # answered by the app itself; explain by its /explain route (mvdb.serve.texts, in the database process)
     local = {"dim", "close", "explain", "__contains__", "__enter__", "__exit__"}
     assert set(MEMBERS) - local <= workers.CALLS
 

@@ -18,6 +18,9 @@ from mvdb.errors import InvalidInputError
 @click.option("--api-key-file", type=click.Path(dir_okay=False), default=None,
               help="File holding the key every request must send (Authorization: Bearer <key>).")
 @click.option("--create", is_flag=True, help="Create an empty database at DB if there is none.")
+@click.option("--model", default=None, metavar="SPEC",
+              help="Text model for /search_text, text queries of /explain and the /ui page: 'minilm', a model "
+                   "folder or name, or module:attr; loaded on --device. The model the texts were added with.")
 @click.option("--max-body-mb", default=256.0, show_default=True, help="Largest request body accepted (413 above).")
 @click.option("--batch-queries", default=256, show_default=True,
               help="Most queries of concurrent requests searched as one batch.")
@@ -39,13 +42,15 @@ from mvdb.errors import InvalidInputError
               help="Seconds a request has to send its whole body once its headers are in (408 and closed after).")
 @DEVICE
 @DEBUG
-def serve(db: str, host: str, port: int, read_only: bool, api_key_file: str | None, create: bool, max_body_mb: float,
-          batch_queries: int, batch_window_ms: float, workers: int | None, search_threads: int | None, gil_switch_us: float,
-          header_timeout: float, body_timeout: float, device: str) -> None:
+def serve(db: str, host: str, port: int, read_only: bool, api_key_file: str | None, create: bool, model: str | None,
+          max_body_mb: float, batch_queries: int, batch_window_ms: float, workers: int | None,
+          search_threads: int | None, gil_switch_us: float, header_timeout: float, body_timeout: float,
+          device: str) -> None:
     """Serve DB over HTTP until SIGTERM / Ctrl-C (graceful: requests in flight finish). Clients:
-    mvdb.connect("http://HOST:PORT"), or any HTTP client (MessagePack or JSON; docs at /docs).
+    mvdb.connect("http://HOST:PORT"), any HTTP client (MessagePack or JSON; docs at /docs), or a
+    browser at /ui.
 
-    Example: mvdb serve my.mvdb --port 8000
+    Example: mvdb serve my.mvdb --port 8000 --model minilm
     """
     from mvdb.serve.server import main_ready, read_key
     from mvdb.serve.server import serve as run
@@ -70,4 +75,4 @@ def serve(db: str, host: str, port: int, read_only: bool, api_key_file: str | No
     run(db, host=host, port=port, read_only=read_only, api_key=key, device=device, max_body_mb=max_body_mb,
         batch_queries=batch_queries, batch_window_ms=batch_window_ms, workers=workers,
         search_threads=search_threads, gil_switch_us=gil_switch_us, header_timeout_s=header_timeout,
-        body_timeout_s=body_timeout, on_ready=main_ready)
+        body_timeout_s=body_timeout, on_ready=main_ready, model=model)

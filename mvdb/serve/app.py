@@ -8,7 +8,10 @@ one database it was started on.
 
 Reads run concurrently; searches go through the batcher (mvdb.serve.batcher), so the GPU sees
 one batch for many concurrent requests; writes run one at a time (the database's writer lock)
-and are answered only once committed.
+and are answered only once committed. With a text model (``mvdb serve --model``), ``/search_text``
+encodes the queries where the database is (mvdb.serve.texts) and searches through the batcher;
+``/explain`` takes a text, embeddings or a stored document's id as the query. ``/ui`` is a web
+page over these routes (mvdb.serve.ui).
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from mvdb import errors
-from mvdb.serve import codec
+from mvdb.encoders import texts_arg
+from mvdb.serve import codec, texts
 from mvdb.serve.batcher import Batcher
+from mvdb.serve.ui import add_ui
 
 STATUS = [  # most specific first
     (errors.DuplicateIdError, 409),
@@ -104,6 +109,8 @@ class Served:
         self.db, self.batcher, self.read_only, self.key, self.limit = db, batcher, read_only, key, limit
         self.refuses_writes = bool(read_only or getattr(getattr(db, "store", None), "read_only", False))
         self.started = time.time()
+        enc = getattr(db, "encoder", None)  # a worker's view of the database names the engine's
+        self.model = enc.name if enc is not None else getattr(db, "encoder_name", None)
 
     def guard(self, request: Request) -> None:
         """The API key and the declared body size, before anything is read."""
@@ -149,8 +156,10 @@ SEARCH = {"queries": ARR, "k": {"type": "integer"}, "where": {"type": "object"},
 
 
 async def health(s: Served, args):
-    """Whether the server is up, with the number of documents."""
-    return {"ok": True, "documents": len(s.db), "read_only": s.refuses_writes, "uptime_s": time.time() - s.started}
+    """Whether the server is up, with the number of documents and its text model (``model``: its
+    name; None without ``--model``)."""
+    return {"ok": True, "documents": len(s.db), "read_only": s.refuses_writes, "uptime_s": time.time() - s.started,
+            "model": s.model}
 
 
 async def stats(s: Served, args):
@@ -171,6 +180,34 @@ async def search(s: Served, args):
     queries = codec.embeddings(args.get("queries"), "queries")
     options = {k: args[k] for k in SEARCH_OPTIONS if k in args}
     return _hits(await asyncio.wrap_future(s.batcher.search(queries, args.get("sparse"), options)))
+
+
+async def search_text(s: Served, args):
+    """Encode the query texts with the server's model (``mvdb serve --model``) and search: one str
+    gives a list of [id, score], a list of str one list per text. Options as /search's."""
+    if s.model is None:
+        raise texts.no_model("search_text")
+    queries, single = texts_arg(args.get("queries"), "queries", single=True)
+    vecs = await run_in_threadpool(texts.run, s.db, "encode_queries", queries)
+    options = {k: args[k] for k in SEARCH_OPTIONS if k in args}
+    return _hits(await asyncio.wrap_future(s.batcher.search(vecs[0] if single else vecs, args.get("sparse"), options)))
+
+
+async def explain(s: Served, args):
+    """Why ``doc_id`` scores what it does for ``query`` (a text, with ``--model``; or embeddings
+    [Lq, dim]) or for the stored document ``query_id``: ``{id, score, matches, text}``, one match
+    per query token (query_token, doc_token, similarity, share, and where the text is stored and the
+    model gives them: doc_span, doc_text, query_span, query_text); ``text``: the stored texts of
+    the document and the query."""
+    if "doc_id" not in args or ("query" not in args and "query_id" not in args):
+        raise errors.InvalidInputError("explain: expected doc_id (the document to explain) and query (a text, or "
+                                       "embeddings [Lq, dim]) or query_id (a stored document's id)")
+    query = args.get("query")
+    if isinstance(query, str) and s.model is None:
+        raise texts.no_model("explain")
+    if query is not None and not isinstance(query, str):
+        query = codec.embeddings(query, "query")
+    return await run_in_threadpool(texts.run, s.db, "explanation", args.get("doc_id"), query, args.get("query_id"))
 
 
 async def candidates(s: Served, args):
@@ -254,6 +291,12 @@ ROUTES = (
     Route("/stats", "GET", "db.stats()", None, stats),
     Route("/len", "GET", "len(db)", None, length),
     Route("/search", "POST", "db.search(queries, ...)", SEARCH, search),
+    Route("/search_text", "POST", "db.search_text(queries, ...) with the server's model",
+          {**SEARCH, "queries": {"description": "one text, or a list of texts"}}, search_text),
+    Route("/explain", "POST", "db.explain(query, doc_id); query_id: a stored document as the query",
+          {"query": {"description": "a text (needs --model) or embeddings [Lq, dim]"},
+           "query_id": {"description": "a stored document's id, as the query instead"},
+           "doc_id": {"description": "the document to explain"}}, explain),
     Route("/candidates", "POST", "db.candidates(queries, ...)", {k: v for k, v in SEARCH.items() if k != "exact"},
           candidates),
     Route("/rerank", "POST", "db.rerank(queries, candidate_ids, k)",
@@ -318,6 +361,7 @@ def create_app(db, *, read_only: bool = False, api_key: str | None = None, max_b
             extra = {"requestBody": {"content": {codec.MSGPACK: schema, codec.JSON: schema}}}
         app.add_api_route(r.path, endpoint(served, r), methods=[r.method], summary=r.summary,
                           description=r.fn.__doc__, openapi_extra=extra, response_class=Response)
+    add_ui(app)
     return app
 
 

@@ -15,7 +15,7 @@ from mvdb import errors
 from mvdb.contract import DatabaseAPI
 from mvdb.encoders import as_encoder
 from mvdb.engine.progress import Progress
-from mvdb.explain import ExplainMethods
+from mvdb.explain import ExplainMethods, Explanation, TokenMatch
 from mvdb.serve import codec
 from mvdb.text import TextMethods
 
@@ -29,7 +29,10 @@ def connect(url: str, *, api_key: str | None = None, timeout: float = 300.0, max
             encoder=None) -> Client:
     """A client of the ``mvdb serve`` at ``url`` (e.g. "http://127.0.0.1:8000"); checks that it
     answers (``/health``) before returning. ``encoder``: a text model (as ``mvdb.open``'s) for
-    ``add_texts`` / ``search_text``: texts are encoded here and their vectors sent."""
+    ``add_texts`` / ``search_text``: texts are encoded here and their vectors sent. Without one,
+    ``search_text`` and ``explain`` with a text query use the server's model (``mvdb serve
+    --model``), and ``explain`` is computed by the server (with the matched words where it has a
+    model and the text is stored)."""
     c = Client(url, api_key=api_key, timeout=timeout, max_connections=max_connections, encoder=encoder)
     try:
         c.health()
@@ -148,6 +151,24 @@ class Client(TextMethods, ExplainMethods, DatabaseAPI):
 
     def _check_writable(self) -> None:
         """The server refuses writes it does not take (read-only, a reader's API key)."""
+
+    def search_text(self, queries, k: int = 10, where=None, *, encoder=None, **options):
+        """As ``Database.search_text``; without an encoder here (``connect(url, encoder=...)`` or
+        ``encoder=``), the server encodes the queries with its model (``/search_text``)."""
+        if encoder is not None or self.encoder is not None:
+            return super().search_text(queries, k, where, encoder=encoder, **options)
+        body = _options(queries=queries, k=k, where=where, **options)
+        return self._hits(self._call("/search_text", body))
+
+    def explain(self, query, doc_id) -> Explanation:
+        """As ``Database.explain``: computed here with this client's encoder where it has one,
+        else by the server (``/explain``, a text query encoded with the server's model)."""
+        if self.encoder is not None:
+            return super().explain(query, doc_id)
+        out = self._call("/explain", {"query": query, "doc_id": doc_id})
+        matches = [TokenMatch(**{k: tuple(v) if k.endswith("_span") and v is not None else v for k, v in m.items()})
+                   for m in out["matches"]]
+        return Explanation(out["id"], out["score"], matches)
 
     def delete(self, ids) -> None:
         self._call("/delete", {"ids": _ids(ids)}, write=True)

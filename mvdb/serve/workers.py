@@ -29,8 +29,10 @@ from multiprocessing.connection import Client, Listener
 from types import SimpleNamespace
 
 from mvdb.errors import MvdbError, ServerError
+from mvdb.serve import texts
 
 WRITES = {"add", "add_encoded", "delete", "compact", "refresh"}
+# and the text calls (mvdb.serve.texts.CALLS), which take the database as their first argument
 CALLS = {"search", "candidates", "rerank", "add", "add_encoded", "delete", "get", "metadata", "contains", "compact", "refresh",
          "verify", "stats", "__len__"}
 
@@ -176,6 +178,8 @@ class Dispatcher:
         return True
 
     def _call(self, method: str, args: tuple, kwargs: dict):
+        if method in texts.CALLS:
+            return texts.CALLS[method](self.db, *args, **kwargs)
         if method not in CALLS:
             raise MvdbError(f"unknown call {method!r}")
         if method == "stats":
@@ -206,12 +210,14 @@ class Dispatcher:
 
 class RemoteDatabase:
     """A worker's view of the engine's database: the same methods, each one call to the engine
-    (one connection per thread)."""
+    (one connection per thread). ``encoder_name``: the name of the engine's text model (None: it
+    has none)."""
 
-    def __init__(self, address: str, authkey: bytes, read_only: bool, path: str):
+    def __init__(self, address: str, authkey: bytes, read_only: bool, path: str, encoder_name: str | None = None):
         self._address, self._authkey = address, authkey
         self._local = threading.local()
         self.store = SimpleNamespace(read_only=read_only, path=path)
+        self.encoder_name = encoder_name
 
     def _conn(self):
         c = getattr(self._local, "conn", None)
@@ -235,6 +241,10 @@ class RemoteDatabase:
     def __len__(self) -> int:
         return self._call("__len__")
 
+    def forward(self, name: str, *args, **kwargs):
+        """A text call (mvdb.serve.texts), run in the engine with its database and model."""
+        return self._call(name, *args, **kwargs)
+
     def __getattr__(self, name: str):
         if name in CALLS:
             return lambda *a, **k: self._call(name, *a, **k)
@@ -249,7 +259,7 @@ def _die_with_parent() -> None:
 
 
 def _worker(sock, address: str, authkey: bytes, read_only: bool, path: str, app_options: dict,
-            log_level: str, gil_switch_us: float) -> None:
+            log_level: str, gil_switch_us: float, encoder_name: str | None) -> None:
     import sys
 
     import uvicorn
@@ -259,7 +269,7 @@ def _worker(sock, address: str, authkey: bytes, read_only: bool, path: str, app_
     _die_with_parent()
     if gil_switch_us:
         sys.setswitchinterval(gil_switch_us / 1e6)
-    db = RemoteDatabase(address, authkey, read_only, path)
+    db = RemoteDatabase(address, authkey, read_only, path, encoder_name)
     app = create_app(db, read_only=read_only, **app_options)
     uvicorn.Server(uvicorn_config(app, 30.0, log_level)).run(sockets=[sock])
 
@@ -272,7 +282,7 @@ class Workers:
         ctx = mp.get_context("spawn")  # the main process holds CUDA and threads: never fork it
         self.procs = [ctx.Process(target=_worker, name=f"mvdb-serve-worker-{i}", daemon=True,
                                   args=(sock, engine.address, engine.authkey, read_only, str(path), app_options,
-                                        log_level, gil_switch_us))
+                                        log_level, gil_switch_us, getattr(engine.db.encoder, "name", None)))
                       for i in range(n)]
         for p in self.procs:
             p.start()
