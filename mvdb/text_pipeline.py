@@ -265,7 +265,7 @@ class _Host:
     the end."""
 
     def __init__(self, device: torch.device, bound: int):
-        self.cuda = device.type == "cuda"
+        self.device, self.cuda = device, device.type == "cuda"
         self.bound, self.at, self.out, self.chunks = bound, 0, None, []
         self.pending: list = []  # (future, bytes) of copies not known to be done
         self.stream = torch.cuda.Stream(device) if self.cuda else None
@@ -275,7 +275,9 @@ class _Host:
     def put(self, tok: torch.Tensor) -> None:
         n = tok.shape[0]
         if self.out is None and not self.chunks and self.bound:
-            self.out = torch.from_numpy(_reserved((self.bound, tok.shape[1]), tok.dtype))
+            room = _reserved((self.bound, tok.shape[1]), tok.dtype)
+            self.bound = 0  # asked once
+            self.out = None if room is None else torch.from_numpy(room)
         if self.out is not None and self.at + n <= self.out.shape[0]:
             dst = self.out[self.at : self.at + n]
         else:  # no room known: an array of its own
@@ -289,7 +291,7 @@ class _Host:
             dst.copy_(tok)
             return
         ready = torch.cuda.Event()
-        ready.record()
+        ready.record(torch.cuda.current_stream(self.device))  # the stream that made tok (its device's, not the current one's)
         tok.record_stream(self.stream)
         self.pending.append((self.pool.submit(self._copy, dst, tok, ready), tok.nbytes))
         while sum(b for _, b in self.pending) > DEVICE_BYTES:
@@ -302,8 +304,9 @@ class _Host:
             if not tok.numel():
                 return
             self.stream.wait_event(ready)
-            rows = max(1, STAGING_BYTES // (tok.element_size() * tok[0].numel()))
-            if self.staging is None or self.staging.dtype != tok.dtype or self.staging.shape[1:] != tok.shape[1:]:
+            rows = max(1, min(tok.shape[0], STAGING_BYTES // (tok.element_size() * tok[0].numel())))
+            if (self.staging is None or self.staging.dtype != tok.dtype or self.staging.shape[1:] != tok.shape[1:]
+                    or self.staging.shape[0] < rows):
                 self.staging = torch.empty((rows, *tok.shape[1:]), dtype=tok.dtype, pin_memory=True)
             for r0 in range(0, tok.shape[0], rows):
                 n = min(rows, tok.shape[0] - r0)
@@ -326,14 +329,18 @@ class _Host:
             self.pool.shutdown(wait=True)
 
 
-def _reserved(shape: tuple, dtype: torch.dtype) -> np.ndarray:
+def _reserved(shape: tuple, dtype: torch.dtype) -> np.ndarray | None:
     """An array of ``shape`` whose memory the system commits only as it is written (on Linux:
-    anonymous memory without a swap reservation, in huge pages where allowed), else ``np.empty``."""
+    anonymous memory without a swap reservation, in huge pages where allowed); None where the
+    system will not map that much (then each chunk gets its own array)."""
     np_dtype = np.float16 if dtype == torch.float16 else np.float32
     nbytes = int(np.prod(shape)) * np.dtype(np_dtype).itemsize
     if sys.platform != "linux" or nbytes < (64 << 20):
-        return np.empty(shape, np_dtype)
-    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+        return np.empty(shape, np_dtype) if nbytes < (64 << 20) else None
+    try:
+        m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+    except (OSError, ValueError, OverflowError):
+        return None
     with contextlib.suppress(AttributeError, OSError):
         m.madvise(mmap.MADV_HUGEPAGE)
     return np.frombuffer(m, np_dtype).reshape(shape)

@@ -163,6 +163,10 @@ def _bad_inputs(d):
     (d / "emptydir" / "a.md").write_text("\n")
     np.savez(d / "emb.npz", tokens=np.ones((3, 8), np.float32), lengths=np.array([3]))
     (d / "m.jsonl").write_text("{}\n")
+    (d / "secret.md").write_text("not under the folder\n")
+    (d / "linkdir").mkdir()
+    (d / "linkdir" / "ok.md").write_text("a page\n")
+    (d / "linkdir" / "out.md").symlink_to(d / "secret.md")
     good = d / "good.jsonl"
     return {
         "bad_json": ([good, d / "badjson.jsonl", "--model", WORDS], ["badjson.jsonl, line 3: not JSON"]),
@@ -185,6 +189,7 @@ def _bad_inputs(d):
         "no_documents": ([d / "nodocs.txt", "--model", WORDS], ["nodocs.txt: no documents in it"]),
         "empty_file_in_dir": ([d / "emptydir", "--model", WORDS], ["a.md: empty text"]),
         "missing": ([d / "nope.jsonl", "--model", WORDS], ["nope.jsonl: no such file or directory"]),
+        "link_out_of_dir": ([d / "linkdir", "--model", WORDS], ["out.md: a link to", "outside the directory"]),
         "no_model": ([good], ["good.jsonl: a text source needs --model"]),
         "mixed_kinds": ([good, d / "emb.npz", "--model", WORDS],
                         ["emb.npz is an embedding source and", "good.jsonl a text source", "separate calls"]),
@@ -200,7 +205,7 @@ def _bad_inputs(d):
 CASES = [
     "bad_json", "no_text_field", "text_not_a_string", "empty_text", "duplicate_ids", "duplicate_across_files",
     "ids_in_some_lines", "not_an_object", "bool_id", "int_and_str_ids", "nan", "not_utf8", "broken_gzip",
-    "no_documents", "empty_file_in_dir", "missing", "no_model", "mixed_kinds", "embeddings_with_model",
+    "no_documents", "empty_file_in_dir", "missing", "link_out_of_dir", "no_model", "mixed_kinds", "embeddings_with_model",
     "text_field_for_embeddings", "metadata_with_text", "unknown_model", "no_such_module", "bad_batch_size"]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import signal
 
+import numpy as np
 import pytest
 
 import mvdb
@@ -147,3 +148,23 @@ def test_bad_input_is_refused_and_changes_nothing(tmp_path):
                 db.explain("disk", "nope")
             assert str(remote.value) == str(lib.value)
         assert (len(db), db.stats()["generation"], db.metadata(list(TEXTS))) == before
+
+
+def test_a_page_of_another_origin_is_refused_and_changes_nothing(tmp_path):
+    """A browser request from another site's page (a form or fetch to localhost) is refused with
+    403 before its body is read; the server's own page (same origin) and non-browser clients
+    (no Origin header) are served."""
+    from fastapi.testclient import TestClient
+
+    from mvdb.serve.app import create_app
+
+    with mvdb.open(tmp_path / "o.mvdb", device="cpu") as db:
+        db.add([np.ones((3, 8), np.float32)], ids=["keep"])
+        with TestClient(create_app(db)) as c:
+            r = c.post("/delete", json={"ids": ["keep"]}, headers={"origin": "http://evil.example", "accept": "application/json"})
+            assert r.status_code == 403 and "evil.example" in r.json()["message"]
+            assert db.contains(["keep"]) == [True]
+            r = c.post("/contains", json={"ids": ["keep"]}, headers={"origin": "http://testserver", "accept": "application/json"})
+            assert r.status_code == 200
+            r = c.get("/health", headers={"accept": "application/json"})
+            assert r.status_code == 200

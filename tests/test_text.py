@@ -169,6 +169,20 @@ def test_add_texts_with_another_encoder_is_refused(db):
     assert manifest(db.store.path) == before
 
 
+def test_add_encoded_of_another_model_is_refused_where_the_handle_has_a_model(tmp_path):
+    """An empty database opened with a model (as ``mvdb serve --model`` opens it) takes no vectors
+    of another model: its text queries would be encoded by the wrong one."""
+    with mvdb.open(tmp_path / "e.mvdb", device="cpu", encoder=enc()) as d:
+        before = manifest(d.store.path)
+        other = mvdb.Encoder(toy, name="other-model", normalize=True)
+        vecs = other.encode(["a new text"])
+        with pytest.raises(EncoderMismatchError, match="other-model"):
+            d.add_encoded(vecs, other.record(), ids=["n"])
+        assert manifest(d.store.path) == before and len(d) == 0
+        d.add_encoded(enc().encode(["a new text"]), enc().record(), ids=["n"])  # its own model's: taken
+        assert d.search_text("a new text", k=1)[0].id == "n"
+
+
 def test_without_an_encoder_embeddings_still_work(db):
     path = db.store.path
     db.close()
@@ -478,3 +492,73 @@ def test_pipeline_reserved_array_is_writable_and_sized():
     assert a.shape == (70_000, 512) and a.dtype == np.float32 and a.flags.writeable
     a[-1] = 1.5
     assert float(a[-1, -1]) == 1.5
+    assert text_pipeline._reserved((1 << 40, 1 << 20), torch.float32) is None  # 4 EB: refused, not raised
+
+
+def test_pipeline_host_without_room_joins_chunks(monkeypatch):
+    """Where the system maps no room, the chunks get arrays of their own, joined in order."""
+    torch = pytest.importorskip("torch")
+    from mvdb import text_pipeline
+
+    monkeypatch.setattr(text_pipeline, "_reserved", lambda shape, dtype: None)
+    chunks = [torch.randn(n, 4) for n in (5, 9)]
+    host = text_pipeline._Host(torch.device("cpu"), 1000)
+    for c in chunks:
+        host.put(c)
+    np.testing.assert_array_equal(host.result(), torch.cat(chunks).numpy())
+
+
+def _tiny_sentence_transformer(path, device: str):
+    """A two-layer, 32-wide BERT with a WordPiece tokenizer over ``_texts``' words, built here (no
+    download): the pipeline's paths on any device, CUDA included."""
+    pytest.importorskip("sentence_transformers")
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import models as st_models
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordPiece
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    words = sorted(set(" ".join(_texts(200)).replace(",", " , ").replace(":", " : ").replace("(", " ( ")
+                       .replace(")", " ) ").split()))
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words])}
+    tok = Tokenizer(WordPiece(vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+                                                       special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    BertTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+                      sep_token="[SEP]", mask_token="[MASK]", do_lower_case=True).save_pretrained(path)
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=128)).save_pretrained(path)
+    word = st_models.Transformer(str(path), max_seq_length=64)
+    return SentenceTransformer(modules=[word, st_models.Pooling(32)], device=device)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_pipeline_chunks_and_copies_make_the_models_own_vectors(tmp_path, monkeypatch, device):
+    """Many chunks, each copied to the host while the next runs (on CUDA: in a thread, through a
+    pinned buffer smaller than a chunk, with few bytes allowed to wait): the model's own vectors,
+    in text order."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from mvdb import text_pipeline
+
+    monkeypatch.setattr(text_pipeline, "CHUNK_BATCHES", 2)
+    monkeypatch.setattr(text_pipeline, "STAGING_BYTES", 32 * 32 * 4 + 8)  # 32 rows and a bit
+    monkeypatch.setattr(text_pipeline, "DEVICE_BYTES", 1)  # every copy waited for before the next chunk's
+    model = _tiny_sentence_transformer(tmp_path / "tiny", device)
+    texts = _texts(150)
+    fast = mvdb.Encoder(model, name="tiny", batch_size=8)
+    own = mvdb.Encoder(model, name="tiny", batch_size=8, pipeline=False)
+    a, b = fast.encode(texts, progress=False), own.encode(texts, progress=False)
+    assert [x.shape for x in a] == [x.shape for x in b]
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, atol=1e-5)
+    monkeypatch.setattr(text_pipeline, "DEVICE_BYTES", 1 << 30)  # now copies overlap the next chunks
+    tokens, lengths = fast.encode_packed(texts, dtype=np.float16, progress=False)
+    assert lengths.tolist() == [len(y) for y in b]
+    np.testing.assert_allclose(tokens.astype(np.float32), np.concatenate(b), atol=5e-3)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mvdb.cli.arguments import require_database
+from mvdb.cli.arguments import load_model, require_database
 from mvdb.cli.group import DEBUG, DEVICE
 from mvdb.errors import InvalidInputError
 
@@ -75,4 +75,5 @@ def serve(db: str, host: str, port: int, read_only: bool, api_key_file: str | No
     run(db, host=host, port=port, read_only=read_only, api_key=key, device=device, max_body_mb=max_body_mb,
         batch_queries=batch_queries, batch_window_ms=batch_window_ms, workers=workers,
         search_threads=search_threads, gil_switch_us=gil_switch_us, header_timeout_s=header_timeout,
-        body_timeout_s=body_timeout, on_ready=main_ready, model=model)
+        body_timeout_s=body_timeout, on_ready=main_ready,
+        model=None if model is None else load_model(model, device))

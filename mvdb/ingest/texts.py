@@ -144,13 +144,22 @@ def _txt(path: str, hasher=None) -> Iterator[tuple]:
 
 
 def _dir_files(root: Path) -> list[tuple[str, Path]]:
-    """(path relative to ``root``, file) of the ``.txt`` / ``.md`` files under it, sorted."""
+    """(path relative to ``root``, file) of the ``.txt`` / ``.md`` files under it, sorted. A folder
+    that cannot be listed, or a link to a file outside ``root``, is an error (not skipped, not
+    followed): a directory source is what is under it."""
+    def unreadable(e: OSError):
+        raise InvalidInputError(f"{e.filename}: cannot list it ({e.strerror})")
+
     out = []
-    for d, dirs, names in os.walk(root):
+    top = root.resolve()
+    for d, dirs, names in os.walk(root, onerror=unreadable):
         dirs[:] = [x for x in dirs if not x.startswith(".")]
         for name in names:
             if name.endswith(DIR_FILES) and not name.startswith("."):
                 f = Path(d) / name
+                if not f.resolve().is_relative_to(top):
+                    raise InvalidInputError(f"{f}: a link to {f.resolve()}, outside the directory {root}; "
+                                            "expected the directory's own files")
                 out.append((f.relative_to(root).as_posix(), f))
     return sorted(out)
 

@@ -57,6 +57,7 @@ except ImportError as e:  # pragma: no cover - the message says what to install
 
 from mvdb.errors import InvalidInputError, InvalidTypeError
 from mvdb.integrations._text_store import TextStore
+from mvdb.text import check_record
 
 __all__ = ["MvdbRetriever", "MvdbVectorStore", "llama_where"]
 
@@ -231,7 +232,12 @@ class MvdbVectorStore(BasePydanticVectorStore):
                 matching = set(self._store.keys_where(where))
                 allowed = [i for i in allowed if i in matching]
             self._store.check_options(kwargs)  # the candidate stage's options: nothing to tune in a rerank
+            db = self._store.db
+            check_record(self.encoder.record(), db.stats().get("encoder"), "the database", len(db))  # as search_text
             qv = self.encoder.encode([query.query_str], is_query=True, progress=False)[0]
+            if db.dim is not None and qv.shape[1] != db.dim:
+                raise InvalidInputError(f"encoder {self.encoder.name}: makes {qv.shape[1]}-d vectors; the database "
+                                        f"holds {db.dim}-d ones")
             hits = self._store.db.rerank(qv, allowed, k=k) if allowed else []
         records = self._store.records([h.id for h in hits])
         return VectorStoreQueryResult(nodes=[_node(i, text, meta) for i, text, meta in records],

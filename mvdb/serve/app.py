@@ -21,6 +21,7 @@ import contextlib
 import hmac
 import time
 from typing import Callable, NamedTuple
+from urllib.parse import urlsplit
 
 import anyio
 from fastapi import FastAPI, Request
@@ -52,6 +53,11 @@ class BodyTooLarge(errors.InvalidInputError):
     pass
 
 
+class ForeignOrigin(errors.AuthenticationError):
+    """A browser request sent by a page of another origin (another site must not drive the
+    database through the user's browser): 403."""
+
+
 def _message(e: BaseException) -> str:
     if isinstance(e, KeyError) and e.args:  # KeyError's str() quotes its text
         return str(e.args[0])
@@ -64,7 +70,9 @@ def error_response(e: BaseException, accept_json: bool) -> Response:
         if isinstance(e, cls):
             status = code
             break
-    if isinstance(e, errors.AuthenticationError):
+    if isinstance(e, ForeignOrigin):
+        status = 403
+    elif isinstance(e, errors.AuthenticationError):
         status = 401
     elif isinstance(e, BodyTooLarge):
         status = 413
@@ -113,7 +121,12 @@ class Served:
         self.model = enc.name if enc is not None else getattr(db, "encoder_name", None)
 
     def guard(self, request: Request) -> None:
-        """The API key and the declared body size, before anything is read."""
+        """The origin of a browser's request, the API key and the declared body size, before
+        anything is read."""
+        origin = request.headers.get("origin")
+        if origin is not None and urlsplit(origin).netloc != request.headers.get("host", ""):
+            raise ForeignOrigin(f"request from a page of {origin!r}: only this server's own pages (/ui) may call it "
+                                "from a browser")
         if self.key is not None:
             given = request.headers.get("authorization", "")
             token = given[7:] if given.lower().startswith("bearer ") else request.headers.get("x-api-key", "")

@@ -67,7 +67,7 @@ def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = 
           device: str = "auto", workers: int | None = None, max_body_mb: float = 256, batch_queries: int = 256,
           batch_window_ms: float = 0.0, search_threads: int | None = None, graceful_s: float = 30.0, log_level: str = "warning",
           on_ready=None, gil_switch_us: float = GIL_SWITCH_US, header_timeout_s: float = 10.0,
-          body_timeout_s: float = 60.0, model: str | None = None) -> None:
+          body_timeout_s: float = 60.0, model=None) -> None:
     """Open the database at ``path`` and serve it until SIGTERM or Ctrl-C. ``port=0`` picks a free
     port; ``on_ready(url)`` is called once it answers (the CLI prints the URL).
 
@@ -78,13 +78,18 @@ def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = 
     server's processes (Python's default is 5,000 us; 0 leaves it), so that a thread coming back
     from a GPU call waits less for the one answering HTTP. It changes one process's throughput
     little: the per-request interpreter work, not the switch latency, is what limits one process.
-    ``model``: a text model (:func:`mvdb.embed.load_encoder`: "minilm", a model folder or name, or
-    "module:attr"), loaded on ``device`` before anything listens; it encodes the queries of
+    ``model``: a text model, an :class:`mvdb.Encoder` or what :func:`mvdb.embed.load_encoder` takes
+    ("minilm", a model folder or name, or "module:attr"), loaded on ``device`` before anything listens; it encodes the queries of
     ``/search_text`` and ``/explain``, in the process that holds the database.
     """
     import mvdb
 
-    encoder = load_model(model, device) if model is not None else None
+    encoder = model
+    if isinstance(model, str):
+        from mvdb.embed import load_encoder
+        from mvdb.engine.args import device_arg
+
+        encoder = load_encoder(model, device=str(device_arg(device)))
     workers = default_workers() if workers is None else workers
     if search_threads is None:
         search_threads = 1 if workers <= 1 else WORKER_SEARCH_THREADS
@@ -223,14 +228,6 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def load_model(spec: str, device: str = "auto"):
-    """The encoder of ``--model SPEC`` on ``device`` ("auto": cuda when present)."""
-    from mvdb.embed import load_encoder
-    from mvdb.engine.args import device_arg
-
-    return load_encoder(spec, device=str(device_arg(device)))
 
 
 def main_ready(url: str) -> None:

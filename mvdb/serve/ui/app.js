@@ -170,10 +170,13 @@
     $("detail-score").textContent = `MaxSim ${fmt(e.score)}`;
     const box = $("doc-text");
     box.replaceChildren();
-    const text = e.text.doc;
-    if (typeof text !== "string") {
+    const doc = e.text.doc;
+    if (typeof doc !== "string") {
       box.append(el("span", { class: "muted" }, "No stored text (add_texts(..., store_text=True) keeps it)."));
     } else {
+      // spans count characters (code points) as Python does; a JS string slices UTF-16 units
+      const chars = Array.from(doc);
+      const text = { slice: (a, b) => chars.slice(a, b).join("") };
       const spans = matchedSpans(e.matches);
       const top = Math.max(1e-9, ...spans.map((s) => s.similarity));
       let at = 0;
