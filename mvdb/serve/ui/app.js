@@ -18,6 +18,12 @@
   const count = (x) => (typeof x === "number" ? x.toLocaleString("en") : String(x ?? "-"));
 
   // ---- the API: JSON both ways, the key as a bearer token; errors as the server words them
+  // Integers past 2^53 (int64 ids) would round in a JS number: read as BigInt from their digits,
+  // written back as the same digits.
+  const exactInts = (key, value, ctx) => (typeof value === "number" && Number.isInteger(value)
+    && !Number.isSafeInteger(value) && ctx && /^-?\d+$/.test(ctx.source) ? BigInt(ctx.source) : value);
+  const rawInts = (key, value) => (typeof value === "bigint"
+    ? (JSON.rawJSON ? JSON.rawJSON(value.toString()) : Number(value)) : value);
 
   async function api(path, body) {
     const headers = { accept: "application/json" };
@@ -27,11 +33,11 @@
     if (body !== undefined) {
       init.method = "POST";
       headers["content-type"] = "application/json";
-      init.body = JSON.stringify(body);
+      init.body = JSON.stringify(body, rawInts);
     }
     const r = await fetch(path, init);  // relative: the page sits at <server>/ui
     let out = null;
-    try { out = await r.json(); } catch (_) { /* not JSON: named below */ }
+    try { out = JSON.parse(await r.text(), exactInts); } catch (_) { /* not JSON: named below */ }
     if (!r.ok) {
       const e = new Error(out && out.message ? out.message : `HTTP ${r.status}`);
       e.kind = out && out.error;
@@ -83,7 +89,7 @@
     ];
     const pair = ([k, v]) => [el("dt", {}, k), el("dd", { "data-stat": k }, String(v ?? "-"))];
     $("stats").replaceChildren(...rows.flatMap(pair));
-    $("stats-json").textContent = JSON.stringify(s, null, 2);
+    $("stats-json").textContent = JSON.stringify(s, rawInts, 2);
   }
 
   function setMode(mode) {
@@ -101,7 +107,8 @@
   function parseId(value) {
     if (state.idType !== "int") return value;
     if (!/^-?\d+$/.test(value)) throw new Error(`this database uses int ids, got ${JSON.stringify(value)}`);
-    return Number(value);
+    const n = Number(value);
+    return Number.isSafeInteger(n) ? n : BigInt(value);
   }
 
   // ---- searching
