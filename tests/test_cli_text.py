@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from mvdb.storage import Store
 
 from mvdb.cli import main
+from mvdb.errors import InvalidInputError
 from mvdb.ingest.texts import open_text_source
 
 WORDS = "mvdb.testing.words:encode"
@@ -364,3 +365,38 @@ def test_minilm_round_trip_with_spans(minilm, tmp_path):
     assert e["matches"][0]["query_text"] is None  # [CLS]
     r = run("explain", db, "free disk space", "df", "--model", "minilm", "--device", "cpu")
     assert re.search(r'query token   2 "disk" -> document token +\d+ "disk"  similarity', r.stdout), r.stdout
+
+
+@pytest.mark.parametrize("kind", ["txt", "jsonl_ids", "dir"])
+def test_a_source_edited_during_the_ingest_stops_before_the_edit(tmp_path, kind):
+    """A document that changed between the check and its batch is refused before its batch is
+    written: what is stored under an id is what was checked."""
+    from mvdb.ingest.texts import open_text_sources
+
+    if kind == "txt":
+        path = tmp_path / "docs.txt"
+        path.write_text("".join(f"document {i}\n" for i in range(30)))
+
+        def edit():
+            path.write_text("".join(f"document {i}\n" if i != 25 else "an edit\n" for i in range(30)))
+    elif kind == "jsonl_ids":
+        path = tmp_path / "docs.jsonl"
+        _jsonl(path, [{"id": f"p{i}", "text": f"page {i}"} for i in range(30)])
+
+        def edit():
+            _jsonl(path, [{"id": f"p{i}", "text": f"page {i}" if i != 25 else "edited"} for i in range(30)])
+    else:
+        path = tmp_path / "pages"
+        path.mkdir()
+        for i in range(30):
+            (path / f"{i:02d}.md").write_text(f"page {i}")
+
+        def edit():
+            (path / "25.md").write_text("edited")
+    (src,) = open_text_sources([path])
+    edit()  # after the check, before the writing
+    batches = src.batches(10)
+    got = [next(batches), next(batches)]  # 20 documents as they were checked
+    with pytest.raises(InvalidInputError, match="changed since the sources were checked"):
+        next(batches)
+    assert [len(b[0]) for b in got] == [10, 10]

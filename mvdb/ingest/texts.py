@@ -17,7 +17,8 @@ the path is spelled, and a file whose text changed gets new ids.
 their types, an empty text, metadata the database can store, ids: their type and that none
 repeats in or across the sources), raising InvalidInputError that names the file and line, so
 that nothing is written unless every source is good; :meth:`TextSource.batches` reads the file
-again, ``batch_docs`` documents at a time.
+again, ``batch_docs`` documents at a time, and refuses a document that differs from the one
+checked (a digest of each is kept) before its batch is written.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class TextSource:
     given: dict | None = field(repr=False)
     _read: Callable[[], Iterator[tuple]] = field(repr=False)
     _document: Callable[[str, str, dict], dict | None] = field(repr=False)
+    _digests: bytes = field(repr=False, default=b"")  # each document's 8-byte digest when it was checked
 
     def batches(self, batch_docs: int = 10_000) -> Iterator[TextBatch]:
         """(ids, texts, metadata or None) of ``batch_docs`` documents at a time, in file order."""
@@ -63,6 +65,9 @@ class TextSource:
         for where, doc_id, text, meta in self._read():
             if row == self.n:
                 self._changed("more")
+            if self._digests and _digest(doc_id, text, meta) != self._digests[8 * row : 8 * row + 8]:
+                raise InvalidInputError(f"{where}: changed since the sources were checked (documents before it are "
+                                        f"stored; run the ingest again once the file is final)")
             ids.append(f"{self.key}#{row}" if self.key is not None else doc_id)
             texts.append(text)
             metas.append(self._document(where, text, meta))
@@ -190,6 +195,14 @@ def _check_id(where: str, x) -> str:
     return "str"
 
 
+def _digest(doc_id, text: str, meta: dict) -> bytes:
+    """A document as it was read (id, text, metadata), in 8 bytes: what is stored is what was checked."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(repr(doc_id if doc_id is not _NO_ID else None).encode() + b"\0" + text.encode("utf-8", "surrogatepass")
+             + b"\0" + json.dumps(meta, sort_keys=True, default=repr).encode())
+    return h.digest()
+
+
 def _document(where: str, text: str, meta: dict, store_text: bool, text_field: str) -> dict | None:
     """The metadata stored with one document (its text under TEXT_KEY where ``store_text``),
     checked as the database checks it."""
@@ -238,9 +251,10 @@ def open_text_source(path, *, text_field: str = "text", id_field: str = "id", st
     def document(where, text, meta):
         return _document(where, text, meta, store_text, text_field)
 
-    n, given, kind, first = 0, {}, None, None
+    n, given, kind, first, digests = 0, {}, None, None, bytearray()
     for where, doc_id, text, meta in read(hasher):
         document(where, text, meta)
+        digests += _digest(doc_id, text, meta)
         if first is None:
             first = (where, doc_id is not _NO_ID)
         elif (doc_id is not _NO_ID) != first[1]:
@@ -260,8 +274,8 @@ def open_text_source(path, *, text_field: str = "text", id_field: str = "id", st
     if n == 0:
         raise InvalidInputError(f"{path}: no documents in it")
     if first[1]:
-        return TextSource(path, n, None, kind, given, read, document)
-    return TextSource(path, n, hasher.hexdigest(), "str", None, read, document)
+        return TextSource(path, n, None, kind, given, read, document, bytes(digests))
+    return TextSource(path, n, hasher.hexdigest(), "str", None, read, document, bytes(digests))
 
 
 def open_text_sources(paths, *, text_field: str = "text", id_field: str = "id",
