@@ -20,9 +20,10 @@ Three kinds of model, told apart by their class:
 
 ``encode`` runs a Sentence Transformers or PyLate model through mvdb's batched pipeline
 (:mod:`mvdb.text_pipeline`: a chunk of texts tokenized at once, masked, normalised and packed on
-the device, few copies to the host), which makes the vectors the model's own ``encode`` makes. A callable (or ``pipeline=False``) is called ``batch_size`` texts at a time, the
-texts sorted by length as Sentence Transformers sorts them, and every output is checked: one per
-text, 2-D, the same dim for all. Progress goes to stderr (``mvdb.engine.progress``;
+the device, few copies to the host), which makes the vectors the model's own ``encode`` makes. A
+callable (or ``pipeline=False``) is called ``batch_size`` texts at a time, the texts sorted by
+length as Sentence Transformers sorts them, and every output is checked: one per text, 2-D, the
+same dim for all. Progress goes to stderr (``mvdb.engine.progress``;
 ``MVDB_PROGRESS=0`` turns it off). Results are float32 numpy arrays in the order of the texts;
 ``encode_packed`` gives them as one array and the lengths.
 
@@ -342,4 +343,3 @@ def as_encoder(encoder) -> Encoder | None:
     if encoder is None or isinstance(encoder, Encoder):
         return encoder
     return Encoder(encoder)
-

@@ -36,6 +36,10 @@ class TokenMatch(NamedTuple):
     query_span: tuple | None = None  # the same for the query token, where the query was a str
     query_text: str | None = None
 
+    def as_dict(self) -> dict:
+        """The fields by name (what the server and ``mvdb explain --json`` send)."""
+        return self._asdict()
+
 
 class Explanation(NamedTuple):
     id: object

@@ -141,11 +141,12 @@ class TextMethods:
         rec = self._text_record()
         check_record(encoder_record, rec, self._text_path(), len(self))
         own = getattr(self, "encoder", None)  # the model this handle searches with: its queries must match
-        if own is not None and differences(own.record(), encoder_record):
+        diff = differences(own.record(), encoder_record) if own is not None else []
+        if diff:
             raise EncoderMismatchError(
                 f"{self._text_path()}: this handle encodes queries with {_describe(own.record())}; the vectors "
-                f"given were made by {_describe(encoder_record)} (differs in "
-                f"{', '.join(differences(own.record(), encoder_record))}): they would be searched with another model")
+                f"given were made by {_describe(encoder_record)} (differs in {', '.join(diff)}): they would be "
+                f"searched with another model")
         record = dict(encoder_record) if rec is None or differences(encoder_record, rec) else None
         return self._add(docs, ids=ids, metadata=metadata, encoder_record=record)
 

@@ -259,10 +259,10 @@ def _max_tokens(model, kind: str, is_query: bool) -> int | None:
 class _Host:
     """The finished chunks' vectors on the host, one array in text order. From a CUDA device each
     chunk is copied in a thread on its own stream, through a pinned buffer, as soon as it is done,
-    while the device runs the next ones (at most ``DEVICE_BYTES`` waiting). With room known in advance (``bound`` tokens: the
-    texts times the model's limit), the copies go straight into place in one array whose pages
-    are committed only as they are written; else each chunk gets its array and they are joined at
-    the end."""
+    while the device runs the next ones (at most ``DEVICE_BYTES`` waiting). With room known in
+    advance (``bound`` tokens: the texts times the model's limit), the copies go straight into
+    place in one array whose pages are committed only as they are written; else each chunk gets
+    its array and they are joined at the end."""
 
     def __init__(self, device: torch.device, bound: int):
         self.device, self.cuda = device, device.type == "cuda"
@@ -274,9 +274,9 @@ class _Host:
 
     def put(self, tok: torch.Tensor) -> None:
         n = tok.shape[0]
-        if self.out is None and not self.chunks and self.bound:
+        if self.bound:  # the first chunk: room for them all, asked for once
             room = _reserved((self.bound, tok.shape[1]), tok.dtype)
-            self.bound = 0  # asked once
+            self.bound = 0
             self.out = None if room is None else torch.from_numpy(room)
         if self.out is not None and self.at + n <= self.out.shape[0]:
             dst = self.out[self.at : self.at + n]
@@ -335,8 +335,10 @@ def _reserved(shape: tuple, dtype: torch.dtype) -> np.ndarray | None:
     system will not map that much (then each chunk gets its own array)."""
     np_dtype = np.float16 if dtype == torch.float16 else np.float32
     nbytes = int(np.prod(shape)) * np.dtype(np_dtype).itemsize
-    if sys.platform != "linux" or nbytes < (64 << 20):
-        return np.empty(shape, np_dtype) if nbytes < (64 << 20) else None
+    if nbytes < (64 << 20):
+        return np.empty(shape, np_dtype)
+    if sys.platform != "linux":
+        return None
     try:
         m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
     except (OSError, ValueError, OverflowError):

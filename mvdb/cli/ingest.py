@@ -204,12 +204,16 @@ def _ingest(db: str, srcs: list, dim: int, dtype: str | None, batch: int, shards
                     dt = max(time.perf_counter() - t0, 1e-9)
                     rate["text"] = f"{added / dt:,.0f} docs/s, {tokens_added / dt:,.0f} tokens/s"
                     bar.update(len(ids))
-        dt = time.perf_counter() - t0
-        if not quiet:
-            click.echo(f"ingested {added} documents ({tokens_added:,} tokens) in {dt:.1f} s; "
-                       f"skipped {skipped} already stored; {len(st)} in {db}")
-        return {"db": db, "added": added, "skipped": skipped, "tokens_added": tokens_added, "documents": len(st),
-                "seconds": dt}
+        return _summary(db, added, skipped, tokens_added, len(st), time.perf_counter() - t0, quiet)
+
+
+def _summary(db: str, added: int, skipped: int, tokens: int, documents: int, seconds: float, quiet: bool) -> dict:
+    """The closing line of an ingest (unless ``quiet``) and its ``--json`` summary."""
+    if not quiet:
+        click.echo(f"ingested {added} documents ({tokens:,} tokens) in {seconds:.1f} s; "
+                   f"skipped {skipped} already stored; {documents} in {db}")
+    return {"db": db, "added": added, "skipped": skipped, "tokens_added": tokens, "documents": documents,
+            "seconds": seconds}
 
 
 def _ingest_texts(db: str, sources: tuple[str, ...], spec: str, *, text_field: str, id_field: str, store_text: bool,
@@ -289,12 +293,7 @@ class _Meter:
         self.tokens += tokens
 
     def summary(self, db: str, documents: int, quiet: bool) -> dict:
-        dt = time.perf_counter() - self.t0
-        if not quiet:
-            click.echo(f"ingested {self.added} documents ({self.tokens:,} tokens) in {dt:.1f} s; "
-                       f"skipped {self.skipped} already stored; {documents} in {db}")
-        return {"db": db, "added": self.added, "skipped": self.skipped, "tokens_added": self.tokens,
-                "documents": documents, "seconds": dt}
+        return _summary(db, self.added, self.skipped, self.tokens, documents, time.perf_counter() - self.t0, quiet)
 
 
 class _BarProgress(Progress):

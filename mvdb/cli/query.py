@@ -141,10 +141,7 @@ def explain(db: str, query: str, doc_id: str, model: str | None, as_json: bool, 
         with mvdb.open(db, read_only=True, device="cpu") as d:
             e = d.explain(q, ids_arg(d, (doc_id,))[0])
     if as_json:
-        matches = [{"query_token": m.query_token, "doc_token": m.doc_token, "similarity": m.similarity,
-                    "share": m.share, "query_span": m.query_span, "query_text": m.query_text,
-                    "doc_span": m.doc_span, "doc_text": m.doc_text} for m in e.matches]
-        click.echo(json.dumps({"id": e.id, "score": e.score, "matches": matches}))
+        click.echo(json.dumps({"id": e.id, "score": e.score, "matches": [m.as_dict() for m in e.matches]}))
         return
     click.echo(f"{e.id}: MaxSim {e.score:.4f}")
     words = any(m.query_text is not None or m.doc_text is not None for m in e.matches)

@@ -15,7 +15,6 @@ from mvdb.errors import InvalidInputError
 from mvdb.explain import explain, explain_stored, stored_text
 
 _MODEL = threading.Lock()
-MATCH = ("query_token", "doc_token", "similarity", "share", "doc_span", "doc_text", "query_span", "query_text")
 
 
 def no_model(what: str) -> InvalidInputError:
@@ -52,7 +51,7 @@ def explanation(db, doc_id, query=None, query_id=None) -> dict:
         query_text = stored_text(db, query_id)
     else:
         query_text = query if isinstance(query, str) else None
-    return {"id": e.id, "score": e.score, "matches": [dict(zip(MATCH, m)) for m in e.matches],
+    return {"id": e.id, "score": e.score, "matches": [m.as_dict() for m in e.matches],
             "text": {"doc": stored_text(db, doc_id), "query": query_text}}
 
 
