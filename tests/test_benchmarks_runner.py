@@ -289,8 +289,9 @@ def _cpu(r):
 
 
 def _cpu_pool(r):
-    assert [run["nlist"] for run in r["runs"]] == [64, 128]
+    assert len(r["runs"]) == 2 and r["runs"][0]["nlist"] > 0 and r["runs"][1]["nlist"] == 128  # 0: the default
     for run in r["runs"]:
+        assert [s["search"] for s in run["searches"]] == ["default", "4:64"]
         assert all(_unit(p["pool_recall"]) for p in run["pools"]) and all(_unit(s["recall10"]) for s in run["searches"])
 
 

@@ -10,7 +10,7 @@ import torch
 
 from mvdb.kernels.errors import InvalidInputError
 from mvdb.kernels import _checks
-from mvdb.kernels.maxsim import naive, train
+from mvdb.kernels.maxsim import cpu, naive, train
 from mvdb.kernels.maxsim.kernel import CSR_CAND, CSR_CROSS, PADDED_CROSS, PADDED_PER_QUERY
 from mvdb.kernels.maxsim.launcher import Geometry, launch
 from mvdb.kernels.maxsim.runtime import interpreting
@@ -289,4 +289,6 @@ def maxsim_candidates(
         return launch(out, q.contiguous(), tokens.contiguous(), Geometry(CSR_CAND, nq, cand.shape[1], max_seqlen_q),
                       cu_q=cu_q, d_scales=_contig(scales), offsets=offsets, cand=cand.contiguous(),
                       starts=_contig(starts), scale_starts=_contig(scale_starts))
+    if q.device.type == "cpu":
+        return out.copy_(cpu.score_candidates(q, cu_q, tokens, offsets, cand, scales))
     return out.copy_(naive.maxsim_csr(q, cu_q, tokens, offsets, cand, scales))

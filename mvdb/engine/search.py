@@ -28,16 +28,25 @@ DEFAULT_K_TOKENS = 512  # flat index: nearest stored tokens per query token
 DEFAULT_CANDIDATES = 256  # flat index: documents reranked exactly per query
 DEFAULT_LISTS_PROBE = 20  # IVF: lists probed per query token (docs/benchmarks.md, defaults)
 DEFAULT_LISTS_CANDIDATES = 4096  # IVF: documents reranked exactly per query, up to 1M documents
+# On a CPU the lists are finer (ivf.CPU_LISTS_PER_SQRT), so fewer probes and a narrower pool keep the
+# same recall, and the exact rerank, which costs a CPU most of a search, scores fewer documents.
+CPU_LISTS_PROBE = 16
+CPU_LISTS_CANDIDATES = 2048
 # ... past 1M the pool grows with the square root of the corpus (a fixed pool covers a shrinking
 # share of a growing one), at most LISTS_CANDIDATES_MAX; an int8 store reranks twice as many (its
 # tokens are half the bytes, and its rounded scores need the wider pool to keep recall: docs/scale.md)
 LISTS_CANDIDATES_MAX = 32768
 
 
-def default_lists_candidates(n_live: int, int8: bool = False) -> int:
+def default_lists_candidates(n_live: int, int8: bool = False, cpu: bool = False) -> int:
     """Documents the IVF stage hands the exact rerank per query at the defaults (device tier)."""
     per = 2 if int8 else 1
-    return int(min(LISTS_CANDIDATES_MAX, per * max(DEFAULT_LISTS_CANDIDATES, 4.096 * max(1, n_live) ** 0.5)))
+    least = CPU_LISTS_CANDIDATES if cpu else DEFAULT_LISTS_CANDIDATES
+    return int(min(LISTS_CANDIDATES_MAX, per * max(least, 4.096 * max(1, n_live) ** 0.5)))
+
+
+def default_probe(device: torch.device) -> int:
+    return CPU_LISTS_PROBE if device.type == "cpu" else DEFAULT_LISTS_PROBE
 
 
 DEFAULT_SPARSE_CANDIDATES = 100  # documents the sparse (lexical) channel adds per query
@@ -227,7 +236,9 @@ def candidates(state, qs: Queries, k: int, live: torch.Tensor, *, n_candidates=N
     # never wider than the live (matching) documents: k=10**9 must not allocate [Nq, 8e9] tables
     cap = max(1, int(live.sum()) if n_live is None else n_live)
     k = min(k, cap)
-    default = default_lists_candidates(cap, getattr(state.tokens, "int8", False)) if is_ivf else DEFAULT_CANDIDATES
+    on_cpu = qs.q.device.type == "cpu"
+    default = default_lists_candidates(cap, getattr(state.tokens, "int8", False), on_cpu) if is_ivf \
+        else DEFAULT_CANDIDATES
     n_cand = min(n_candidates or max(default, 8 * k), cap)
     n_sparse = min(n_sparse or DEFAULT_SPARSE_CANDIDATES, cap)
     if is_ivf and state.residuals is not None:
@@ -236,13 +247,13 @@ def candidates(state, qs: Queries, k: int, live: torch.Tensor, *, n_candidates=N
         # the device)
         pool = min(max(codes_tier.default_pool(cap), n_candidates or 0), cap)
         n_exact = min(n_candidates or codes_tier.default_exact(k), pool)
-        cand = index.candidates(qs.q, qs.cu_host, live, pool, nprobe or DEFAULT_LISTS_PROBE, cu_dev=qs.cu,
+        cand = index.candidates(qs.q, qs.cu_host, live, pool, nprobe or default_probe(qs.q.device), cu_dev=qs.cu,
                                 qid=qs.qid, ordered=False)
         approx = state.residuals.score(qs.q, qs.cu, state.tokens.offsets, cand, qs.longest)
         top = approx.topk(n_exact, dim=1, sorted=ordered)
         cand = cand.gather(1, top.indices).masked_fill(top.values == float("-inf"), -1)
     elif is_ivf:
-        cand = index.candidates(qs.q, qs.cu_host, live, n_cand, nprobe or DEFAULT_LISTS_PROBE, cu_dev=qs.cu,
+        cand = index.candidates(qs.q, qs.cu_host, live, n_cand, nprobe or default_probe(qs.q.device), cu_dev=qs.cu,
                                 qid=qs.qid, ordered=ordered)
     else:
         kk = min(k_tokens or DEFAULT_K_TOKENS, index.ntotal)
