@@ -13,7 +13,7 @@ import torch
 
 import mvdb
 from mvdb.kernels.codes import approx_maxsim_candidates, decode, encode, train_buckets
-from mvdb.kernels.codes.naive import approx_candidates_torch, n_bytes, pack, unpack
+from mvdb.kernels.codes.naive import approx_candidates_torch, bucketize, n_bytes, pack, unpack
 
 
 def _unit(x: torch.Tensor) -> torch.Tensor:
@@ -39,6 +39,8 @@ def test_buckets_are_quantiles_and_decoding_stays_within_them(bits):
     cutoffs, weights = train_buckets(res, bits)
     assert cutoffs.shape == (32, (1 << bits) - 1) and weights.shape == (32, 1 << bits)
     assert bool((cutoffs[:, 1:] >= cutoffs[:, :-1]).all()) and bool((weights[:, 1:] >= weights[:, :-1]).all())
+    edges = torch.cat([res[:7], cutoffs.T])  # values on a cutoff go below it
+    assert torch.equal(bucketize(edges, cutoffs), (edges[:, :, None] > cutoffs[None]).sum(dim=2))
     packed = encode(x, lists, centroids, cutoffs, bits)
     approx = decode(packed, lists, centroids, weights, bits)
     err = (approx - x).norm(dim=1).mean() / x.norm(dim=1).mean()
