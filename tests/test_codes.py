@@ -119,6 +119,18 @@ def test_list_ids_narrow_to_16_bits_up_to_65536_lists():
     assert torch.equal(list_index(narrow_lists(ids + 70000, torch.int32)), ids.long() + 70000)
 
 
+@pytest.mark.parametrize("nlist,dtype", [(65536, torch.int16), (65537, torch.int32)], ids=["16bit", "32bit"])
+def test_the_tier_keeps_16_bit_lists_where_they_fit(nlist, dtype):
+    from mvdb.engine.codes import Growing
+
+    centroids = torch.zeros(nlist, 8)
+    g = Growing(1, centroids, torch.zeros(8, 2), torch.zeros(8, 1), {}, torch.device("cpu"))
+    ids = torch.tensor([0, 32768, nlist - 1], dtype=torch.int32)
+    view = g.append(ids, torch.zeros(3, n_bytes(8, 1), dtype=torch.uint8))
+    assert view.lists.dtype == dtype and view.token_bytes == dtype.itemsize + 1
+    assert torch.equal(list_index(view.lists), ids.long())
+
+
 @pytest.mark.heavy
 @pytest.mark.parametrize("bits", [1, 2, 4])
 def test_fused_kernel_reads_16_bit_lists(bits):
