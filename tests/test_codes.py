@@ -259,6 +259,80 @@ def test_codes_persist_and_damaged_codes_are_rebuilt(tmp_path):
     assert mvdb.verify(tmp_path / "db").ok
 
 
+def _tree(path) -> dict:
+    """Every file under ``path`` and its bytes."""
+    return {str(f.relative_to(path)): f.read_bytes() for f in sorted(path.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.heavy
+def test_one_bit_codes_answer_as_exhaustive_maxsim_when_the_pool_covers_the_corpus(tmp_path):
+    rng = np.random.default_rng(4)
+    docs = _docs(rng, 60)
+    qs = [d[:4] + 0.05 * rng.standard_normal((min(4, len(d)), DIM)).astype(np.float32) for d in docs[:4]]
+    with _open(tmp_path / "db", code_bits=1) as db:
+        db.add(docs)
+        s = db.stats()
+        tokens = sum(len(d) for d in docs)
+        assert s["tier"] == "codes+host" and s["codes_bits"] == 1
+        # a token: its 16-bit list and DIM bits of codes, plus the centroids and the bucket weights
+        assert s["codes_bytes"] == tokens * (2 + DIM // 8) + 8 * DIM * 4 + DIM * 2 * 4
+        exact = db.search(qs, k=5, exact=True)
+        got = db.search(qs, k=5, n_candidates=60, nprobe=8)  # pool and rerank cover the corpus
+        assert [[h.id for h in r] for r in got] == [[h.id for h in r] for r in exact]
+        for a, b in zip(got, exact):
+            np.testing.assert_allclose([h.score for h in a], [h.score for h in b], rtol=1e-5)
+
+
+def test_a_bad_code_rate_is_refused_and_the_data_untouched(tmp_path):
+    rng = np.random.default_rng(5)
+    with _open(tmp_path / "db") as db:
+        db.add(_docs(rng, 10))
+    before = _tree(tmp_path / "db")
+    for bad in (3, 0, 8, -1, True, 2.0, "2", [2]):
+        for path in (tmp_path / "db", tmp_path / "new"):
+            with pytest.raises(mvdb.InvalidInputError) as e:
+                _open(path, code_bits=bad)
+            assert str(e.value) == f"code_bits: expected one of (1, 2, 4) or None, got {bad!r}"
+    assert _tree(tmp_path / "db") == before and not (tmp_path / "new").exists()
+    with _open(tmp_path / "db", code_bits=np.int64(1), read_only=True) as db:  # numpy ints are ints
+        assert db.stats()["codes_bits"] == 1
+
+
+@pytest.mark.heavy
+def test_reopening_at_another_rate_encodes_again_and_loses_nothing(tmp_path, monkeypatch):
+    rng = np.random.default_rng(6)
+    docs = _docs(rng, 40)
+    qs = [d[:3] for d in docs[:3]]
+    path = tmp_path / "db"
+    with _open(path) as db:
+        ids = db.add(docs)
+        assert db.stats()["codes_bits"] == 2
+        want = db.search(qs, k=4, exact=True)
+        two = db.stats()["codes_bytes"]
+    segments = {k: v for k, v in _tree(path).items() if k.startswith("segments")}
+    b2 = {k: v for k, v in _tree(path).items() if "-b2" in k}
+    for bits in (1, 4):
+        with _open(path, code_bits=bits) as db:
+            s = db.stats()
+            assert s["codes_bits"] == bits and (s["codes_bytes"] < two) == (bits == 1)
+            assert db.search(qs, k=4, n_candidates=40, nprobe=8) == want
+            assert db.get(ids[:2])[1].tobytes() == docs[1].astype(np.float16).astype(np.float32).tobytes()
+        tree = _tree(path)
+        assert any("residuals-" in k and f"-b{bits}-" in k for k in tree)  # this rate's codes persisted
+        assert {k: v for k, v in tree.items() if "-b2" in k} == b2  # the other rates' kept as they were
+        assert {k: v for k, v in tree.items() if k.startswith("segments")} == segments
+    assert mvdb.verify(path).ok
+    with monkeypatch.context() as m:  # each rate read back, not encoded again
+        m.setattr(mvdb.kernels.codes, "encode", None)
+        for bits in (1, 2, 4):
+            with _open(path, code_bits=bits, read_only=True) as db:
+                assert db.search(qs, k=4, n_candidates=40, nprobe=8) == want
+    with _open(path) as db:  # the default again: its files, and an add follows at that rate
+        assert db.stats()["codes_bits"] == 2
+        more = db.add(_docs(rng, 5))
+        assert db.search(db.get(more[:1])[0][:3], k=1, n_candidates=45, nprobe=8)[0].id == more[0]
+
+
 # ---- on the GPU: the compiled kernel, and the exact stage reading pinned host memory in place
 
 
@@ -325,11 +399,13 @@ def test_tiers_on_the_gpu_answer_alike(tmp_path):
     def recall(got):
         return np.mean([len({h.id for h in a} & set(b)) / 10 for a, b in zip(got, want)])
 
-    for tier in ("host", "disk"):
-        with mvdb.open(path, device="cuda", residency=tier, progress=False) as db:
-            assert db.stats()["tier"] == f"codes+{tier}"
+    for tier, bits in (("host", None), ("disk", None), ("host", 1)):
+        with mvdb.open(path, device="cuda", residency=tier, progress=False, code_bits=bits) as db:
+            assert db.stats()["tier"] == f"codes+{tier}" and db.stats()["codes_bits"] == (bits or 2)
             got = db.search(qs, k=10, n_candidates=3000, nprobe=64)  # pool and rerank cover the corpus
             assert [[h.id for h in r] for r in got] == want
+            if bits is not None:
+                continue
             # at the defaults: the codes' ranking loses little against the exact one
             r = recall(db.search(qs, k=10))
             assert r >= np.mean([len(set(a) & set(b)) / 10 for a, b in zip(device_default, want)]) - 0.02, r

@@ -22,7 +22,17 @@ from mvdb.kernels.codes import approx_maxsim_candidates
 from mvdb.kernels.codes.naive import list_dtype, n_bytes, narrow_lists
 
 GROWTH = 0.25
-DEFAULT_BITS = 2  # 34 bytes a token at dim 128 (2 for the list, 32 of codes), against 256 in float16
+# Bits a dimension of the residual codes, by the store's dtype, where open() names no rate
+# (code_bits=None). At dim 128 a token takes 2 bytes for its list (up to 65536 lists) and
+# dim * bits / 8 of codes: 34 at 2 bits, 18 at 1, against 256 in float16 and 132 in int8.
+DEFAULT_BITS = {"float16": 2, "int8": 2}
+
+
+def default_bits(dtype: str) -> int:
+    """The code rate of a store of ``dtype`` ("float16" or "int8") where none is asked for."""
+    return DEFAULT_BITS[dtype]
+
+
 # The pool ranked over the codes and the documents reranked exactly, per query, at the defaults.
 # The pool grows with the square root of the corpus (a fixed pool covers a shrinking share of a
 # growing one): POOL_PER_SQRT x sqrt(documents), within [POOL_MIN, POOL_MAX]. (docs/scale.md has the
