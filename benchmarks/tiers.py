@@ -3,6 +3,7 @@ every document, batched QPS, single-query p50, GPU memory in use, open time (iss
 
     python benchmarks/tiers.py --docs 1000000 --gen dups --tiers device,host
     python benchmarks/tiers.py --docs 20000 --sweep "pool=4096,8192;exact=256,512"   # defaults study
+    python benchmarks/tiers.py --docs 1000000 --dtype int8 --tiers device,host --code-bits 1
 
 Tiers: ``device`` (exact tokens on the GPU), ``host`` (codes on the GPU, exact tokens in pinned
 host memory read in place), ``disk`` (codes on the GPU, exact tokens read from the segments: the
@@ -161,6 +162,8 @@ def main():
     p.add_argument("--sweep", default=None, help='codes tiers: "pool=...;exact=..." grids of the defaults')
     p.add_argument("--device-sweep", default=None, help='device tier: "cand=4096,8192" (n_candidates)')
     p.add_argument("--parts", type=int, default=0, help="codes tiers: time each stage over this many queries")
+    p.add_argument("--code-bits", type=int, default=None, choices=[1, 2, 4],
+                   help="codes tiers: bits a dimension of the residual codes (default: mvdb's)")
     p.add_argument("--kernel", default=None, help='codes kernel launch, e.g. "GROUP=4,HALF=1,BLOCK_D=16,WARPS=2"')
     p.add_argument("--batch", type=int, default=None, help="queries a search call (default: all at once)")
     p.add_argument("--passes", type=int, default=3)
@@ -173,7 +176,7 @@ def main():
     res = {"docs": args.docs, "gen": args.gen, "dtype": args.dtype, "queries": args.queries,
            "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": [],
-           "kernel": set_kernel(args.kernel)}
+           "kernel": set_kernel(args.kernel), "code_bits": args.code_bits}
     q, ref, tokens, lengths, res["exhaustive_qps"] = structured_case(args.gen, args.docs, args.queries, args.seed, dev)
     res["tokens"] = int(lengths.sum())
     print(f"corpus: {args.docs:,} docs, {res['tokens']:,} tokens; exhaustive {res['exhaustive_qps']:.1f} QPS", flush=True)
@@ -181,13 +184,15 @@ def main():
     del tokens
     for tier in args.tiers.split(","):
         t0 = time.perf_counter()
-        db = mvdb.open(args.path, device=dev, residency=tier.removesuffix("-cold"), progress=False)
+        db = mvdb.open(args.path, device=dev, residency=tier.removesuffix("-cold"), progress=False,
+                       code_bits=args.code_bits)
         run = {"tier": tier, "open_s": time.perf_counter() - t0, "stats": {k: v for k, v in db.stats().items()
                                                                            if k not in ("path", "encoder")},
                "gpu_used_gb": device_used_gb(dev), "rows": [],
                # what the database's tensors hold (mem_get_info adds the CUDA context, FAISS's and
                # PyTorch's caches)
-               "gpu_allocated_gb": torch.cuda.memory_allocated() / 1e9 if dev == "cuda" else None}
+               "gpu_allocated_gb": torch.cuda.memory_allocated() / 1e9 if dev == "cuda" else None,
+               "gpu_bytes_per_token": torch.cuda.memory_allocated() / res["tokens"] if dev == "cuda" else None}
         print(f"{tier}: open {run['open_s']:.1f} s, tier {run['stats']['tier']}, GPU {run['gpu_used_gb']} GB used, "
               f"{run['gpu_allocated_gb']} GB allocated, "
               f"codes {run['stats']['codes_bytes'] / 1e9:.2f} GB", flush=True)
@@ -218,7 +223,7 @@ def main():
     shutil.rmtree(args.path, ignore_errors=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = f"tiers-{args.gen}-{args.docs}-{args.dtype}.json"
+    name = f"tiers-{args.gen}-{args.docs}-{args.dtype}{'' if args.code_bits is None else f'-b{args.code_bits}'}.json"
     (out / name).write_text(json.dumps(res, indent=1, default=str))
     print("wrote", out / name)
     sync(dev)

@@ -12,7 +12,8 @@ __all__ = ["open"]
 
 
 def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=None, nlist=None,  # noqa: A001
-         residency="auto", devices=None, progress=None, checksums=True, encoder=None, max_gpu_bytes=None):
+         residency="auto", devices=None, progress=None, checksums=True, encoder=None, max_gpu_bytes=None,
+         code_bits=None):
     """Open (or create) a database directory.
 
     ``dtype``: "float16" (the default) or "int8" for a new database; for an existing one, None or
@@ -23,11 +24,17 @@ def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=No
     likewise. ``residency``: where the exact tokens live (the tier; ``stats()["tier"]`` names it):
     "device"; "host" (pinned host memory, the candidates read over the link by the exact rerank) or "disk" (read from
     the segments per search), both with a compressed copy of every token on the device (its IVF
-    list and 2-bit residual codes, mvdb.engine.codes) that ranks a large pool of candidates; or
+    list and residual codes, mvdb.engine.codes) that ranks a large pool of candidates; or
     "auto": the device when the tokens fit 80% of its free memory, else host memory when they fit
     80% of what is available there, else disk. ``max_gpu_bytes``: the device memory the exact
-    tokens may take at most (to share a GPU with a model): above it, "auto" picks another tier. ``devices``: a list of devices to shard the documents over, one shard each
-    (:class:`mvdb.shards.local.ShardedDatabase`; a directory created sharded is always opened sharded).
+    tokens may take at most (to share a GPU with a model): above it, "auto" picks another tier.
+    ``code_bits``: bits a dimension of those residual codes, 1, 2 or 4 (None: the default for the
+    store's dtype, mvdb.engine.codes.default_bits, 2 today; at dim 128 a token then takes 18, 34 or
+    66 bytes of device memory): fewer bits leave more of the device free and rank the pool less
+    finely. Not recorded: the codes are derived data, encoded again when opened at another rate
+    (each rate's files are kept, so that switching back reads them). ``devices``: a list of
+    devices to shard the documents over, one shard each (:class:`mvdb.shards.local.ShardedDatabase`;
+    a directory created sharded is always opened sharded).
     ``progress``: report long index builds on stderr (default: on, ``MVDB_PROGRESS=0`` turns it off).
     ``checksums``: check each segment's tokens against their CRC-32 as they are loaded into memory
     (CorruptionError on a mismatch; structural checks run on every open regardless). On by default;
@@ -37,12 +44,13 @@ def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=No
     an EncoderMismatchError when the database's vectors were made by another (:mod:`mvdb.text`).
     """
     path = open_args(path, dim=dim, dtype=dtype, index=index, nlist=nlist, residency=residency,
-                     read_only=read_only, checksums=checksums, progress=progress, max_gpu_bytes=max_gpu_bytes)
+                     read_only=read_only, checksums=checksums, progress=progress, max_gpu_bytes=max_gpu_bytes,
+                     code_bits=code_bits)
     if devices is not None or is_sharded(path):
         return ShardedDatabase(path, devices=devices, dim=dim, dtype=dtype, device=device, read_only=read_only,
                                index=index, nlist=nlist, residency=residency, progress=progress, checksums=checksums,
-                               encoder=encoder, max_gpu_bytes=max_gpu_bytes)
+                               encoder=encoder, max_gpu_bytes=max_gpu_bytes, code_bits=code_bits)
     return Database(path, dim=dim, dtype=dtype, device=device, read_only=read_only, index=index, nlist=nlist,
                     residency=residency, progress=progress, checksums=checksums, encoder=encoder,
-                    max_gpu_bytes=max_gpu_bytes)
+                    max_gpu_bytes=max_gpu_bytes, code_bits=code_bits)
 

@@ -45,16 +45,18 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
     ``add_texts`` / ``search_text`` (:mod:`mvdb.text`), None for embeddings only."""
 
     def __init__(self, path, *, dim=None, dtype=None, device="auto", read_only=False, index=None, nlist=None,
-                 residency="auto", progress=None, checksums=True, encoder=None, max_gpu_bytes=None):
+                 residency="auto", progress=None, checksums=True, encoder=None, max_gpu_bytes=None, code_bits=None):
         path = open_args(path, dim=dim, dtype=dtype, index=index, nlist=nlist, residency=residency,
-                         read_only=read_only, checksums=checksums, progress=progress, max_gpu_bytes=max_gpu_bytes)
+                         read_only=read_only, checksums=checksums, progress=progress, max_gpu_bytes=max_gpu_bytes,
+                         code_bits=code_bits)
         self.device = device_arg(device)
         self.encoder = as_encoder(encoder)
         self.store = Store(path, dim=dim, dtype=dtype, read_only=read_only, checksums=checksums)
         try:
             check_encoder(self.encoder, recorded_encoder([self.store]), self.store.path, self.store.snapshot().n_live)
             config = resolve_config(self.store, index, nlist)
-            self._engine = Engine(self.store, self.device, residency, config, Progress(progress), max_gpu_bytes)
+            self._engine = Engine(self.store, self.device, residency, config, Progress(progress), max_gpu_bytes,
+                                  code_bits)
         except BaseException:
             self.store.close()
             self.store.discard_new()  # a new database this open created: no trace left

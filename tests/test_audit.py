@@ -230,6 +230,7 @@ def test_a_refused_add_texts_records_no_encoder(tmp_path):
     ({"index": "hnsw"}, InvalidInputError), ({"nlist": 0}, InvalidInputError), ({"dtype": "bf16"}, InvalidInputError),
     ({"residency": "gpu"}, InvalidInputError), ({"read_only": "no"}, InvalidTypeError),
     ({"checksums": 1}, InvalidTypeError), ({"device": "tpu"}, InvalidInputError),
+    ({"code_bits": 3}, InvalidInputError), ({"code_bits": True}, InvalidInputError),
 ], ids=lambda v: repr(v) if not isinstance(v, type) else v.__name__)
 def test_a_refused_open_leaves_no_trace(tmp_path, kw, error):
     for path in (tmp_path / "new", tmp_path / "empty"):

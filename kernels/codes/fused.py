@@ -25,7 +25,9 @@ def _decode_tile(CODES, W, tok, offs_c, c_ok, w0, w1, w2, w3, DIM: tl.constexpr,
         PER_B: tl.constexpr = 8 // BITS
         byt = tl.load(CODES + tok[:, None] * NB + (offs_c // PER_B)[None, :], mask=c_ok[None, :], other=0)
         code = ((byt >> ((offs_c % PER_B) * BITS).to(tl.uint8)[None, :]) & (levels - 1)).to(tl.int32)
-    if BITS == 2:
+    if BITS == 1:
+        res = tl.where(code == 0, w0[None, :], w1[None, :])  # two values a dimension, in registers
+    elif BITS == 2:
         # four values a dimension, held in registers for the whole program: selects, no gather
         res = tl.where(code == 0, w0[None, :], tl.where(code == 1, w1[None, :],
                                                         tl.where(code == 2, w2[None, :], w3[None, :])))
@@ -37,7 +39,7 @@ def _decode_tile(CODES, W, tok, offs_c, c_ok, w0, w1, w2, w3, DIM: tl.constexpr,
 @triton.jit
 def _doc_rows(qk, r_ok, C, LISTS, CODES, W, d_start, n, offs_t, offs_c, c_ok, w0, w1, w2, w3,
               DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BITS: tl.constexpr, NB: tl.constexpr,
-              WORDS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
+              WORDS: tl.constexpr, LIST16: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
     """Sum over the valid rows of ``qk`` of each row's best similarity among the document's tokens."""
     best = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     lim = tl.minimum(offs_t, n - 1)  # columns past a short document's end repeat its last token
@@ -45,6 +47,8 @@ def _doc_rows(qk, r_ok, C, LISTS, CODES, W, d_start, n, offs_t, offs_c, c_ok, w0
         # the last tile starts BLOCK_D tokens before the end (overlapping): no masks, the max is exact
         tok = d_start + (tl.maximum(tl.minimum(db, n - BLOCK_D), 0) + lim).to(tl.int64)  # [BD]
         lid = tl.load(LISTS + tok).to(tl.int64)
+        if LIST16:
+            lid = lid & 0xFFFF  # int16 holding the uint16 list id
         cen = tl.load(C + lid[:, None] * DIM + offs_c[None, :], mask=c_ok[None, :], other=0.0)  # [BD, BDIM]
         res = _decode_tile(CODES, W, tok, offs_c, c_ok, w0, w1, w2, w3, DIM, BLOCK_DIM, BITS, NB, WORDS, BLOCK_D)
         x = (cen.to(res.dtype) + res).to(tl.float16)
@@ -59,7 +63,7 @@ def _approx_kernel(
     Q,  # [Tq, DIM] float16 query tokens
     CU_Q,  # [Nq + 1] int32 query offsets
     C,  # [nlist, DIM] float16 centroids
-    LISTS,  # [T] int32 each stored token's list
+    LISTS,  # [T] int32 each stored token's list (LIST16: int16 holding the uint16 id)
     CODES,  # [T, NB] uint8 packed residual codes (WORDS: viewed as [T, NB / 4] int32)
     W,  # [DIM, 2**BITS] float32 bucket weights
     OFF,  # [n_rows + 1] int64 document offsets (tokens)
@@ -72,6 +76,7 @@ def _approx_kernel(
     BITS: tl.constexpr,
     NB: tl.constexpr,
     WORDS: tl.constexpr,
+    LIST16: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr,  # candidates a program scores (one query's: its tokens loaded once)
@@ -90,11 +95,14 @@ def _approx_kernel(
     c_ok = offs_c < DIM
     levels: tl.constexpr = 1 << BITS
     wt = tl.float16 if HALF else tl.float32
-    if BITS == 2:
+    if BITS <= 2:  # the values of each dimension in registers (_decode_tile selects among them)
         w0 = tl.load(W + offs_c * levels, mask=c_ok, other=0.0).to(wt)
         w1 = tl.load(W + offs_c * levels + 1, mask=c_ok, other=0.0).to(wt)
-        w2 = tl.load(W + offs_c * levels + 2, mask=c_ok, other=0.0).to(wt)
-        w3 = tl.load(W + offs_c * levels + 3, mask=c_ok, other=0.0).to(wt)
+        w2 = w0
+        w3 = w0
+        if BITS == 2:
+            w2 = tl.load(W + offs_c * levels + 2, mask=c_ok, other=0.0).to(wt)
+            w3 = tl.load(W + offs_c * levels + 3, mask=c_ok, other=0.0).to(wt)
     else:
         w0 = tl.zeros([BLOCK_DIM], dtype=wt)
         w1 = w0
@@ -113,7 +121,7 @@ def _approx_kernel(
         n = tl.where(is_pad, 0, tl.load(OFF + safe + 1) - d_start).to(tl.int32)
         if ONE_QB:
             total = _doc_rows(qk1, r_ok1, C, LISTS, CODES, W, d_start, n, offs_t, offs_c, c_ok, w0, w1, w2, w3,
-                              DIM, BLOCK_DIM, BITS, NB, WORDS, BLOCK_Q, BLOCK_D)
+                              DIM, BLOCK_DIM, BITS, NB, WORDS, LIST16, BLOCK_Q, BLOCK_D)
         else:
             total = tl.sum(tl.zeros([BLOCK_Q], dtype=tl.float32), axis=0)
             q_n = tl.where(is_pad, 0, q_all)
@@ -123,7 +131,7 @@ def _approx_kernel(
                 qk = tl.load(Q + (q_start + rows)[:, None] * DIM + offs_c[None, :],
                              mask=r_ok[:, None] & c_ok[None, :], other=0.0)
                 total += _doc_rows(qk, r_ok, C, LISTS, CODES, W, d_start, n, offs_t, offs_c, c_ok, w0, w1, w2, w3,
-                                   DIM, BLOCK_DIM, BITS, NB, WORDS, BLOCK_Q, BLOCK_D)
+                                   DIM, BLOCK_DIM, BITS, NB, WORDS, LIST16, BLOCK_Q, BLOCK_D)
         total = tl.where(is_pad, float("-inf"), total)
         tl.store(Out + qi * n_k + k, total)
 

@@ -13,7 +13,7 @@ from mvdb.kernels.codes.fused import _approx_kernel, block_q
 from mvdb.kernels.errors import InvalidInputError
 from mvdb.kernels.maxsim.runtime import interpreting, launch_guard
 
-BITS = (2, 4)
+BITS = (1, 2, 4)
 # The launch: the fastest correct one of the configs swept (benchmarks may set these)
 BLOCK_D = 32  # document tokens a tile
 WARPS, STAGES = 2, 2
@@ -33,15 +33,19 @@ def approx_maxsim_candidates(q: torch.Tensor, cu_q: torch.Tensor, centroids: tor
                              bits: int, *, max_seqlen_q: int | None = None, backend: str = "auto") -> torch.Tensor:
     """MaxSim of query i against documents cand[i, :] (-1 pads: -inf), each document token decoded
     from its codes (``centroids[lists[t]]`` plus each dimension's ``weights[d, code]``) -> float32
-    [Nq, K]. q [Tq, dim] float, cu_q [Nq + 1] int32, centroids [nlist, dim], lists [T] int32,
-    codes [T, n_bytes] uint8, weights [dim, 2**bits] float32, offsets [n_rows + 1] int64 (the
-    documents' tokens), cand [Nq, K] int64. Triton on CUDA (or under the interpreter), else torch;
+    [Nq, K]. q [Tq, dim] float, cu_q [Nq + 1] int32, centroids [nlist, dim], lists [T] int32 (or
+    int16 holding the uint16 id where nlist <= 65536: naive.narrow_lists), codes [T, n_bytes]
+    uint8, weights [dim, 2**bits] float32, offsets [n_rows + 1] int64 (the documents' tokens),
+    cand [Nq, K] int64. Triton on CUDA (or under the interpreter), else torch;
     the decoded tokens are never materialised by the kernel."""
     check_bits(bits)
     _checks.tensor("q", q, (2,), _checks.FLOAT_DTYPES)
     _checks.tensor("centroids", centroids, (2,), _checks.FLOAT_DTYPES)
     _checks.dim_match("centroids", centroids, q.shape[1])
-    _checks.tensor("lists", lists, (1,), (torch.int32,))
+    _checks.tensor("lists", lists, (1,), (torch.int32, torch.int16))
+    if lists.dtype == torch.int16 and centroids.shape[0] > naive.LIST16_MAX:
+        raise InvalidInputError(f"lists: int16 holds at most {naive.LIST16_MAX} list ids, got {centroids.shape[0]} "
+                                f"centroids (use int32)")
     _checks.tensor("codes", codes, (2,), (torch.uint8,))
     _checks.tensor("cand", cand, (2,), (torch.int64,))
     _checks.tensor("offsets", offsets, (1,), (torch.int64,))
@@ -76,9 +80,9 @@ def approx_maxsim_candidates(q: torch.Tensor, cu_q: torch.Tensor, centroids: tor
             q.to(torch.float16).contiguous(), cu_q.to(torch.int32), centroids.to(torch.float16).contiguous(),
             lists.contiguous(), codes.view(torch.int32) if words else codes.contiguous(), weights.float().contiguous(),
             offsets.contiguous(), cand.contiguous(), out,
-            padded, padded // GROUP, DIM=dim, BLOCK_DIM=bdim, BITS=bits, NB=nb, WORDS=words, BLOCK_Q=bq,
-            BLOCK_D=BLOCK_D, GROUP=GROUP, ONE_QB=max_seqlen_q <= bq, HALF=HALF, num_warps=WARPS,
-            num_stages=STAGES)
+            padded, padded // GROUP, DIM=dim, BLOCK_DIM=bdim, BITS=bits, NB=nb, WORDS=words,
+            LIST16=lists.dtype == torch.int16, BLOCK_Q=bq, BLOCK_D=BLOCK_D, GROUP=GROUP, ONE_QB=max_seqlen_q <= bq,
+            HALF=HALF, num_warps=WARPS, num_stages=STAGES)
     out = out[:, :width] if padded != width else out
     return out
 

@@ -8,6 +8,7 @@ import torch
 from mvdb.engine.filters import parse as parse_where
 from mvdb.engine.search import check_k
 from mvdb.errors import InvalidInputError, InvalidTypeError
+from mvdb.kernels.codes import BITS as CODE_BITS
 from mvdb.storage import validate
 
 RESIDENCY = ("auto", "device", "host", "disk")
@@ -16,7 +17,7 @@ DTYPES = ("float16", "int8")
 
 
 def open_args(path, *, dim=None, dtype=None, index=None, nlist=None, residency="auto", read_only=False,
-              checksums=True, progress=None, max_gpu_bytes=None) -> str:
+              checksums=True, progress=None, max_gpu_bytes=None, code_bits=None) -> str:
     """Check the arguments of ``mvdb.open`` that need no device, before anything touches the disk
     (a refused open leaves no trace); returns the path as a str."""
     path = validate.db_path(path)
@@ -31,6 +32,9 @@ def open_args(path, *, dim=None, dtype=None, index=None, nlist=None, residency="
         raise InvalidInputError(f"residency: expected 'auto', 'device', 'host' or 'disk', got {residency!r}")
     if max_gpu_bytes is not None:
         validate.positive_int(max_gpu_bytes, "max_gpu_bytes")
+    if code_bits is not None and (isinstance(code_bits, bool) or not isinstance(code_bits, (int, np.integer))
+                                  or code_bits not in CODE_BITS):
+        raise InvalidInputError(f"code_bits: expected one of {CODE_BITS} or None, got {code_bits!r}")
     for name, v in (("read_only", read_only), ("checksums", checksums)):
         if not isinstance(v, bool):
             raise InvalidTypeError(f"{name}: expected a bool, got {type(v).__name__}")

@@ -19,10 +19,20 @@ from dataclasses import dataclass
 import torch
 
 from mvdb.kernels.codes import approx_maxsim_candidates
-from mvdb.kernels.codes.naive import n_bytes
+from mvdb.kernels.codes.naive import list_dtype, n_bytes, narrow_lists
 
 GROWTH = 0.25
-DEFAULT_BITS = 2  # 36 bytes a token at dim 128 (4 for the list, 32 of codes), against 256 in float16
+# Bits a dimension of the residual codes, by the store's dtype, where open() names no rate
+# (code_bits=None). At dim 128 a token takes 2 bytes for its list (up to 65536 lists) and
+# dim * bits / 8 of codes: 34 at 2 bits, 18 at 1, against 256 in float16 and 132 in int8.
+DEFAULT_BITS = {"float16": 2, "int8": 2}
+
+
+def default_bits(dtype: str) -> int:
+    """The code rate of a store of ``dtype`` ("float16" or "int8") where none is asked for."""
+    return DEFAULT_BITS[dtype]
+
+
 # The pool ranked over the codes and the documents reranked exactly, per query, at the defaults.
 # The pool grows with the square root of the corpus (a fixed pool covers a shrinking share of a
 # growing one): POOL_PER_SQRT x sqrt(documents), within [POOL_MIN, POOL_MAX]. (docs/scale.md has the
@@ -68,7 +78,7 @@ class Residuals:
     centroids: torch.Tensor  # [nlist, dim] float16 on the device
     weights: torch.Tensor  # [dim, 2**bits] float32 on the device
     cutoffs: torch.Tensor  # [dim, 2**bits - 1] float32 (encoding)
-    lists: torch.Tensor  # [T] int32 on the device
+    lists: torch.Tensor  # [T] on the device: int16 holding the uint16 id up to 65536 lists, else int32
     codes: torch.Tensor  # [T, n_bytes] uint8 on the device
     entry: dict  # the bucket file's manifest entry (centroids id, bits)
 
@@ -79,7 +89,7 @@ class Residuals:
     @property
     def token_bytes(self) -> int:
         """Bytes a token takes in this tier (its list and its codes)."""
-        return 4 + n_bytes(self.centroids.shape[1], self.bits)
+        return self.lists.element_size() + n_bytes(self.centroids.shape[1], self.bits)
 
     @property
     def nbytes(self) -> int:
@@ -103,7 +113,7 @@ class Growing:
         self.centroids = centroids.to(device, half)
         self.weights = weights.to(device, torch.float32)
         self.cutoffs = cutoffs.float()
-        self._lists = _Buffer((), torch.int32, device)
+        self._lists = _Buffer((), list_dtype(centroids.shape[0]), device)
         self._codes = _Buffer((n_bytes(dim, bits),), torch.uint8, device)
         self.current = self._view(self._lists.data, self._codes.data)
 
@@ -111,6 +121,8 @@ class Growing:
         return Residuals(self.bits, self.centroids, self.weights, self.cutoffs, lists, codes, self.entry)
 
     def append(self, lists: torch.Tensor, codes: torch.Tensor) -> Residuals:
-        """Append the next tokens' lists and codes; returns (and keeps as ``current``) the new view."""
+        """Append the next tokens' lists (any integer dtype) and codes; returns (and keeps as
+        ``current``) the new view."""
+        lists = narrow_lists(lists.to(self.device), self._lists.dtype)
         self.current = self._view(self._lists.append(lists), self._codes.append(codes))
         return self.current

@@ -125,9 +125,11 @@ class Engine:
     """Builds states from store snapshots and moves them forward; see the module docstring."""
 
     def __init__(self, store, device: torch.device, residency: str, config: dict, progress: Progress | None = None,
-                 max_gpu_bytes: int | None = None):
+                 max_gpu_bytes: int | None = None, code_bits: int | None = None):
         self.store, self.device, self.residency = store, device, residency
         self.max_gpu_bytes = max_gpu_bytes
+        # the codes tiers' rate (None: codes_tier.default_bits of the store's dtype)
+        self.code_bits = None if code_bits is None else int(code_bits)
         self.config = dict(config)
         self.progress = progress or Progress()
         self.resident: Resident | None = None
@@ -358,7 +360,7 @@ class Engine:
         from mvdb.kernels.codes.naive import n_bytes
 
         snap, tokens = state.snap, state.tokens
-        bits = codes_tier.DEFAULT_BITS
+        bits = self.code_bits or codes_tier.default_bits(snap.dtype)
         dim, written = snap.dim, []
         centroids = lists.centroids.float()
         if first_segment == 0 or self.growing is None:
