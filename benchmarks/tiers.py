@@ -4,6 +4,7 @@ every document, batched QPS, single-query p50, GPU memory in use, open time (iss
     python benchmarks/tiers.py --docs 1000000 --gen dups --tiers device,host
     python benchmarks/tiers.py --docs 20000 --sweep "pool=4096,8192;exact=256,512"   # defaults study
     python benchmarks/tiers.py --docs 1000000 --dtype int8 --tiers device,host --code-bits 1
+    python benchmarks/tiers.py --docs 1000000 --dtype int8 --tiers device,host:b2,host:b1   # rates side by side
 
 Tiers: ``device`` (exact tokens on the GPU), ``host`` (codes on the GPU, exact tokens in pinned
 host memory read in place), ``disk`` (codes on the GPU, exact tokens read from the segments: the
@@ -182,11 +183,12 @@ def main():
     print(f"corpus: {args.docs:,} docs, {res['tokens']:,} tokens; exhaustive {res['exhaustive_qps']:.1f} QPS", flush=True)
     res["ingest_s"] = bulk_ingest(args.path, tokens, lengths, dtype=args.dtype)
     del tokens
-    for tier in args.tiers.split(","):
+    for spec in args.tiers.split(","):
+        tier, _, rate = spec.partition(":b")  # "host:b1": the host tier with 1-bit codes
+        bits = int(rate) if rate else args.code_bits
         t0 = time.perf_counter()
-        db = mvdb.open(args.path, device=dev, residency=tier.removesuffix("-cold"), progress=False,
-                       code_bits=args.code_bits)
-        run = {"tier": tier, "open_s": time.perf_counter() - t0, "stats": {k: v for k, v in db.stats().items()
+        db = mvdb.open(args.path, device=dev, residency=tier.removesuffix("-cold"), progress=False, code_bits=bits)
+        run = {"tier": tier, "code_bits": bits, "open_s": time.perf_counter() - t0, "stats": {k: v for k, v in db.stats().items()
                                                                            if k not in ("path", "encoder")},
                "gpu_used_gb": device_used_gb(dev), "rows": [],
                # what the database's tensors hold (mem_get_info adds the CUDA context, FAISS's and

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import mvdb
+from conftest import INTERPRET
 from mvdb.kernels.codes import approx_maxsim_candidates, decode, encode, train_buckets
 from mvdb.kernels.codes.naive import (
     approx_candidates_torch,
@@ -168,6 +169,7 @@ def test_bad_arguments_are_mvdb_errors():
         approx_maxsim_candidates(q, cu, centroids, lists, codes, weights, off, cand.repeat(2, 1), 2)
 
 
+@pytest.mark.skipif(not INTERPRET, reason="a paged CPU store's gathered read needs the Triton kernel (TRITON_INTERPRET=1)")
 def test_gathered_host_read_scores_as_the_in_place_one(tmp_path, monkeypatch):
     """The rerank's gathered read of host pages (one launch of row loads, then scored on the
     device) against the in-place read, over a paged store (adds after the first load) with
@@ -409,3 +411,13 @@ def test_tiers_on_the_gpu_answer_alike(tmp_path):
             # at the defaults: the codes' ranking loses little against the exact one
             r = recall(db.search(qs, k=10))
             assert r >= np.mean([len(set(a) & set(b)) / 10 for a, b in zip(device_default, want)]) - 0.02, r
+
+
+def test_the_default_rate_follows_the_store_dtype(tmp_path):
+    """fp16 stores take 2-bit codes, int8 stores 1-bit (a fifth of the int8 device tier's memory)."""
+    rng = np.random.default_rng(9)
+    for dtype, bits in (("float16", 2), ("int8", 1)):
+        with mvdb.open(tmp_path / dtype, device="cpu", residency="host", index="ivf", nlist=8, dtype=dtype,
+                       progress=False) as db:
+            db.add(_docs(rng, 30))
+            assert db.stats()["codes_bits"] == bits
