@@ -98,3 +98,26 @@ def test_database_search_on_this_path(tmp_path, monkeypatch):
         assert [h.id for h in g_hits] == [h.id for h in e_hits]
         assert [h.score for h in g_hits] == pytest.approx([h.score for h in e_hits], abs=1e-2)
     assert set(ids) >= {h.id for hits in got for h in hits}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int8])
+def test_score_all_equals_reference(dtype):
+    q, cu, tok, off, _, sc = _case(6, dtype=dtype)
+    ref = naive.maxsim_csr(q.double(), cu, tok if dtype == torch.int8 else tok.double(), off, None, sc,
+                           dtype=torch.float64)
+    for budget in (1 << 24, 20):  # one step, and steps of a few documents
+        got = cpu.score_all(q, cu, tok, off, sc, budget=budget, block_tokens=64)
+        assert got.shape == ref.shape and torch.allclose(got.double(), ref.double(), atol=1e-5, rtol=1e-5)
+    assert (got[1] == 0).all() and (got[:, 3] == 0).all()  # no query tokens / no document tokens: 0
+
+
+def test_maxsim_varlen_takes_score_all_on_a_cpu(monkeypatch):
+    from mvdb.kernels import maxsim_varlen
+
+    monkeypatch.setattr(ops, "interpreting", lambda: False)
+    q, cu, tok, off, _, _ = _case(7)
+    calls = []
+    real = cpu.score_all
+    monkeypatch.setattr(cpu, "score_all", lambda *a, **k: calls.append(1) or real(*a, **k))
+    got = maxsim_varlen(q, cu, tok, off.int())
+    assert calls == [1] and torch.equal(got, real(q, cu, tok, off))

@@ -106,3 +106,33 @@ def score_candidates(q: torch.Tensor, cu_q: torch.Tensor, tokens: torch.Tensor, 
         local[valid] = where[inv]
         out[a:b] = torch.where(valid, per_query.gather(1, local), out[a:b])
     return out
+
+
+def score_all(q: torch.Tensor, cu_q: torch.Tensor, tokens: torch.Tensor, offsets: torch.Tensor,
+              scales: torch.Tensor | None = None, *, budget: int = 1 << 24,
+              block_tokens: int | None = None) -> torch.Tensor:
+    """MaxSim of every query against every document -> float32 [Nq, n_docs] (a document without
+    tokens scores 0): all the queries' tokens against each block of documents in one GEMM, the
+    documents in steps whose [documents, query tokens] table stays near ``budget`` values."""
+    nq, n = cu_q.numel() - 1, offsets.numel() - 1
+    out = torch.zeros((nq, n), dtype=torch.float32)
+    qv = q.float()
+    if tokens.dtype == torch.int8:
+        qq, qs = quantize_int8(qv)
+        qv = dequantize_int8(qq, qs)
+    cu = cu_q.long()
+    if nq == 0 or n == 0 or int(cu[-1] - cu[0]) == 0:
+        return out
+    qt = qv[cu[0] : cu[-1]].T.contiguous()
+    owner = torch.repeat_interleave(torch.arange(nq), cu[1:] - cu[:-1])
+    offsets = offsets.long()
+    lens = offsets[1:] - offsets[:-1]
+    lens, order = torch.sort(lens)
+    first = int((lens == 0).sum())
+    step = max(1, budget // qt.shape[1])
+    for a in range(first, n, step):
+        b = min(n, a + step)
+        rows = order[a:b]
+        best = _best(qt, tokens, scales, offsets[rows], lens[a:b], block_tokens or BLOCK_TOKENS)  # [docs, Tq]
+        out[:, rows] = torch.zeros((nq, b - a), dtype=torch.float32).index_add_(0, owner, best.T)
+    return out

@@ -214,6 +214,8 @@ def maxsim_varlen(
     if tri:
         return launch(out, q.contiguous(), d.contiguous(), Geometry(CSR_CROSS, nq, nd, max_seqlen_q), cu_q=cu_q,
                       d_scales=_contig(d_scales), offsets=cu_d)
+    if device.type == "cpu":
+        return out.copy_(cpu.score_all(q, cu_q, d, cu_d, d_scales))
     return out.copy_(naive.maxsim_csr(q, cu_q, d, cu_d, None, d_scales))
 
 
