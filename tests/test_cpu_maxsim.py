@@ -65,13 +65,17 @@ def test_rows_that_are_not_whole_words():
     assert torch.equal(cpu.score_candidates(q, cu, wide, off, cand), ref)
 
 
-def test_maxsim_candidates_takes_this_path_on_a_cpu(monkeypatch):
-    """Without the Triton interpreter (the tests run under it), a CPU call comes here."""
+def _spy(monkeypatch, name: str) -> tuple[list, object]:
+    """Outside the Triton interpreter (the tests run under it), count the calls of cpu.<name>."""
     monkeypatch.setattr(ops, "interpreting", lambda: False)
+    calls, real = [], getattr(cpu, name)
+    monkeypatch.setattr(cpu, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls, real
+
+
+def test_maxsim_candidates_takes_this_path_on_a_cpu(monkeypatch):
+    calls, real = _spy(monkeypatch, "score_candidates")
     q, cu, tok, off, cand, _ = _case(4)
-    calls = []
-    real = cpu.score_candidates
-    monkeypatch.setattr(cpu, "score_candidates", lambda *a, **k: calls.append(1) or real(*a, **k))
     got = maxsim_candidates(q, cu, tok, off, cand)
     assert calls == [1]
     assert torch.equal(got, real(q, cu, tok, off, cand))
@@ -82,15 +86,12 @@ def test_database_search_on_this_path(tmp_path, monkeypatch):
     where the candidates cover the corpus."""
     import mvdb
 
-    monkeypatch.setattr(ops, "interpreting", lambda: False)
     g = torch.Generator().manual_seed(5)
     docs = [torch.randn(int(n), 16, generator=g) for n in torch.randint(1, 30, (300,), generator=g)]
     queries = torch.randn(6, 8, 16, generator=g)
     with mvdb.open(tmp_path / "db", device="cpu", index="ivf", nlist=16, progress=False) as db:
         ids = db.add(docs)
-        calls = []
-        real = cpu.score_candidates
-        monkeypatch.setattr(cpu, "score_candidates", lambda *a, **k: calls.append(1) or real(*a, **k))
+        calls, _ = _spy(monkeypatch, "score_candidates")
         got = db.search(queries, k=5, nprobe=16, n_candidates=300)
         exact = db.search(queries, k=5, exact=True)
     assert calls
@@ -114,10 +115,7 @@ def test_score_all_equals_reference(dtype):
 def test_maxsim_varlen_takes_score_all_on_a_cpu(monkeypatch):
     from mvdb.kernels import maxsim_varlen
 
-    monkeypatch.setattr(ops, "interpreting", lambda: False)
+    calls, real = _spy(monkeypatch, "score_all")
     q, cu, tok, off, _, _ = _case(7)
-    calls = []
-    real = cpu.score_all
-    monkeypatch.setattr(cpu, "score_all", lambda *a, **k: calls.append(1) or real(*a, **k))
     got = maxsim_varlen(q, cu, tok, off.int())
     assert calls == [1] and torch.equal(got, real(q, cu, tok, off))
