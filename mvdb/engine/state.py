@@ -38,9 +38,8 @@ from mvdb.errors import CorruptionError
 
 FLAT_MAX_TOKENS = 1 << 20  # "auto" on a GPU: exact token search below this many tokens, centroid lists above
 # "auto" on a CPU: below this many tokens no token index is trained and searches score every
-# document exactly (the flat index is filled only if a search asks for its options). On a 2-core
-# CPU exhaustive MaxSim costs about what the IVF path does at 4.4M tokens, and nothing at open
-# (docs/benchmarks.md, cpu).
+# document exactly (the flat index is filled only if a search asks for its options): nothing to
+# wait for at open, where training the lists takes minutes on a few cores (docs/benchmarks.md, cpu).
 CPU_FLAT_MAX_TOKENS = 1 << 23
 ENCODE_CHUNK = 1 << 20  # tokens encoded into residual codes at a time
 CODES_TIERS = ("host", "disk")  # tiers whose exact tokens are off the device: codes rank the pool
