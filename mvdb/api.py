@@ -29,7 +29,7 @@ def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=No
     80% of what is available there, else disk. ``max_gpu_bytes``: the device memory the exact
     tokens may take at most (to share a GPU with a model): above it, "auto" picks another tier.
     ``code_bits``: bits a dimension of those residual codes, 1, 2 or 4 (None: the default for the
-    store's dtype, mvdb.engine.codes.default_bits, 2 today; at dim 128 a token then takes 18, 34 or
+    store's dtype, mvdb.engine.codes.default_bits: 2 for float16, 1 for int8; at dim 128 a token then takes 18, 34 or
     66 bytes of device memory): fewer bits leave more of the device free and rank the pool less
     finely. Not recorded: the codes are derived data, encoded again when opened at another rate
     (each rate's files are kept, so that switching back reads them). ``devices``: a list of

@@ -26,7 +26,7 @@ GROWTH = 0.25
 # (code_bits=None). At dim 128 a token takes 2 bytes for its list (up to 65536 lists) and
 # dim * bits / 8 of codes: 34 at 2 bits, 18 at 1, against 256 in float16 and 132 in int8. An int8
 # store chose memory over precision: its codes take 1 bit, which keeps the tier within a fifth of
-# what the int8 tokens would take on the device, at the same recall after the exact stage.
+# what the int8 tokens would take on the device, at about the same recall after the exact stage.
 DEFAULT_BITS = {"float16": 2, "int8": 1}
 
 
