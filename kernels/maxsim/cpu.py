@@ -11,26 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from mvdb.kernels.quant import dequantize_int8, quantize_int8
+from mvdb.kernels.maxsim.naive import _queries_for, distinct_candidates, query_groups
+from mvdb.kernels.quant import dequantize_int8
 
 BLOCK_TOKENS = 1 << 14  # padded document tokens a GEMM: the block's tokens stay in the caches
-
-
-def _groups(cand: torch.Tensor, q_len: list[int]):
-    """Runs of queries scored together: a run grows while scoring its candidates' union against all
-    its tokens costs at most twice scoring each query against its own (queries that share most of
-    their candidates, such as one list reranked for a batch, gather those tokens once)."""
-    per_q = [set(r[r >= 0].tolist()) for r in cand]
-    a, nq = 0, len(q_len)
-    while a < nq:
-        b, rows, union, own = a + 1, q_len[a], set(per_q[a]), q_len[a] * len(per_q[a])
-        while b < nq:
-            grown = union | per_q[b]
-            if len(grown) * (rows + q_len[b]) > 2 * (own + q_len[b] * len(per_q[b])):
-                break
-            union, rows, own, b = grown, rows + q_len[b], own + q_len[b] * len(per_q[b]), b + 1
-        yield a, b
-        a = b
 
 
 def _words(tokens: torch.Tensor) -> torch.Tensor:
@@ -77,19 +61,15 @@ def score_candidates(q: torch.Tensor, cu_q: torch.Tensor, tokens: torch.Tensor, 
     out = torch.full((nq, width), float("-inf"), dtype=torch.float32)
     if nq == 0 or width == 0:
         return out
-    qv = q.float()
-    if tokens.dtype == torch.int8:
-        qq, qs = quantize_int8(qv)
-        qv = dequantize_int8(qq, qs)
+    qv = _queries_for(q.float(), tokens.dtype == torch.int8, torch.float32)
     cu = cu_q.long()
     offsets = offsets.long()
     first = offsets if starts is None else starts.long()
-    for a, b in _groups(cand, (cu[1:] - cu[:-1]).tolist()):
+    for a, b in query_groups(cand, (cu[1:] - cu[:-1]).tolist()):
         c = cand[a:b]
-        valid = c >= 0
-        if not bool(valid.any()):
+        rows, lc = distinct_candidates(c)
+        if not rows.numel():
             continue
-        rows, inv = torch.unique(c[valid], return_inverse=True)
         lens = offsets[rows + 1] - offsets[rows]
         lens, order = torch.sort(lens)
         rows = rows[order]
@@ -101,10 +81,9 @@ def score_candidates(q: torch.Tensor, cu_q: torch.Tensor, tokens: torch.Tensor, 
         owner = torch.repeat_interleave(torch.arange(b - a), cu[a + 1 : b + 1] - cu[a:b])
         per_query = torch.zeros((b - a, rows.numel()), dtype=torch.float32).index_add_(0, owner, best.T)
         where = torch.empty_like(order)
-        where[order] = torch.arange(order.numel())  # unique's numbering -> the sorted one
-        local = torch.zeros_like(c)
-        local[valid] = where[inv]
-        out[a:b] = torch.where(valid, per_query.gather(1, local), out[a:b])
+        where[order] = torch.arange(order.numel())  # distinct_candidates' numbering -> the sorted one
+        valid = lc >= 0
+        out[a:b] = torch.where(valid, per_query.gather(1, where[lc.clamp_min(0)]), out[a:b])
     return out
 
 
@@ -116,10 +95,7 @@ def score_all(q: torch.Tensor, cu_q: torch.Tensor, tokens: torch.Tensor, offsets
     documents in steps whose [documents, query tokens] table stays near ``budget`` values."""
     nq, n = cu_q.numel() - 1, offsets.numel() - 1
     out = torch.zeros((nq, n), dtype=torch.float32)
-    qv = q.float()
-    if tokens.dtype == torch.int8:
-        qq, qs = quantize_int8(qv)
-        qv = dequantize_int8(qq, qs)
+    qv = _queries_for(q.float(), tokens.dtype == torch.int8, torch.float32)
     cu = cu_q.long()
     if nq == 0 or n == 0 or int(cu[-1] - cu[0]) == 0:
         return out

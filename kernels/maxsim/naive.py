@@ -145,26 +145,11 @@ def maxsim_csr(
             acc = torch.zeros(nq, c1 - c0, dtype=ct, device=q.device)
             out[:, c0:c1] = acc.index_add_(0, q_of_token, best).float()
         return out
-    # Batched: queries whose candidates overlap go in one group; the group's distinct candidates
-    # are gathered once and scored against all its query tokens in one GEMM per chunk, then each
-    # query sums its own tokens' maxima over its own candidates. A group grows while that costs
-    # at most twice scoring each query against its own candidates alone (so a batch whose
-    # candidates cover the corpus becomes one exhaustive pass, and disjoint ones stay apart).
+    # Batched: queries whose candidates overlap go in one group (query_groups); the group's distinct
+    # candidates are gathered once and scored against all its query tokens in one GEMM per chunk,
+    # then each query sums its own tokens' maxima over its own candidates.
     out = torch.full((nq, cand.shape[1]), float("-inf"), dtype=torch.float32, device=q.device)
-    q_len = (cu_q[1:] - cu_q[:-1]).tolist()
-    per_q = [set(r[r >= 0].tolist()) for r in cand.cpu()]
-    # Gathering a query's own candidates costs about GATHER_COST x their GEMM on a CPU, so a whole
-    # batch goes in one group when its union is at most that much more work.
-    whole = len(set().union(*per_q)) * sum(q_len) <= GATHER_COST * sum(n * len(p) for n, p in zip(q_len, per_q))
-    a = 0
-    while a < nq:
-        b, rows_q, union, own = a + 1, q_len[a], set(per_q[a]), q_len[a] * len(per_q[a])
-        while b < nq:
-            grown = union | per_q[b]
-            rows, cost = rows_q + q_len[b], own + q_len[b] * len(per_q[b])
-            if not whole and len(grown) * rows > 2 * cost:
-                break
-            union, rows_q, own, b = grown, rows, cost, b + 1
+    for a, b in query_groups(cand, (cu_q[1:] - cu_q[:-1]).tolist(), GATHER_COST):
         c = cand[a:b]
         valid = c >= 0
         if bool(valid.any()):
@@ -180,8 +165,30 @@ def maxsim_csr(
             local[valid] = inv
             got = per_query.gather(1, local).float()
             out[a:b] = torch.where(valid, got, out[a:b])
-        a = b
     return out
+
+
+def query_groups(cand: torch.Tensor, q_len: list[int], gather_cost: float | None = None):
+    """Runs [a, b) of queries scored together, in order: a run grows while scoring its candidates'
+    union against all its tokens costs at most twice scoring each query against its own (so a batch
+    whose candidates cover the corpus becomes one exhaustive pass, and disjoint ones stay apart).
+    ``gather_cost``: where gathering a query's own candidates costs that many times their GEMM,
+    the whole batch is one run when its union is at most that much more work."""
+    per_q = [set(r[r >= 0].tolist()) for r in cand.cpu()]
+    nq = len(q_len)
+    whole = gather_cost is not None and \
+        len(set().union(*per_q)) * sum(q_len) <= gather_cost * sum(n * len(p) for n, p in zip(q_len, per_q))
+    a = 0
+    while a < nq:
+        b, rows_q, union, own = a + 1, q_len[a], set(per_q[a]), q_len[a] * len(per_q[a])
+        while b < nq:
+            grown = union | per_q[b]
+            rows, cost = rows_q + q_len[b], own + q_len[b] * len(per_q[b])
+            if not whole and len(grown) * rows > 2 * cost:
+                break
+            union, rows_q, own, b = grown, rows, cost, b + 1
+        yield a, b
+        a = b
 
 
 def distinct_candidates(cand: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

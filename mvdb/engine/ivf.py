@@ -60,8 +60,10 @@ CPU_COARSE_NLIST = 1024
 # caches (docs/scale.md, "The 2-core CPU")
 CPU_SCRATCH = 1 << 20
 COARSE_PROBE = 6
-# A CPU trains 4x the lists of a GPU (default_nlist): its exact rerank is what a search costs there,
-# and finer lists hand it a narrower pool at the same recall, for a longer build.
+# Lists a GPU trains per sqrt(tokens) (default_nlist). A CPU trains 4x as many: its exact rerank is
+# what a search costs there, and finer lists hand it a narrower pool at the same recall, for a
+# longer build.
+LISTS_PER_SQRT = 2
 CPU_LISTS_PER_SQRT = 8
 
 
@@ -86,7 +88,7 @@ def index_backend(device: torch.device | str | None = None) -> str:
     return "faiss-cpu" if faiss is not None else "torch"
 
 
-def default_nlist(n_tokens: int, per_sqrt: int = 2) -> int:
+def default_nlist(n_tokens: int, per_sqrt: int = LISTS_PER_SQRT) -> int:
     """About ``per_sqrt`` * sqrt(N) lists (a power of two, at most 65536, at least 39 tokens each):
     assigning costs N x nlist dot products, so more lists trade build time for finer lists."""
     n = 1

@@ -240,7 +240,7 @@ class Engine:
         """The list count a build of this state trains: the configured one, else default_nlist of
         the live tokens; never more than the stored tokens (k-means needs n >= nlist)."""
         tokens = state.tokens
-        per_sqrt = ivf.CPU_LISTS_PER_SQRT if self.device.type == "cpu" else 2
+        per_sqrt = ivf.CPU_LISTS_PER_SQRT if self.device.type == "cpu" else ivf.LISTS_PER_SQRT
         nlist = self.config["nlist"] or ivf.default_nlist(self.live_tokens(state) or tokens.n_tokens, per_sqrt)
         return min(nlist, 1 << max(0, tokens.n_tokens.bit_length() - 1))
 
