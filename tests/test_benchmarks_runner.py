@@ -293,6 +293,7 @@ def _cpu_pool(r):
     for run in r["runs"]:
         assert [s["search"] for s in run["searches"]] == ["default", "4:64"]
         assert all(_unit(p["pool_recall"]) for p in run["pools"]) and all(_unit(s["recall10"]) for s in run["searches"])
+        assert all(_unit(p["ranked_recall"]) and _positive(p["ranked_ms_per_query"]) for p in run["pools"])
 
 
 def _text_ingest(r):

@@ -202,3 +202,83 @@ def test_lists_grown_in_pieces_equal_lists_built_at_once():
         rows = whole.list_rows[whole.list_offsets[c] : whole.list_offsets[c + 1]].tolist()
         want = sorted({r for r in range(90) if (codes[off[r] : off[r + 1]] == c).any()})
         assert rows == want
+
+
+def _cpu_lists(seed=2, n_rows=60, nlist=12, dim=8):
+    from mvdb.engine.ivf import Lists
+
+    g = torch.Generator().manual_seed(seed)
+    cent = torch.nn.functional.normalize(torch.randn(nlist, dim, generator=g), dim=1)
+    lens = torch.randint(0, 25, (n_rows,), generator=g)  # some rows without tokens
+    off = torch.zeros(n_rows + 1, dtype=torch.long)
+    off[1:] = lens.cumsum(0)
+    codes = torch.randint(0, nlist, (int(off[-1]),), generator=g, dtype=torch.int32)
+    return Lists.empty(cent, {"id": "t", "trained_tokens": 1}, torch.device("cpu")), codes, off, g
+
+
+def test_cpu_lists_keep_every_tokens_list_through_adds():
+    """On a CPU the lists keep each token's list and each row's first token (what the centroid
+    interaction reads): grown in pieces as built at once, and two indexes grown from one base
+    (an add that was not published, then another) each read their own rows."""
+    empty, codes, off, _ = _cpu_lists()
+    whole = empty.with_rows(codes, off)
+    assert torch.equal(whole.token_lists[0], codes) and torch.equal(whole.token_lists[1], off)
+    grown = empty
+    for a, b in ((0, 1), (1, 30), (30, 31), (31, 60)):
+        grown = grown.with_rows(codes[off[a] : off[b]], off[a : b + 1] - off[a])
+    assert torch.equal(grown.token_lists[0], codes) and torch.equal(grown.token_lists[1], off)
+    base = empty.with_rows(codes[: off[30]], off[:31])
+    left = base.with_rows(codes[off[30] :], off[30:] - off[30])
+    other = torch.randint(0, 12, (7,), dtype=torch.int32)
+    right = base.with_rows(other, torch.tensor([0, 3, 7]))
+    assert torch.equal(left.token_lists[0], codes) and torch.equal(left.token_lists[1], off)
+    assert torch.equal(right.token_lists[0], torch.cat([codes[: off[30]], other]))
+    assert right.token_lists[1].tolist() == off[:31].tolist() + [int(off[30]) + 3, int(off[30]) + 7]
+    assert torch.equal(base.token_lists[0], codes[: off[30]])
+
+
+def test_interaction_is_the_centroid_interaction():
+    """interaction(): per query token the best centroid among the row's tokens' lists, summed;
+    the soft maximum lies within log(tokens) / SHARPNESS above the hard one per query token. A
+    row without tokens scores 0, padding (-1) -inf."""
+    from mvdb.engine import ivf
+
+    empty, codes, off, g = _cpu_lists()
+    lists = empty.with_rows(codes, off)
+    sim = torch.rand(5, 12, generator=g) * 0.6 + 0.2  # within SOFT_FLOOR of each token's best
+    rows = torch.tensor([3, -1, 0, 59, 17, 3])
+    got = ivf.interaction(sim, rows, *lists.token_lists)
+    for i, r in enumerate(rows.tolist()):
+        if r < 0:
+            assert got[i] == float("-inf")
+            continue
+        own = codes[off[r] : off[r + 1]].long()
+        if not own.numel():
+            assert got[i] == 0
+            continue
+        hard = float(sim[:, own].amax(dim=1).sum())
+        slack = 5 * torch.log(torch.tensor(float(own.numel()))) / ivf.SHARPNESS
+        assert hard - 1e-4 <= float(got[i]) <= hard + float(slack) + 1e-4
+
+
+def test_cpu_candidates_rank_a_wider_pool_by_interaction():
+    """Lists.candidates(pool=) on a CPU: the lists' best ``pool`` rows, the best n of them by
+    interaction(); dead rows never come back; a pool covering every row returns every live one."""
+    from mvdb.engine import ivf
+
+    empty, codes, off, g = _cpu_lists(n_rows=80)
+    lists = empty.with_rows(codes, off)
+    q = torch.nn.functional.normalize(torch.randn(7, 8, generator=g), dim=1)
+    cu = [0, 3, 7]
+    live = torch.ones(80, dtype=torch.bool)
+    live[[5, 6, 40]] = False
+    wide = lists.candidates(q, cu, live, 30, 4, ordered=False)
+    narrow = lists.candidates(q, cu, live, 10, 4, ordered=True, pool=30)
+    for i in range(2):
+        sim = q[cu[i] : cu[i + 1]] @ lists.centroids.T
+        pool = wide[i][wide[i] >= 0]
+        want = pool[ivf.interaction(sim, pool, *lists.token_lists).topk(10).indices]
+        assert narrow[i].tolist() == want.tolist()
+    everything = lists.candidates(q, cu, live, 77, 2, ordered=False, pool=10**6)
+    for row in everything:
+        assert sorted(row.tolist()) == [r for r in range(80) if live[r]]

@@ -52,7 +52,7 @@ def default_exact(k: int) -> int:
     return max(EXACT_MIN, 12 * k)
 
 
-class _Buffer:
+class AppendBuffer:
     """A device buffer that grows by at least GROWTH of its size; rows [0, n) are written once."""
 
     def __init__(self, row_shape: tuple, dtype: torch.dtype, device: torch.device):
@@ -115,8 +115,8 @@ class Growing:
         self.centroids = centroids.to(device, half)
         self.weights = weights.to(device, torch.float32)
         self.cutoffs = cutoffs.float()
-        self._lists = _Buffer((), list_dtype(centroids.shape[0]), device)
-        self._codes = _Buffer((n_bytes(dim, bits),), torch.uint8, device)
+        self._lists = AppendBuffer((), list_dtype(centroids.shape[0]), device)
+        self._codes = AppendBuffer((n_bytes(dim, bits),), torch.uint8, device)
         self.current = self._view(self._lists.data, self._codes.data)
 
     def _view(self, lists: torch.Tensor, codes: torch.Tensor) -> Residuals:

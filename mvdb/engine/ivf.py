@@ -19,6 +19,7 @@ import time
 import numpy as np
 import torch
 
+from mvdb.engine.codes import AppendBuffer
 from mvdb.kernels.host import upload
 from mvdb.kernels.lists import credit_lists, credit_lists_fixed, fixed_gains, list_bounds, token_queries
 
@@ -65,6 +66,20 @@ COARSE_PROBE = 6
 # longer build.
 LISTS_PER_SQRT = 2
 CPU_LISTS_PER_SQRT = 8
+# On a CPU the lists' pool is wider than what the exact stage reranks, and ranked again first by
+# centroid interaction (:func:`interaction`: every token of a document stands for its list's
+# centroid). The crediting sees only the probed lists, so a long document whose matches fell in
+# other lists ranks low there; the interaction sees every token, at a small part of an exact
+# score's cost (a table lookup per token instead of a dot product).
+CPU_POOL_PER_CANDIDATE = 8
+# The interaction's maximum over a document's tokens is a soft one (a sum of exponentials, one
+# embedding_bag: a hard maximum over gathered rows is ten times slower in torch on a CPU), this
+# sharp (a softer one credits a document for every near match, which favours long ones); a
+# similarity more than SOFT_FLOOR below the query token's best centroid counts as that (which
+# keeps the exponentials clear of subnormal floats, slow on a CPU).
+SHARPNESS = 128.0
+SOFT_FLOOR = 0.5
+INTERACTION_GROUPS = 8  # groups of similar length the interaction reads its rows in
 
 
 def require_faiss():
@@ -204,7 +219,7 @@ class Lists:
     kind = "ivf"
 
     def __init__(self, centroids: torch.Tensor, list_offsets: torch.Tensor, list_rows: torch.Tensor, n_rows: int,
-                 n_tokens: int, entry: dict):
+                 n_tokens: int, entry: dict, token_lists: tuple | None = None):
         self.device = list_offsets.device
         self.nlist, self.dim = centroids.shape
         self.centroids = centroids
@@ -214,13 +229,44 @@ class Lists:
         self.trained_tokens = entry["trained_tokens"]
         self.backend = index_backend(self.device)  # what trains and assigns (the lists are searched in torch)
         self.build_seconds: dict = {}
+        # on a CPU, every token's list in row order and each row's first token (append-only
+        # buffers shared with the indexes grown from this one; this one reads its first rows)
+        self._token_lists = token_lists
+
+    @property
+    def token_lists(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(each token's list, int32 [ntotal]; each row's first token, int64 [n_rows + 1]), on a
+        CPU only (what :func:`interaction` reads), else None."""
+        if self._token_lists is None:
+            return None
+        lists, firsts = self._token_lists
+        return lists.data[: self.ntotal], firsts.data[: self.n_rows + 1]
 
     @classmethod
     def empty(cls, centroids: torch.Tensor, entry: dict, device: torch.device) -> Lists:
         half = device.type == "cuda"
         c = centroids.to(device, torch.float16 if half else torch.float32)
+        token_lists = None
+        if device.type == "cpu":
+            token_lists = (AppendBuffer((), torch.int32, device), AppendBuffer((), torch.int64, device))
+            token_lists[1].append(torch.zeros(1, dtype=torch.int64))
         return cls(c, torch.zeros(c.shape[0] + 1, dtype=torch.int64, device=device),
-                   torch.zeros(0, dtype=torch.int32, device=device), 0, 0, entry)
+                   torch.zeros(0, dtype=torch.int32, device=device), 0, 0, entry, token_lists)
+
+    def _grown_token_lists(self, codes: torch.Tensor, row_offsets: torch.Tensor) -> tuple | None:
+        """The token lists' buffers with the new rows appended (fresh copies where another index
+        already appended past this one's rows)."""
+        if self._token_lists is None:
+            return None
+        lists, firsts = self._token_lists
+        if lists.n != self.ntotal or firsts.n != self.n_rows + 1:
+            old_lists, old_firsts = self.token_lists
+            lists, firsts = AppendBuffer((), torch.int32, self.device), AppendBuffer((), torch.int64, self.device)
+            lists.append(old_lists)
+            firsts.append(old_firsts)
+        lists.append(codes.to(self.device, torch.int32))
+        firsts.append(self.ntotal + row_offsets[1:].to(self.device, torch.int64))
+        return lists, firsts
 
     def bounds(self) -> torch.Tensor:
         """Where each list's entries enter each of CREDIT_SPANS spans of the rows
@@ -295,12 +341,12 @@ class Lists:
             lists = key // max(1, self.n_rows + n_new)
             rank = torch.arange(new_rows.numel(), device=dev) - (shift[1:] - new_counts)[lists]
             rows[self.list_offsets[lists + 1] + shift[lists] + rank] = new_rows
-        out = Lists(self.centroids, offsets, rows, self.n_rows + n_new, self.ntotal + int(codes.numel()), self.entry)
-        return out
+        return Lists(self.centroids, offsets, rows, self.n_rows + n_new, self.ntotal + int(codes.numel()), self.entry,
+                     self._grown_token_lists(codes, row_offsets))
 
     def candidates(self, q: torch.Tensor, cu: list[int], live: torch.Tensor, n_candidates: int, nprobe: int,
                    scratch_bytes: int = 1 << 30, backend: str = "auto", cu_dev: torch.Tensor | None = None,
-                   qid: torch.Tensor | None = None, ordered: bool = True) -> torch.Tensor:
+                   qid: torch.Tensor | None = None, ordered: bool = True, pool: int | None = None) -> torch.Tensor:
         """Per query, the ``n_candidates`` live rows with the best approximate scores, batched.
 
         q [Tq, dim] packed query tokens, ``cu`` their offsets (host ints). Every query token is
@@ -311,45 +357,113 @@ class Lists:
         ``scratch_bytes``. Returns [Nq, n_candidates] rows, -1 where fewer rows exist; best first
         where ``ordered`` (else in any order: a sorted top-k costs more host time than the rest of
         its selection). ``cu_dev`` / ``qid``: the offsets and each token's query already on the
-        device (mvdb.engine.search.Queries), else made here.
+        device (mvdb.engine.search.Queries), else made here. ``pool`` (a CPU's index): the best
+        ``pool`` rows by that score are ranked again by :func:`interaction`, and its best
+        ``n_candidates`` returned.
         """
         nq, dev = len(cu) - 1, q.device
         out = torch.full((nq, n_candidates), -1, dtype=torch.int64, device=dev)
         if nq == 0 or self.n_rows == 0:
             return out
         p = max(1, min(nprobe, self.nlist))
+        n = min(n_candidates, self.n_rows)
+        if not (backend == "triton" or (backend == "auto" and dev.type == "cuda")):
+            return self._candidates_torch(q, cu, ~live, out, n, p, ordered, min(scratch_bytes, CPU_SCRATCH), pool)
+        # the Triton path: fixed-point scores (int32), every token its own program
         sim = q.to(self.centroids.dtype) @ self.centroids.T  # [Tq, nlist]
         sv, probes = sim.topk(p, dim=1)
         del sim
         gains = sv.float() - sv[:, -1:].float()  # >= 0, non-increasing along the probes
-        triton_path = backend == "triton" or (backend == "auto" and dev.type == "cuda")
-        if triton_path:  # fixed-point scores (int32), every token its own program
-            gains, _ = fixed_gains(gains, cu_dev if cu_dev is not None else upload(torch.tensor(cu), dev))
-            if qid is None:
-                qid = token_queries(cu, q.shape[0], dev)
-            per_query = self.n_rows * 4
-        else:  # a CPU's caches favour one query's table at a time
-            per_query = self.n_rows * 4 * (max(cu[i + 1] - cu[i] for i in range(nq)) + 1)
-            scratch_bytes = min(scratch_bytes, CPU_SCRATCH)
-        chunk = max(1, scratch_bytes // max(1, per_query))
-        n = min(n_candidates, self.n_rows)
+        gains, _ = fixed_gains(gains, cu_dev if cu_dev is not None else upload(torch.tensor(cu), dev))
+        if qid is None:
+            qid = token_queries(cu, q.shape[0], dev)
+        chunk = max(1, scratch_bytes // max(1, self.n_rows * 4))
         dead = ~live
         for a in range(0, nq, chunk):
             b = min(nq, a + chunk)
-            if triton_path:
-                parts = self.parts_for(cu[b] - cu[a])
-                score = credit_lists_fixed(self.list_offsets, self.list_rows, self.n_rows, probes, gains,
-                                           cu[a : b + 1], qid, q_base=a, parts=parts,
-                                           bounds=self.bounds() if parts > 1 else None)
-            else:
-                score = credit_lists(self.list_offsets, self.list_rows, self.n_rows, probes, gains,
-                                     torch.tensor(cu[a : b + 1], device=dev), backend="torch")
-            lowest = torch.iinfo(score.dtype).min if triton_path else float("-inf")  # dead rows rank last
+            parts = self.parts_for(cu[b] - cu[a])
+            score = credit_lists_fixed(self.list_offsets, self.list_rows, self.n_rows, probes, gains,
+                                       cu[a : b + 1], qid, q_base=a, parts=parts,
+                                       bounds=self.bounds() if parts > 1 else None)
+            lowest = torch.iinfo(score.dtype).min  # dead rows rank last
             score.masked_fill_(dead[None], lowest)
             top = score.topk(n, dim=1, sorted=ordered)
             out[a:b, :n] = top.indices.masked_fill(top.values == lowest, -1)
             del score
         return out
+
+    def _candidates_torch(self, q, cu, dead, out, n, nprobe, ordered, scratch_bytes, pool):
+        """:meth:`candidates` in torch (a CPU): a chunk of queries at a time (their score table
+        stays in the caches), each chunk's centroid scores kept for :func:`interaction`."""
+        nq = len(cu) - 1
+        chunk = max(1, scratch_bytes // max(1, self.n_rows * 4 * (max(cu[i + 1] - cu[i] for i in range(nq)) + 1)))
+        token_lists = self.token_lists
+        wide = min(self.n_rows, pool or 0)
+        again = token_lists is not None and wide > n
+        for a in range(0, nq, chunk):
+            b = min(nq, a + chunk)
+            sim = q[cu[a] : cu[b]].to(self.centroids.dtype) @ self.centroids.T  # [chunk tokens, nlist]
+            sv, probes = sim.topk(nprobe, dim=1)
+            gains = sv.float() - sv[:, -1:].float()
+            cu_chunk = torch.tensor(cu[a : b + 1]) - cu[a]
+            score = credit_lists(self.list_offsets, self.list_rows, self.n_rows, probes, gains, cu_chunk,
+                                 backend="torch")
+            score.masked_fill_(dead[None], float("-inf"))  # dead rows rank last
+            top = score.topk(wide if again else n, dim=1, sorted=ordered and not again)
+            rows = top.indices.masked_fill(top.values == float("-inf"), -1)
+            del score
+            if not again:
+                out[a:b, :n] = rows
+                continue
+            for i in range(b - a):
+                ci = interaction(sim[cu[a + i] - cu[a] : cu[a + i + 1] - cu[a]], rows[i], *token_lists)
+                best = ci.topk(n, sorted=ordered)
+                out[a + i, :n] = rows[i, best.indices].masked_fill(best.values == float("-inf"), -1)
+        return out
+
+
+def interaction(sim: torch.Tensor, rows: torch.Tensor, token_lists: torch.Tensor, firsts: torch.Tensor,
+                groups: int = INTERACTION_GROUPS) -> torch.Tensor:
+    """Centroid interaction of one query with the rows ``rows`` [P] (-1: none) -> float32 [P]:
+    over the query's tokens, the best similarity of a centroid whose list holds one of the row's
+    tokens (PLAID's approximate score), each maximum a soft one (see SHARPNESS). sim [Lq, nlist]:
+    the query's tokens against every centroid; token_lists / firsts: :attr:`Lists.token_lists`.
+    A row without tokens scores 0 (as its exact MaxSim), -1 scores -inf.
+
+    The rows go in ``groups`` groups of similar length; a group's tokens' lists are read as
+    windows of its longest length (one copy a row, from a view whose rows overlap), and each
+    window is three bags of one embedding_bag, the row's own tokens the middle one (a window that
+    would run past the array's end starts earlier)."""
+    out = torch.full(rows.shape, float("-inf"))
+    ok = rows >= 0
+    r = rows.clamp_min(0)
+    starts = firsts[r]
+    lens = (firsts[r + 1] - starts) * ok
+    out[ok & (lens == 0)] = 0.0
+    which = torch.nonzero(lens > 0).flatten()
+    if not which.numel():
+        return out
+    lens, order = lens[which].sort()
+    which, starts = which[order], starts[which[order]]
+    best = sim.float().amax(dim=1, keepdim=True)
+    weights = sim.float() - best
+    # [nlist, Lq] in bfloat16 (float32's range; its 3 digits move a token's score by 1e-4): the
+    # embedding_bag reads half the bytes
+    weights = weights.clamp_(min=-SOFT_FLOOR).mul_(SHARPNESS).exp_().T.to(torch.bfloat16).contiguous()
+    n_tok = token_lists.numel()
+    cuts = torch.linspace(0, which.numel(), groups + 1).long().unique().tolist()
+    soft = torch.empty((which.numel(), sim.shape[0]))
+    for a, b in zip(cuts, cuts[1:]):
+        longest = int(lens[b - 1])
+        start = starts[a:b].clamp_max(n_tok - longest)
+        windows = token_lists.as_strided((n_tok - longest + 1, longest), (1, 1))
+        ids = windows.index_select(0, start).flatten()
+        base = torch.arange(b - a) * longest
+        head = base + (starts[a:b] - start)
+        bags = torch.stack([base, head, head + lens[a:b]], dim=1).flatten()
+        soft[a:b] = torch.nn.functional.embedding_bag(ids, weights, bags, mode="sum")[1::3].float()
+    out[which] = soft.log_().sum(dim=1) / SHARPNESS + float(best.sum())
+    return out
 
 
 class TorchCoarse:

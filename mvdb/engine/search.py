@@ -28,10 +28,11 @@ DEFAULT_K_TOKENS = 512  # flat index: nearest stored tokens per query token
 DEFAULT_CANDIDATES = 256  # flat index: documents reranked exactly per query
 DEFAULT_LISTS_PROBE = 20  # IVF: lists probed per query token (docs/benchmarks.md, defaults)
 DEFAULT_LISTS_CANDIDATES = 4096  # IVF: documents reranked exactly per query, up to 1M documents
-# On a CPU the lists are finer (ivf.CPU_LISTS_PER_SQRT), so fewer probes and a narrower pool keep the
-# same recall, and the exact rerank, which costs a CPU most of a search, scores fewer documents.
+# On a CPU the lists are finer (ivf.CPU_LISTS_PER_SQRT), so fewer probes keep the same recall, and
+# they hand ivf.CPU_POOL_PER_CANDIDATE times the documents to the centroid interaction, whose best
+# go to the exact rerank, which costs a CPU most of a search: a quarter of a GPU's (up to 1M documents).
 CPU_LISTS_PROBE = 16
-CPU_LISTS_CANDIDATES = 2048
+CPU_LISTS_CANDIDATES = 1024
 # ... past 1M the pool grows with the square root of the corpus (a fixed pool covers a shrinking
 # share of a growing one), at most LISTS_CANDIDATES_MAX; an int8 store reranks twice as many (its
 # tokens are half the bytes, and its rounded scores need the wider pool to keep recall: docs/scale.md)
@@ -41,8 +42,8 @@ LISTS_CANDIDATES_MAX = 32768
 def default_lists_candidates(n_live: int, int8: bool = False, cpu: bool = False) -> int:
     """Documents the IVF stage hands the exact rerank per query at the defaults (device tier)."""
     per = 2 if int8 else 1
-    least = CPU_LISTS_CANDIDATES if cpu else DEFAULT_LISTS_CANDIDATES
-    return int(min(LISTS_CANDIDATES_MAX, per * max(least, 4.096 * max(1, n_live) ** 0.5)))
+    share = CPU_LISTS_CANDIDATES / DEFAULT_LISTS_CANDIDATES if cpu else 1
+    return int(min(LISTS_CANDIDATES_MAX, per * share * max(DEFAULT_LISTS_CANDIDATES, 4.096 * max(1, n_live) ** 0.5)))
 
 
 def default_probe(device: torch.device) -> int:
@@ -253,8 +254,9 @@ def candidates(state, qs: Queries, k: int, live: torch.Tensor, *, n_candidates=N
         top = approx.topk(n_exact, dim=1, sorted=ordered)
         cand = cand.gather(1, top.indices).masked_fill(top.values == float("-inf"), -1)
     elif is_ivf:
+        # (a CPU's lists hand a wider pool to the centroid interaction, which picks what is reranked)
         cand = index.candidates(qs.q, qs.cu_host, live, n_cand, nprobe or default_probe(qs.q.device), cu_dev=qs.cu,
-                                qid=qs.qid, ordered=ordered)
+                                qid=qs.qid, ordered=ordered, pool=ivf.CPU_POOL_PER_CANDIDATE * n_cand if on_cpu else None)
     else:
         kk = min(k_tokens or DEFAULT_K_TOKENS, index.ntotal)
         sims, pos = index.search(qs.q, kk)
