@@ -124,10 +124,10 @@ SUITES: tuple[Suite, ...] = (
     Suite("cpu", "cpu_crossover.py", ("--docs", "40000,120000"),
           "CPU: per-query time of the IVF index against exhaustive MaxSim, and open time, by corpus size", "no",
           ("--docs", "300,600", "--queries", "5", "--path", "{tmp}/cpu.mvdb")),
-    Suite("cpu-pool", "cpu_pool.py", ("--docs", "120000", "--nlist", "0", "--probes", "16", "--pools", "2048",
-                                      "--search", "default"),
+    Suite("cpu-pool", "cpu_pool.py", ("--docs", "120000", "--nlist", "0", "--probes", "16", "--pools", "1024",
+                                      "--search", "default", "--queries", "200"),
           "CPU: searches at the defaults (recall@10, ms a query in batches of 20), the IVF pool's recall "
-          "and crediting time against list count, lists probed and pool width", "no",
+          "and time, alone and ranked by centroid interaction, against list count, probes and pool width", "no",
           ("--docs", "300", "--queries", "10", "--nlist", "0,128", "--probes", "4", "--pools", "64",
            "--search", "default,4:64", "--threads", "1", "--path", "{tmp}/cpu-pool.mvdb")),
     Suite("install", "installs.sh", ("cpu", "gpu", "plain"),
