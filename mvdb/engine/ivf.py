@@ -73,7 +73,7 @@ CPU_LISTS_PER_SQRT = 8
 # score's cost (a table lookup per token instead of a dot product).
 CPU_POOL_PER_CANDIDATE = 8
 # The interaction's maximum over a document's tokens is a soft one (a sum of exponentials, one
-# embedding_bag: a hard maximum over gathered rows is ten times slower in torch on a CPU), this
+# embedding_bag: a hard maximum over gathered rows is about four times slower in torch on a CPU), this
 # sharp (a softer one credits a document for every near match, which favours long ones); a
 # similarity more than SOFT_FLOOR below the query token's best centroid counts as that (which
 # keeps the exponentials clear of subnormal floats, slow on a CPU).
@@ -444,7 +444,8 @@ def interaction(sim: torch.Tensor, rows: torch.Tensor, token_lists: torch.Tensor
     if not which.numel():
         return out
     lens, order = lens[which].sort()
-    which, starts = which[order], starts[which[order]]
+    which = which[order]
+    starts = starts[which]
     best = sim.float().amax(dim=1, keepdim=True)
     weights = sim.float() - best
     # [nlist, Lq] in bfloat16 (float32's range; its 3 digits move a token's score by 1e-4): the
