@@ -14,7 +14,8 @@ recall (the share of the true top-10 among the pool's documents) and millisecond
 lists' crediting (``Lists.candidates``, the batch in one call), alone and with the interaction
 (``ranked_*``). ``--search "nprobe:n_candidates,..."`` (``default``:
 the search defaults) also times whole searches in batches of 20 (the median of three passes) and
-their recall@10. JSON to --out.
+their recall@10. ``gemm_probe_ms``: a fixed GEMM timed before and after (how fast the machine ran).
+JSON to --out.
 """
 
 from __future__ import annotations
@@ -38,6 +39,20 @@ import mvdb  # noqa: E402
 from mvdb.engine import ivf, search as search_mod  # noqa: E402
 
 
+def gemm_probe() -> float:
+    """Milliseconds of one float32 GEMM of the exact stage's shape (16,384 tokens x 96 x 32), the
+    median of 200: how fast this machine runs right now (shared machines vary by 2x from hour to
+    hour), recorded before and after the run."""
+    a, b = torch.randn(1 << 14, 96), torch.randn(96, 32)
+    o = torch.empty(1 << 14, 32)
+    times = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=o)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[100] * 1e3
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--docs", type=int, default=30_000)
@@ -59,7 +74,7 @@ def main():
     q, _ = make_queries(corpus, args.queries, 32, seed=args.seed + 1)
     res = {"gen": args.gen, "docs": args.docs, "tokens": int(corpus.offsets[-1]), "queries": args.queries, "threads": args.threads,
            "cpu": os.cpu_count(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "factor": args.factor, "runs": []}
+           "factor": args.factor, "gemm_probe_ms": [gemm_probe()], "runs": []}
     bulk_ingest(args.path, corpus.tokens.numpy(), corpus.lengths.numpy())
     del corpus
     ref: list[set] = []
@@ -109,6 +124,7 @@ def main():
             print(nlist, json.dumps(row), flush=True)
         db.close()
         res["runs"].append(run)
+    res["gemm_probe_ms"].append(gemm_probe())
     shutil.rmtree(args.path, ignore_errors=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -119,3 +119,14 @@ def test_maxsim_varlen_takes_score_all_on_a_cpu(monkeypatch):
     q, cu, tok, off, _, _ = _case(7)
     got = maxsim_varlen(q, cu, tok, off.int())
     assert calls == [1] and torch.equal(got, real(q, cu, tok, off))
+
+
+def test_query_groups_share_a_gemm_only_where_candidates_overlap():
+    """A CPU scores two queries together only when their union costs at most GROUP_SLACK times
+    each alone: disjoint candidates stay apart (at slack 2 they would double the work) and the same
+    candidates share one GEMM (test_equals_reference holds the scores of both cases)."""
+    disjoint = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]])
+    same = torch.tensor([[0, 1, 2, 3], [3, 2, 1, 0]])
+    assert list(naive.query_groups(disjoint, [5, 5], slack=cpu.GROUP_SLACK)) == [(0, 1), (1, 2)]
+    assert list(naive.query_groups(disjoint, [5, 5], slack=2.0)) == [(0, 2)]
+    assert list(naive.query_groups(same, [5, 5], slack=cpu.GROUP_SLACK)) == [(0, 2)]

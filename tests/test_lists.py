@@ -45,6 +45,53 @@ def test_credit_lists_triton_matches_torch(n_rows, max_len, p):
     torch.testing.assert_close(credit_lists(*args, cu[:2].to(dev), backend="triton")[0].cpu(), want)
 
 
+def test_credit_lists_host_entries_match_the_tensor_ops():
+    """On a CPU the entries are built from slices of the lists (entries of a gain of 0 left out);
+    the scores are the hand reference's, and the tensor-op builder's, for the whole batch and for
+    chunks starting mid-batch, with a token whose gains are all 0 and a query without tokens."""
+    from mvdb.kernels.lists.naive import _credit_lists_torch, _entries_host, _entries_torch
+
+    g = torch.Generator().manual_seed(7)
+    n_rows, nlist, p = 300, 40, 4
+    lo, lr = _lists(nlist, n_rows, 60, g)
+    cu = torch.tensor([0, 5, 5, 9, 12])
+    t = int(cu[-1])
+    probes = torch.stack([torch.randperm(nlist, generator=g)[:p] for _ in range(t)])
+    gains = torch.rand(t, p, generator=g).sort(dim=1, descending=True).values
+    gains[:, -1] = 0
+    gains[6] = 0
+    for c in (cu, cu[1:], cu[3:]):
+        got = _credit_lists_torch(lo, lr, n_rows, probes, gains, c)
+        want = torch.zeros(c.numel() - 1, n_rows)
+        for q in range(c.numel() - 1):
+            for tok in range(int(c[q]), int(c[q + 1])):
+                best = torch.zeros(n_rows)
+                for j in range(p):
+                    rows = lr[lo[probes[tok, j]] : lo[probes[tok, j] + 1]].long()
+                    best[rows] = torch.maximum(best[rows], gains[tok, j].expand(rows.numel()))
+                want[q] += best
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    k_host, v_host = _entries_host(lo, lr, n_rows, probes, gains)
+    k_ops, v_ops = _entries_torch(lo, lr, n_rows, probes, gains)
+    keep = v_ops > 0
+    assert torch.equal(k_host, k_ops[keep]) and torch.equal(v_host, v_ops[keep])
+    k, v = _entries_host(lo, lr, n_rows, probes, torch.zeros_like(gains))
+    assert k.numel() == 0 and v.numel() == 0
+
+
+@pytest.mark.parametrize("n,k", [(100, 16), (128 * 17, 16), (128 * 40 + 77, 16), (128 * 40, 1), (128 * 40, 64)])
+def test_top_rows_is_topk(n, k):
+    """The probes a CPU picks through blocks of centroids are torch.topk's, best first, with a
+    partial last block and more probes than blocks."""
+    from mvdb.engine.ivf import top_rows
+
+    sim = torch.randn(9, n, generator=torch.Generator().manual_seed(n + k))
+    sim[3, : min(n, 200)] = 5.0 - torch.arange(min(n, 200)) * 1e-3  # the best all in the first blocks
+    v, i = top_rows(sim.T.contiguous(), k)
+    rv, ri = sim.topk(k, dim=1)
+    assert torch.equal(v, rv) and torch.equal(i, ri)
+
+
 @pytest.mark.gpu  # 33,000 tokens take 75 s under the interpreter
 def test_credit_lists_long_query():
     """A long query (more tokens than an int16 could count): a row is credited once per token,
@@ -247,7 +294,7 @@ def test_interaction_is_the_centroid_interaction():
     lists = empty.with_rows(codes, off)
     sim = torch.rand(5, 12, generator=g) * 0.6 + 0.2  # within SOFT_FLOOR of each token's best
     rows = torch.tensor([3, -1, 0, 59, 17, 3])
-    got = ivf.interaction(sim, rows, *lists.token_lists)
+    got = ivf.interaction(sim.T, rows, *lists.token_lists)
     for i, r in enumerate(rows.tolist()):
         if r < 0:
             assert got[i] == float("-inf")
@@ -277,7 +324,7 @@ def test_cpu_candidates_rank_a_wider_pool_by_interaction():
     for i in range(2):
         sim = q[cu[i] : cu[i + 1]] @ lists.centroids.T
         pool = wide[i][wide[i] >= 0]
-        want = pool[ivf.interaction(sim, pool, *lists.token_lists).topk(10).indices]
+        want = pool[ivf.interaction(sim.T, pool, *lists.token_lists).topk(10).indices]
         assert narrow[i].tolist() == want.tolist()
     everything = lists.candidates(q, cu, live, 77, 2, ordered=False, pool=10**6)
     for row in everything:

@@ -15,6 +15,9 @@ from mvdb.kernels.maxsim.naive import _queries_for, distinct_candidates, query_g
 from mvdb.kernels.quant import dequantize_int8
 
 BLOCK_TOKENS = 1 << 14  # padded document tokens a GEMM: the block's tokens stay in the caches
+# queries share a GEMM while their candidates' union costs at most this much more than each alone: a
+# CPU's GEMM is no faster per flop with more query tokens, so only shared candidates pay for it
+GROUP_SLACK = 1.25
 
 
 def _words(tokens: torch.Tensor) -> torch.Tensor:
@@ -65,7 +68,7 @@ def score_candidates(q: torch.Tensor, cu_q: torch.Tensor, tokens: torch.Tensor, 
     cu = cu_q.long()
     offsets = offsets.long()
     first = offsets if starts is None else starts.long()
-    for a, b in query_groups(cand, (cu[1:] - cu[:-1]).tolist()):
+    for a, b in query_groups(cand, (cu[1:] - cu[:-1]).tolist(), slack=GROUP_SLACK):
         c = cand[a:b]
         rows, lc = distinct_candidates(c)
         if not rows.numel():

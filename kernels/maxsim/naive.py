@@ -168,10 +168,11 @@ def maxsim_csr(
     return out
 
 
-def query_groups(cand: torch.Tensor, q_len: list[int], gather_cost: float | None = None):
+def query_groups(cand: torch.Tensor, q_len: list[int], gather_cost: float | None = None, slack: float = 2.0):
     """Runs [a, b) of queries scored together, in order: a run grows while scoring its candidates'
-    union against all its tokens costs at most twice scoring each query against its own (so a batch
-    whose candidates cover the corpus becomes one exhaustive pass, and disjoint ones stay apart).
+    union against all its tokens costs at most ``slack`` times scoring each query against its own (so
+    a batch whose candidates cover the corpus becomes one exhaustive pass, and disjoint ones stay
+    apart where ``slack`` < 2).
     ``gather_cost``: where gathering a query's own candidates costs that many times their GEMM,
     the whole batch is one run when its union is at most that much more work."""
     per_q = [set(r[r >= 0].tolist()) for r in cand.cpu()]
@@ -184,7 +185,7 @@ def query_groups(cand: torch.Tensor, q_len: list[int], gather_cost: float | None
         while b < nq:
             grown = union | per_q[b]
             rows, cost = rows_q + q_len[b], own + q_len[b] * len(per_q[b])
-            if not whole and len(grown) * rows > 2 * cost:
+            if not whole and len(grown) * rows > slack * cost:
                 break
             union, rows_q, own, b = grown, rows, cost, b + 1
         yield a, b

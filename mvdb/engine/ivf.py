@@ -80,6 +80,7 @@ CPU_POOL_PER_CANDIDATE = 8
 SHARPNESS = 128.0
 SOFT_FLOOR = 0.5
 INTERACTION_GROUPS = 8  # groups of similar length the interaction reads its rows in
+PROBE_BLOCK = 128  # centroids a block when a CPU picks a token's probes (top_rows)
 
 
 def require_faiss():
@@ -402,8 +403,9 @@ class Lists:
         again = token_lists is not None and wide > n
         for a in range(0, nq, chunk):
             b = min(nq, a + chunk)
-            sim = q[cu[a] : cu[b]].to(self.centroids.dtype) @ self.centroids.T  # [chunk tokens, nlist]
-            sv, probes = sim.topk(nprobe, dim=1)
+            # [nlist, chunk tokens]: the layout the interaction reads (a transpose costs as much as the GEMM)
+            sim_t = self.centroids @ q[cu[a] : cu[b]].to(self.centroids.dtype).T
+            sv, probes = top_rows(sim_t, nprobe)
             gains = sv.float() - sv[:, -1:].float()
             cu_chunk = torch.tensor(cu[a : b + 1]) - cu[a]
             score = credit_lists(self.list_offsets, self.list_rows, self.n_rows, probes, gains, cu_chunk,
@@ -416,18 +418,35 @@ class Lists:
                 out[a:b, :n] = rows
                 continue
             for i in range(b - a):
-                ci = interaction(sim[cu[a + i] - cu[a] : cu[a + i + 1] - cu[a]], rows[i], *token_lists)
+                ci = interaction(sim_t[:, cu[a + i] - cu[a] : cu[a + i + 1] - cu[a]], rows[i], *token_lists)
                 best = ci.topk(n, sorted=ordered)
                 out[a + i, :n] = rows[i, best.indices].masked_fill(best.values == float("-inf"), -1)
         return out
 
 
-def interaction(sim: torch.Tensor, rows: torch.Tensor, token_lists: torch.Tensor, firsts: torch.Tensor,
+def top_rows(sim_t: torch.Tensor, k: int, block: int = PROBE_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sim_t.T.topk(k, dim=1)`` (per column of sim_t [n, t] its k largest rows, best first: [t, k]
+    values and row numbers) through blocks of ``block`` rows: the k largest of a column lie in the
+    k blocks with the largest maxima, so only those blocks' rows (and any past the last whole
+    block) are ranked; on a CPU a third of a top-k over every row."""
+    n, t = sim_t.shape
+    nb = n // block
+    if nb <= k or t == 0:
+        return sim_t.T.topk(k, dim=1)
+    head = sim_t[: nb * block].view(nb, block, t).amax(dim=1).topk(k, dim=0, sorted=False).indices  # [k, t]
+    rows = (head[:, None, :] * block + torch.arange(block, device=sim_t.device)[None, :, None]).reshape(k * block, t)
+    if nb * block < n:
+        rows = torch.cat([rows, torch.arange(nb * block, n, device=sim_t.device)[:, None].expand(-1, t)])
+    v, j = sim_t.gather(0, rows).topk(k, dim=0)
+    return v.T, rows.gather(0, j).T
+
+
+def interaction(sim_t: torch.Tensor, rows: torch.Tensor, token_lists: torch.Tensor, firsts: torch.Tensor,
                 groups: int = INTERACTION_GROUPS) -> torch.Tensor:
     """Centroid interaction of one query with the rows ``rows`` [P] (-1: none) -> float32 [P]:
     over the query's tokens, the best similarity of a centroid whose list holds one of the row's
-    tokens (PLAID's approximate score), each maximum a soft one (see SHARPNESS). sim [Lq, nlist]:
-    the query's tokens against every centroid; token_lists / firsts: :attr:`Lists.token_lists`.
+    tokens (PLAID's approximate score), each maximum a soft one (see SHARPNESS). sim_t [nlist, Lq]:
+    every centroid against the query's tokens; token_lists / firsts: :attr:`Lists.token_lists`.
     A row without tokens scores 0 (as its exact MaxSim), -1 scores -inf.
 
     The rows go in ``groups`` groups of similar length; a group's tokens' lists are read as
@@ -446,14 +465,14 @@ def interaction(sim: torch.Tensor, rows: torch.Tensor, token_lists: torch.Tensor
     lens, order = lens[which].sort()
     which = which[order]
     starts = starts[which]
-    best = sim.float().amax(dim=1, keepdim=True)
-    weights = sim.float() - best
+    best = sim_t.float().amax(dim=0, keepdim=True)
+    weights = sim_t.float() - best
     # [nlist, Lq] in bfloat16 (float32's range; its 3 digits move a token's score by 1e-4): the
     # embedding_bag reads half the bytes
-    weights = weights.clamp_(min=-SOFT_FLOOR).mul_(SHARPNESS).exp_().T.to(torch.bfloat16).contiguous()
+    weights = weights.clamp_(min=-SOFT_FLOOR).mul_(SHARPNESS).exp_().to(torch.bfloat16).contiguous()
     n_tok = token_lists.numel()
     cuts = torch.linspace(0, which.numel(), groups + 1).long().unique().tolist()
-    soft = torch.empty((which.numel(), sim.shape[0]))
+    soft = torch.empty((which.numel(), sim_t.shape[1]))
     for a, b in zip(cuts, cuts[1:]):
         longest = int(lens[b - 1])
         start = starts[a:b].clamp_max(n_tok - longest)
@@ -461,7 +480,7 @@ def interaction(sim: torch.Tensor, rows: torch.Tensor, token_lists: torch.Tensor
         ids = windows.index_select(0, start).flatten()
         base = torch.arange(b - a) * longest
         head = base + (starts[a:b] - start)
-        bags = torch.stack([base, head, head + lens[a:b]], dim=1).flatten()
+        bags = torch.stack([base, head, head + lens[a:b]], dim=1).flatten().to(ids.dtype)  # (mixed: a copy of ids)
         soft[a:b] = torch.nn.functional.embedding_bag(ids, weights, bags, mode="sum")[1::3].float()
     out[which] = soft.log_().sum(dim=1) / SHARPNESS + float(best.sum())
     return out
