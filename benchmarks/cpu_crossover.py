@@ -1,6 +1,7 @@
 """Where the token index starts to pay on a CPU (issue #13): per-query time of a batched search
 through the IVF index (defaults) against exhaustive MaxSim over every document
-(``search(exact=True)``), and what opening the database costs each way, at growing corpus sizes:
+(``search(exact=True)``), the IVF search's recall@10 against it, and what opening the database
+costs each way, at growing corpus sizes:
 the measurements behind mvdb.engine.state.CPU_FLAT_MAX_TOKENS (below it, "auto" on a CPU scores
 exhaustively and trains nothing).
 
@@ -26,11 +27,12 @@ from mvdb.testing.synthetic import make_corpus, make_queries  # noqa: E402
 import mvdb  # noqa: E402
 
 
-def per_query(db, q, **kw) -> float:
+def per_query(db, q, **kw) -> tuple[float, list]:
+    """(seconds a query of one batched search of q, its hits)."""
     db.search(q[:2], k=10, **kw)  # warm
     t0 = time.perf_counter()
-    db.search(q, k=10, **kw)
-    return (time.perf_counter() - t0) / q.shape[0]
+    hits = db.search(q, k=10, **kw)
+    return (time.perf_counter() - t0) / q.shape[0], hits
 
 
 def main():
@@ -53,8 +55,9 @@ def main():
         t0 = time.perf_counter()
         with mvdb.open(args.path, index="ivf", progress=False) as db:
             row["ivf_open_s"] = time.perf_counter() - t0
-            row["ivf_per_query_s"] = per_query(db, q)
-            row["exhaustive_per_query_s"] = per_query(db, q, exact=True)
+            row["ivf_per_query_s"], got = per_query(db, q)
+            row["exhaustive_per_query_s"], want = per_query(db, q, exact=True)
+            row["ivf_recall10"] = sum(len({h.id for h in g} & {h.id for h in w}) for g, w in zip(got, want)) / (10 * len(want))
         print(json.dumps(row), flush=True)
         res["sizes"].append(row)
     shutil.rmtree(args.path, ignore_errors=True)

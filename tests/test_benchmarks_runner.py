@@ -286,10 +286,12 @@ def _first_open(r):
 def _cpu(r):
     assert [s["docs"] for s in r["sizes"]] == [300, 600]
     assert all(_positive(s["ivf_per_query_s"]) and _positive(s["exhaustive_per_query_s"]) for s in r["sizes"])
+    assert all(_unit(s["ivf_recall10"]) for s in r["sizes"])
 
 
 def _cpu_pool(r):
     assert len(r["runs"]) == 2 and r["runs"][0]["nlist"] > 0 and r["runs"][1]["nlist"] == 128  # 0: the default
+    assert len(r["gemm_probe_ms"]) == 2 and all(_positive(t) for t in r["gemm_probe_ms"])
     for run in r["runs"]:
         assert [s["search"] for s in run["searches"]] == ["default", "4:64"]
         assert all(_unit(p["pool_recall"]) for p in run["pools"]) and all(_unit(s["recall10"]) for s in run["searches"])
