@@ -57,7 +57,8 @@ def main():
             row["ivf_open_s"] = time.perf_counter() - t0
             row["ivf_per_query_s"], got = per_query(db, q)
             row["exhaustive_per_query_s"], want = per_query(db, q, exact=True)
-            row["ivf_recall10"] = sum(len({h.id for h in g} & {h.id for h in w}) for g, w in zip(got, want)) / (10 * len(want))
+            found = sum(len({h.id for h in g} & {h.id for h in w}) for g, w in zip(got, want))
+            row["ivf_recall10"] = found / (10 * len(want))
         print(json.dumps(row), flush=True)
         res["sizes"].append(row)
     shutil.rmtree(args.path, ignore_errors=True)

@@ -38,7 +38,7 @@ def _entries_torch(list_offsets, list_rows, n_rows, probes, gains):
 def _entries_host(list_offsets, list_rows, n_rows, probes, gains):
     """:func:`_entries_torch` on the host, without the entries of a gain of 0 (which credit
     nothing): the lists' rows taken as slices of one array, several times faster on a CPU."""
-    t, p = probes.shape
+    p = probes.shape[1]
     g = gains.float().numpy().ravel()
     keep = np.flatnonzero(g > 0)
     if not keep.size:
