@@ -21,8 +21,19 @@ def cache_dir() -> Path:
 
 
 def autotune() -> str:
-    """MVDB_AUTOTUNE: "0" (fixed launch configs), "1" (autotune, the default) or "full" (every config)."""
+    """MVDB_AUTOTUNE: "0" (fixed launch configs), "1" (the default: a winner stored on disk or
+    shipped with mvdb, else autotune a short list of configs and store the winner) or "full"
+    (autotune every config, read no stored winner; the winners are stored)."""
     return os.environ.get("MVDB_AUTOTUNE", "1")
+
+
+def tune_cache() -> Path | None:
+    """MVDB_TUNE_CACHE: the folder where autotune winners persist between processes (default
+    ~/.cache/mvdb/tune, under MVDB_CACHE where that is set); "0" keeps them in memory only."""
+    v = os.environ.get("MVDB_TUNE_CACHE")
+    if v is None:
+        return cache_dir() / "tune"
+    return None if v in ("", "0") else Path(v)
 
 
 def fast_launch() -> bool:

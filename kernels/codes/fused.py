@@ -137,4 +137,4 @@ def _approx_kernel(
 
 
 def block_q(max_lq: int) -> int:
-    return max(16, min(64, triton.next_power_of_2(max(1, max_lq))))
+    return max(32, min(64, triton.next_power_of_2(max(1, max_lq))))

@@ -13,13 +13,13 @@ def probed_list(probe_ptr, gain_ptr, list_off_ptr, t, j, P: tl.constexpr):
 
 
 @triton.jit
-def probed_part(probe_ptr, gain_ptr, bounds_ptr, t, j, P: tl.constexpr, STRIDE: tl.constexpr, STEP: tl.constexpr):
+def probed_part(probe_ptr, gain_ptr, bounds_ptr, t, j, P: tl.constexpr, stride, step):
     """Token t's j-th probed list: (its gain, the first and end entry of this program's part of
     it: the part ``tl.program_id(1)``)."""
     c = tl.load(probe_ptr + t * P + j).to(tl.int64)
     g = tl.load(gain_ptr + t * P + j)
-    at = bounds_ptr + c * STRIDE + tl.program_id(1) * STEP
-    return g, tl.load(at), tl.load(at + STEP)
+    at = bounds_ptr + c * stride + tl.program_id(1) * step
+    return g, tl.load(at), tl.load(at + step)
 
 
 @triton.jit
@@ -44,21 +44,25 @@ def _seg_or(k1, v1, k2, v2):
     return k2, v2 | tl.where(k1 == k2, v1, 0)
 
 
-@triton.jit(do_not_specialize=["t_base", "q_base"])  # they change every launch: one compile, not one per divisibility
+# t_base / q_base change every launch, n_rows / seen_words with every add, stride / step with the
+# launch's parts (1, or 17 and
+# 16 / parts): one compile for them all, not one per value that is 1 or divisible by 16
+@triton.jit(do_not_specialize=["n_rows", "t_base", "q_base", "seen_words", "stride", "step"])
 def _credit_tokens_kernel(
     score_ptr, n_rows,
     bounds_ptr, list_rows_ptr,
     probe_ptr, gain_ptr, qid_ptr,
     t_base, q_base,
     seen_ptr, seen_words,
-    P: tl.constexpr, BLOCK: tl.constexpr, STRIDE: tl.constexpr, STEP: tl.constexpr,
+    stride, step,
+    P: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Program (i, p) credits token t_base + i into its query's row of the int32 score table,
     over the rows of part p (axis 1 of the grid: the parts split the rows into equal spans).
 
-    ``bounds_ptr`` [nlist, STRIDE] int64: entry s of list c is the first entry of the list whose
-    row lies in span s or later (the list's offsets where STRIDE is 1: one part, every row); part
-    p reads bounds STEP * p and STEP * (p + 1). The parts of a token share its bitmap, each in its
+    ``bounds_ptr`` [nlist, stride] int64: entry s of list c is the first entry of the list whose
+    row lies in span s or later (the list's offsets where stride is 1: one part, every row); part
+    p reads bounds step * p and step * (p + 1). The parts of a token share its bitmap, each in its
     own words (a span is a multiple of 32 rows), so they need no ordering between them.
 
     It walks the token's probed lists best first. Its own bitmap (``seen_words`` int32 words, zero
@@ -75,7 +79,7 @@ def _credit_tokens_kernel(
     """
     t, srow, seen = token_start(score_ptr, n_rows, qid_ptr, t_base, q_base, seen_ptr, seen_words)
     for j in tl.static_range(P):
-        g, a, b = probed_part(probe_ptr, gain_ptr, bounds_ptr, t, j, P, STRIDE, STEP)
+        g, a, b = probed_part(probe_ptr, gain_ptr, bounds_ptr, t, j, P, stride, step)
         for e in range(a, b, BLOCK):
             r, m = list_block(list_rows_ptr, e, b, BLOCK)
             word = r >> 5

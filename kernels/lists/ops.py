@@ -94,7 +94,7 @@ def credit_lists_fixed(
             seen[:n].zero_()
             _credit_tokens_kernel[(n, parts)](
                 score, n_rows, table, list_rows, probes, gains_fixed, qid,
-                a, q_base, seen, words, P=probes.shape[1], BLOCK=block, STRIDE=stride, STEP=step, num_warps=warps,
+                a, q_base, seen, words, stride, step, P=probes.shape[1], BLOCK=block, num_warps=warps,
             )
     return score
 

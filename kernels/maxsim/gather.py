@@ -16,7 +16,7 @@ from mvdb.kernels.maxsim.runtime import interpreting, launch_guard
 BLOCK_ROWS = 32
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])  # rows of every size: one compile
 def _gather_kernel(SRC, SRC_SCALES, IDX, SIDX, DST, DST_SCALES, n, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr,
                    BLOCK_R: tl.constexpr, SCALES: tl.constexpr):
     r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)

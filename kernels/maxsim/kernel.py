@@ -358,7 +358,7 @@ def _maxsim_fwd_kernel(
     tl.store(Out + o + tl.arange(0, 1), total)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])  # batches of every size: one compile
 def _quantize_rows_kernel(X, Q8, QS, n_rows, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_T: tl.constexpr,
                           GDC: tl.constexpr = False):
     """Per-row symmetric INT8 (mvdb.kernels.quant's rule: scale = absmax / 127, 1 for a zero

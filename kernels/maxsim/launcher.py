@@ -37,6 +37,10 @@ from mvdb.kernels.maxsim.tuning import (
     lq_bucket,
     pdl_ok,
     query_chunks,
+    shared_bytes,
+    shared_memory_limit,
+    store_winner,
+    stored_winner,
 )
 
 
@@ -201,6 +205,16 @@ _PLANS: dict[tuple, tuple[dict, tuple]] = {}
 _PLANS_MAX = 256
 
 
+def _fits_on(device, meta: dict, args: tuple):
+    """``fits(config)`` for :func:`tuning.default_config` on this launch's device (None off CUDA)."""
+    if device.type != "cuda" or interpreting():
+        return None
+    q_bytes = 1 if meta["INT8"] and not meta["QUANT"] else args[0].element_size()
+    limit = shared_memory_limit(device.index if device.index is not None else _current_device())
+    return lambda c: shared_bytes(c["BLOCK_Q"], c["BLOCK_D"], c["num_stages"], meta["BLOCK_DIM"], q_bytes,
+                                  args[4].element_size()) <= limit
+
+
 def _run(grid, args, meta, device, q_dtype, d_dtype) -> None:
     tuned = autotuning()
     pkey = (tuned, device, q_dtype, d_dtype, *meta.values())
@@ -213,11 +227,16 @@ def _run(grid, args, meta, device, q_dtype, d_dtype) -> None:
                 with _TUNE_LOCK:
                     best = _BEST.get(key)
                     if best is None:
-                        _tuned[grid](*args, **meta)
-                        _BEST[key] = _tuned.best_config.all_kwargs()
-                        return
+                        # a winner from disk or the shipped table, else autotune now (and store it)
+                        best = stored_winner(device, q_dtype, d_dtype, meta)
+                        if best is None:
+                            _tuned[grid](*args, **meta)
+                            best = _BEST[key] = _tuned.best_config.all_kwargs()
+                            store_winner(device, q_dtype, d_dtype, meta, best)
+                            return
+                        _BEST[key] = best
         else:
-            best = default_config(meta["LQ_BUCKET"])
+            best = default_config(meta["LQ_BUCKET"], _fits_on(device, meta, args))
         plan = _keep_plan(_PLANS, pkey, _PLANS_MAX, {**meta, **best})
     with launch_guard():
         launch_kernel(_maxsim_fwd_kernel, grid, args, *plan)

@@ -4,15 +4,19 @@ dependent launch (PDL)."""
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
 import triton
-from mvdb.kernels import settings
+from mvdb.kernels import settings, winners
 from mvdb.kernels.maxsim.kernel import CSR_CROSS, _maxsim_fwd_kernel
 from mvdb.kernels.maxsim.runtime import interpreting
 
-LQ_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)
+# Every query of up to 32 tokens shares one bucket (the configs' query tiles are at least 32 rows,
+# so a smaller bucket would compile and tune the same configs again); a bucket is a compiled
+# variant and an autotune entry of its own, so real queries (4-64 tokens) meet two.
+LQ_BUCKETS = (32, 64, 128, 256, 512, 1024)
 
 
 def lq_bucket(max_lq: int) -> int:
@@ -21,6 +25,28 @@ def lq_bucket(max_lq: int) -> int:
         if max_lq <= b:
             return b
     return LQ_BUCKETS[-1]
+
+
+@functools.lru_cache(maxsize=None)
+def shared_memory_limit(index: int) -> int:
+    """Bytes of shared memory one program may take on CUDA device ``index``."""
+    return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+
+
+def shared_bytes(block_q: int, block_d: int, stages: int, block_dim: int, q_bytes: int, d_bytes: int) -> int:
+    """Shared memory a config takes: the query block, and a document tile per pipeline stage."""
+    return block_q * block_dim * q_bytes + max(1, stages) * block_d * block_dim * d_bytes
+
+
+def _fits(c, nargs, kwargs) -> bool:
+    """Whether config ``c`` fits the launch device's shared memory (unknown arguments: yes)."""
+    q, d = (nargs or {}).get("Q"), (nargs or {}).get("D")
+    if q is None or d is None or not q.is_cuda:
+        return True
+    q_bytes = 1 if kwargs.get("INT8") and not kwargs.get("QUANT") else q.element_size()
+    need = shared_bytes(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_D"], c.num_stages, kwargs["BLOCK_DIM"], q_bytes,
+                        d.element_size())
+    return need <= shared_memory_limit(q.device.index)
 
 
 def _configs():
@@ -43,7 +69,8 @@ def _prune(configs, nargs, **kwargs):
     lq = kwargs["LQ_BUCKET"]
     full = settings.autotune() == "full"
     keep = []
-    for c in configs:
+    fitting = [c for c in configs if _fits(c, nargs, kwargs)] or configs[:1]
+    for c in fitting:
         bq, bd = c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_D"]
         if bq > max(32, lq):
             continue
@@ -71,7 +98,14 @@ def _prune(configs, nargs, **kwargs):
             if lq > 64 and not (bq >= 128 and bd in (64, 128) and c.num_warps in (4, 8) and c.num_stages == 3):
                 continue
         keep.append(c)
-    return keep or configs[:1]
+    if not keep:
+        # wide dims: every config of the short list is too large for shared memory; the short
+        # list's shapes with the largest query tiles that fit (a handful, not every config)
+        near = [c for c in fitting if c.kwargs["BLOCK_Q"] <= max(32, lq) and c.kwargs["BLOCK_D"] <= 64
+                and c.num_warps in (2, 4) and c.num_stages in (2, 3)]
+        top = max((c.kwargs["BLOCK_Q"] for c in near), default=None)
+        keep = [c for c in near if c.kwargs["BLOCK_Q"] == top] or fitting[:1]
+    return keep
 
 
 _KEY = ["LQ_BUCKET", "DIM", "Q_VARLEN", "D_LAYOUT", "HAS_QMASK", "HAS_DMASK", "INT8", "PAGED", "QUANT", "QCACHE",
@@ -91,16 +125,28 @@ _tuned = triton.autotune(configs=_configs(), key=_KEY, prune_configs_by={"early_
                          pre_hook=_claim_afresh)(_maxsim_fwd_kernel)
 
 
-def default_config(lq_bucket_: int) -> dict:
+def default_config(lq_bucket_: int, fits=None) -> dict:
     """Launch config used without autotuning (interpreter, MVDB_AUTOTUNE=0): the usual autotune
-    winner for short and for long queries."""
+    winner for short and for long queries. ``fits(config) -> bool``: whether a config fits the
+    device's shared memory; wide dims get fewer stages, then smaller tiles, until one does."""
     if interpreting():
         return {"BLOCK_Q": 16, "BLOCK_D": 16, "num_warps": 4, "RUNMAX": 1}
     if lq_bucket_ <= 64:
-        return {"BLOCK_Q": max(32, lq_bucket_), "BLOCK_D": 32, "num_warps": 2, "num_stages": 3, "RUNMAX": 1}
-    # every query bucket above 64 tokens: BLOCK_D 64 fits two programs per SM, faster than
-    # BLOCK_D 128 on long bf16 queries and as fast in int8
-    return {"BLOCK_Q": 128, "BLOCK_D": 64, "num_warps": 4, "num_stages": 3, "RUNMAX": 0}
+        c = {"BLOCK_Q": max(32, lq_bucket_), "BLOCK_D": 32, "num_warps": 2, "num_stages": 3, "RUNMAX": 1}
+    else:
+        # every query bucket above 64 tokens: BLOCK_D 64 fits two programs per SM, faster than
+        # BLOCK_D 128 on long bf16 queries and as fast in int8
+        c = {"BLOCK_Q": 128, "BLOCK_D": 64, "num_warps": 4, "num_stages": 3, "RUNMAX": 0}
+    while fits is not None and not fits(c):
+        if c["num_stages"] > 1:
+            c["num_stages"] -= 1
+        elif c["BLOCK_D"] > 16:
+            c["BLOCK_D"] //= 2
+        elif c["BLOCK_Q"] > 16:
+            c["BLOCK_Q"] //= 2
+        else:
+            break
+    return c
 
 
 # Long queries against long documents are split across programs, QCHUNK_ROWS query rows each:
@@ -161,3 +207,23 @@ def autotuning() -> bool:
 
 _BEST: dict[tuple, dict] = {}  # autotune winners, launched directly (skips the autotuner's per-call work)
 _TUNE_LOCK = threading.Lock()  # one autotuning run at a time (the autotuner keeps per-call state)
+KERNEL = "maxsim_fwd"  # the kernel's name in the stored winners (mvdb.kernels.winners)
+
+
+@functools.lru_cache(maxsize=None)
+def _environment(device: torch.device) -> dict:
+    return winners.environment(device, source=_maxsim_fwd_kernel.cache_key[:16])
+
+
+def winner_key(q_dtype: torch.dtype, d_dtype: torch.dtype, meta: dict) -> str:
+    """The stored winners' key of a launch: its autotune key values and dtypes."""
+    return winners.key_of({"q": q_dtype, "d": d_dtype, **{k: meta[k] for k in _KEY}})
+
+
+def stored_winner(device: torch.device, q_dtype: torch.dtype, d_dtype: torch.dtype, meta: dict) -> dict | None:
+    """A winner an earlier process or the shipped table holds for this launch, else None."""
+    return winners.get(KERNEL, winner_key(q_dtype, d_dtype, meta), _environment(device))
+
+
+def store_winner(device: torch.device, q_dtype: torch.dtype, d_dtype: torch.dtype, meta: dict, config: dict) -> None:
+    winners.put(KERNEL, winner_key(q_dtype, d_dtype, meta), _environment(device), config)
