@@ -4,21 +4,23 @@ or shards over several devices). Kept apart from both classes so neither imports
 from __future__ import annotations
 
 from mvdb.database import Database
+from mvdb.errors import InvalidTypeError
 from mvdb.engine.args import open_args
 from mvdb.shards.layout import is_sharded
 from mvdb.shards.local import ShardedDatabase
+from mvdb.warm import check_query_tokens
 
 __all__ = ["open"]
 
 
 def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=None, nlist=None,  # noqa: A001
          residency="auto", devices=None, progress=None, checksums=True, encoder=None, max_gpu_bytes=None,
-         code_bits=None):
+         code_bits=None, warm=False):
     """Open (or create) a database directory.
 
     ``dtype``: "float16" (the default) or "int8" for a new database; for an existing one, None or
     the stored dtype. ``index``: "flat" (exact token search), "ivf" (centroid lists, persisted),
-    or "auto" (flat below 1M tokens, 8M on a CPU); recorded in the database, so it need not be given again
+    or "auto" (flat below 1M tokens, on a GPU or a CPU); recorded in the database, so it need not be given again
     (None: the recorded choice, "auto" for a new database; a different one is used and recorded,
     with a warning). ``nlist``: IVF lists when training (default about 2 * sqrt(tokens)), recorded
     likewise. ``residency``: where the exact tokens live (the tier; ``stats()["tier"]`` names it):
@@ -42,15 +44,30 @@ def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=No
     ``encoder``: a text model for ``add_texts`` / ``search_text`` (a Sentence Transformers or
     PyLate model, a callable ``f(texts, is_query)``, or an :class:`mvdb.Encoder` with settings);
     an EncoderMismatchError when the database's vectors were made by another (:mod:`mvdb.text`).
+    ``warm``: True runs ``db.warmup()`` before returning (every kernel variant its searches
+    launch compiled and tuned: the first query runs at the warm speed), or an int, the longest
+    query to warm for (``warmup(max_query_tokens=...)``).
     """
+    if not isinstance(warm, (bool, int)):
+        raise InvalidTypeError(f"warm: expected a bool or a positive int, got {type(warm).__name__}")
+    if warm is not False and warm is not True:
+        check_query_tokens(warm)
     path = open_args(path, dim=dim, dtype=dtype, index=index, nlist=nlist, residency=residency,
                      read_only=read_only, checksums=checksums, progress=progress, max_gpu_bytes=max_gpu_bytes,
                      code_bits=code_bits)
     if devices is not None or is_sharded(path):
-        return ShardedDatabase(path, devices=devices, dim=dim, dtype=dtype, device=device, read_only=read_only,
-                               index=index, nlist=nlist, residency=residency, progress=progress, checksums=checksums,
-                               encoder=encoder, max_gpu_bytes=max_gpu_bytes, code_bits=code_bits)
-    return Database(path, dim=dim, dtype=dtype, device=device, read_only=read_only, index=index, nlist=nlist,
-                    residency=residency, progress=progress, checksums=checksums, encoder=encoder,
-                    max_gpu_bytes=max_gpu_bytes, code_bits=code_bits)
+        db = ShardedDatabase(path, devices=devices, dim=dim, dtype=dtype, device=device, read_only=read_only,
+                             index=index, nlist=nlist, residency=residency, progress=progress, checksums=checksums,
+                             encoder=encoder, max_gpu_bytes=max_gpu_bytes, code_bits=code_bits)
+    else:
+        db = Database(path, dim=dim, dtype=dtype, device=device, read_only=read_only, index=index, nlist=nlist,
+                      residency=residency, progress=progress, checksums=checksums, encoder=encoder,
+                      max_gpu_bytes=max_gpu_bytes, code_bits=code_bits)
+    if warm is not False:
+        try:
+            db.warmup(None if warm is True else warm)
+        except BaseException:
+            db.close()
+            raise
+    return db
 

@@ -19,6 +19,7 @@ new state when done, so a search never sees half a write (mvdb.engine.published)
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from mvdb.contract import DatabaseAPI
 from mvdb.encoders import as_encoder
@@ -36,6 +37,7 @@ from mvdb.errors import InvalidInputError, InvalidTypeError
 from mvdb.explain import ExplainMethods
 from mvdb.storage import Store
 from mvdb.text import TextMethods, check_encoder, recorded_encoder
+from mvdb.warm import SOURCE_DOCS, WARM_BATCHES, check_query_tokens, default_query_tokens, warm
 
 __all__ = ["Database", "Hit", "rerank"]
 
@@ -160,6 +162,30 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
         if p.scales is not None:
             tokens *= p.scales[:, None]
         return [tokens[p.offsets[i] : p.offsets[i + 1]] for i in range(len(p.offsets) - 1)]
+
+    def warmup(self, max_query_tokens: int | None = None, *, progress: bool | None = None) -> dict:
+        """Compile, and autotune or load the stored winners of, every kernel variant this
+        database's searches launch for queries of up to ``max_query_tokens`` tokens (default: its
+        encoder's query limit, at least 64), in batches of any size, so that the first real query
+        runs at the warm speed (mvdb.warm). Searches only: nothing is written. Returns
+        {"seconds", "searches", "query_lengths", "batch_sizes"}; progress on stderr past a second
+        (``progress``: as ``mvdb.open``'s)."""
+        n = default_query_tokens(self.encoder) if max_query_tokens is None else check_query_tokens(max_query_tokens)
+        with self._pub.read() as st:
+            rows = None if st.tokens is None else torch.nonzero(st.live).flatten().cpu().numpy()
+            if rows is None or not rows.size:
+                return {"seconds": 0.0, "searches": 0, "query_lengths": [], "batch_sizes": []}
+            rows = np.sort(np.random.default_rng(0).choice(rows, min(SOURCE_DOCS, rows.size), replace=False))
+            p = st.snap.gather(rows)
+            disk = self._engine.tier == "disk"
+        tokens = p.tokens.astype(np.float32)
+        if p.scales is not None:
+            tokens *= p.scales[:, None]
+        source = [tokens[p.offsets[i] : p.offsets[i + 1]] for i in range(len(p.offsets) - 1)]
+        # (exhaustive MaxSim over a disk tier reads every segment: not a warm-up's work)
+        # on a CPU nothing compiles: one search per length meets torch's first-call work
+        return warm(self, source, n, WARM_BATCHES if self.device.type == "cuda" else (1,),
+                    progress=Progress(progress) if progress is not None else self._engine.progress, exact=not disk)
 
     def metadata(self, ids) -> list:
         ids = ids_arg(ids)

@@ -8,7 +8,8 @@ from mvdb.cli import demo, documents, ingest, maintenance, query, serve
 from mvdb.cli.group import main
 
 for _command in (ingest.ingest, query.search, query.explain, documents.get, documents.delete, documents.export,
-                 maintenance.info, maintenance.verify, maintenance.compact, maintenance.recover, serve.serve, demo.demo):
+                 maintenance.info, maintenance.verify, maintenance.compact, maintenance.recover,
+                 maintenance.warmup, serve.serve, demo.demo):
     main.add_command(_command)
 
 __all__ = ["main"]

@@ -1,5 +1,5 @@
-"""``mvdb info``, ``mvdb verify``, ``mvdb compact`` and ``mvdb recover``: what a database holds,
-its checks, its upkeep and its repair."""
+"""``mvdb info``, ``mvdb verify``, ``mvdb compact``, ``mvdb recover`` and ``mvdb warmup``: what a
+database holds, its checks, its upkeep, its repair and its kernels made ready."""
 
 from __future__ import annotations
 
@@ -116,6 +116,32 @@ def compact(db: str, as_json: bool, device: str, quiet: bool) -> None:
         click.echo(json.dumps(out))
     elif not quiet:
         click.echo(f"rewrote {n} segments; {out['documents']} documents in {out['segments']} segments")
+
+
+@click.command()
+@click.argument("db")
+@click.option("--max-query-tokens", type=click.IntRange(1, 65536), default=None,
+              help="The longest query to warm for (default: the recorded encoder's limit, at least 64).")
+@JSON_OUT
+@DEVICE
+@QUIET
+@DEBUG
+def warmup(db: str, max_query_tokens: int | None, as_json: bool, device: str, quiet: bool) -> None:
+    """Compile and tune every kernel variant the searches of DB launch, so that the first query
+    of every later process runs at the warm speed (the tuning is stored on disk, the compiled
+    kernels in Triton's cache); read-only. Run it once after installing or upgrading.
+
+    Example: mvdb warmup my.mvdb
+    """
+    import mvdb
+
+    require_database(db, "warm up")
+    with mvdb.open(db, device=device, read_only=True, progress=not (quiet or as_json)) as d:
+        out = d.warmup(max_query_tokens)
+    if as_json:
+        click.echo(json.dumps(out))
+    elif not quiet:
+        click.echo(f"warmed {out['searches']} searches in {out['seconds']:.1f} s")
 
 
 @click.command()

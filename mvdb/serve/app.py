@@ -32,6 +32,7 @@ from mvdb import errors
 from mvdb.encoders import texts_arg
 from mvdb.serve import codec, texts
 from mvdb.serve.batcher import Batcher
+from mvdb.serve.readiness import READY
 from mvdb.serve.ui import add_ui
 
 STATUS = [  # most specific first
@@ -113,8 +114,11 @@ def _only(body: dict, route: str, allowed) -> None:
 class Served:
     """What the routes serve: the database, its batcher and the server's settings."""
 
-    def __init__(self, db, batcher: Batcher, *, read_only: bool, key: bytes | None, limit: int):
+    def __init__(self, db, batcher: Batcher, *, read_only: bool, key: bytes | None, limit: int, readiness=None):
         self.db, self.batcher, self.read_only, self.key, self.limit = db, batcher, read_only, key, limit
+        # ``readiness``: what /ready reports, ``state() -> dict`` (mvdb.serve.readiness); a worker
+        # process asks the database's process, whose warm-up it is
+        self.readiness = readiness if readiness is not None else getattr(db, "readiness", None) or READY
         self.refuses_writes = bool(read_only or getattr(getattr(db, "store", None), "read_only", False))
         self.started = time.time()
         enc = getattr(db, "encoder", None)  # a worker's view of the database names the engine's
@@ -173,6 +177,21 @@ async def health(s: Served, args):
     name; None without ``--model``)."""
     return {"ok": True, "documents": len(s.db), "read_only": s.refuses_writes, "uptime_s": time.time() - s.started,
             "model": s.model}
+
+
+class Status(NamedTuple):
+    """A route's result with a status other than 200."""
+
+    body: object
+    code: int
+
+
+async def ready(s: Served, args):
+    """Readiness, apart from liveness (``/health``): 200 once the database has warmed up (every
+    kernel variant its searches launch compiled and tuned), 503 while it warms up; a probe's
+    route (mvdb serve --no-warm: ready at once)."""
+    state = await run_in_threadpool(s.readiness.state)
+    return state if state["ready"] else Status(state, 503)
 
 
 async def stats(s: Served, args):
@@ -301,6 +320,7 @@ class Route(NamedTuple):
 
 ROUTES = (
     Route("/health", "GET", "liveness and size", None, health),
+    Route("/ready", "GET", "readiness: 200 once warmed up, 503 before", None, ready),
     Route("/stats", "GET", "db.stats()", None, stats),
     Route("/len", "GET", "len(db)", None, length),
     Route("/search", "POST", "db.search(queries, ...)", SEARCH, search),
@@ -337,7 +357,10 @@ def endpoint(served: Served, r: Route):
             args = await served.body_of(request, r.path) if r.method == "POST" else {}
             if r.body is not None:
                 _only(args, r.path, r.body)
-            return _respond(await r.fn(served, args), accept_json)
+            out = await r.fn(served, args)
+            if isinstance(out, Status):
+                return _respond(out.body, accept_json, out.code)
+            return _respond(out, accept_json)
         except Exception as e:  # noqa: BLE001 - every error becomes a response
             return error_response(e, accept_json)
 
@@ -347,14 +370,15 @@ def endpoint(served: Served, r: Route):
 
 def create_app(db, *, read_only: bool = False, api_key: str | None = None, max_body_mb: float = 256,
                batch_queries: int = 256, batch_window_ms: float = 0.0, search_threads: int = 1,
-               header_timeout_s: float = 10.0, body_timeout_s: float = 60.0) -> FastAPI:
+               header_timeout_s: float = 10.0, body_timeout_s: float = 60.0, readiness=None) -> FastAPI:
     """The application serving ``db`` (an open ``Database`` or ``ShardedDatabase``); the caller
     owns ``db``. ``read_only`` refuses writes (403, ReadOnlyError) even on a writable handle.
     ``header_timeout_s`` / ``body_timeout_s``: the read timeouts of its connections
-    (mvdb.serve.protocol), applied by :func:`uvicorn_config`."""
+    (mvdb.serve.protocol), applied by :func:`uvicorn_config`. ``readiness``: what ``/ready``
+    reports (a :class:`mvdb.serve.readiness.Readiness`; None: ready)."""
     batcher = Batcher(db, max_queries=batch_queries, window_s=batch_window_ms / 1e3, threads=search_threads)
     served = Served(db, batcher, read_only=read_only, key=api_key.encode() if api_key else None,
-                    limit=int(max_body_mb * (1 << 20)))
+                    limit=int(max_body_mb * (1 << 20)), readiness=readiness)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

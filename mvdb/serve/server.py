@@ -23,6 +23,7 @@ from mvdb.errors import InvalidInputError
 
 GIL_SWITCH_US = 100.0
 from mvdb.serve.app import create_app, uvicorn_config
+from mvdb.serve.readiness import Readiness
 
 
 def read_key(path) -> str:
@@ -67,7 +68,7 @@ def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = 
           device: str = "auto", workers: int | None = None, max_body_mb: float = 256, batch_queries: int = 256,
           batch_window_ms: float = 0.0, search_threads: int | None = None, graceful_s: float = 30.0, log_level: str = "warning",
           on_ready=None, gil_switch_us: float = GIL_SWITCH_US, header_timeout_s: float = 10.0,
-          body_timeout_s: float = 60.0, model=None) -> None:
+          body_timeout_s: float = 60.0, model=None, warm: bool = True, on_warm=None) -> None:
     """Open the database at ``path`` and serve it until SIGTERM or Ctrl-C. ``port=0`` picks a free
     port; ``on_ready(url)`` is called once it answers (the CLI prints the URL).
 
@@ -81,6 +82,9 @@ def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = 
     ``model``: a text model, an :class:`mvdb.Encoder` or what :func:`mvdb.embed.load_encoder` takes
     ("minilm", a model folder or name, or "module:attr"), loaded on ``device`` before anything listens; it encodes the queries of
     ``/search_text`` and ``/explain``, in the process that holds the database.
+    ``warm``: warm the database up (``db.warmup()``) while the server starts listening: ``/health``
+    answers at once, ``/ready`` 503 until the warm-up is done, then 200 (mvdb.serve.readiness);
+    ``on_warm(state)`` is called then (the CLI prints it). False: ready at once.
     """
     import mvdb
 
@@ -104,9 +108,14 @@ def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = 
     options = dict(api_key=api_key, max_body_mb=max_body_mb, batch_queries=batch_queries,
                    batch_window_ms=batch_window_ms, search_threads=search_threads, header_timeout_s=header_timeout_s,
                    body_timeout_s=body_timeout_s)
+    readiness = Readiness()
+    if warm:
+        readiness.start(db, on_done=on_warm)
+    else:
+        readiness.set()
     try:
         if workers <= 1:
-            app = create_app(db, read_only=read_only, **options)
+            app = create_app(db, read_only=read_only, readiness=readiness, **options)
             server = uvicorn.Server(uvicorn_config(app, graceful_s, log_level))
             if on_ready is not None:
                 _call_when_started(server, lambda: on_ready(_url(sock)))
@@ -119,20 +128,20 @@ def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = 
             stop = threading.Event()
             with _signals(lambda *_: stop.set()):  # the main process waits; the workers serve
                 _serve_with_workers(db, sock, workers, path, read_only, options, graceful_s, log_level, gil_switch_us,
-                                    on_ready, stop)
+                                    on_ready, stop, readiness)
     finally:
         db.close()  # waits for a write in progress
         sock.close()
 
 
 def _serve_with_workers(db, sock, n: int, path, read_only: bool, options: dict, graceful_s: float, log_level: str,
-                        gil_switch_us: float, on_ready, stop: threading.Event) -> None:
+                        gil_switch_us: float, on_ready, stop: threading.Event, readiness=None) -> None:
     from mvdb.serve.batcher import Batcher
     from mvdb.serve.workers import Dispatcher, Workers
 
     # the engine's search loop runs the batches itself (threads=0): one thread, whatever --search-threads says
     batcher = Batcher(db, max_queries=options["batch_queries"], threads=0)
-    engine = Dispatcher(db, batcher, window_s=options["batch_window_ms"] / 1e3)
+    engine = Dispatcher(db, batcher, window_s=options["batch_window_ms"] / 1e3, readiness=readiness)
     # the workers batch their own requests before calling the engine, with --search-threads calls
     # in flight each, so that a worker has its next call ready while the engine answers the last one
     worker_options = dict(options, batch_window_ms=0.0)
@@ -233,3 +242,10 @@ class Server:
 def main_ready(url: str) -> None:
     print(f"mvdb serve: listening on {url} (docs at {url}/docs)", flush=True)
     sys.stdout.flush()
+
+
+def main_warm(state: dict) -> None:
+    if state.get("error"):
+        print(f"mvdb serve: ready; the warm-up failed ({state['error']})", flush=True)
+    else:
+        print(f"mvdb serve: ready (warmed up in {state['warmup']['seconds']:.1f} s)", flush=True)

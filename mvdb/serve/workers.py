@@ -30,11 +30,13 @@ from types import SimpleNamespace
 
 from mvdb.errors import MvdbError, ServerError
 from mvdb.serve import texts
+from mvdb.serve.readiness import READY
 
 WRITES = {"add", "add_encoded", "delete", "compact", "refresh"}
 # and the text calls (mvdb.serve.texts.CALLS), which take the database as their first argument
 CALLS = {"search", "candidates", "rerank", "add", "add_encoded", "delete", "get", "metadata", "contains", "compact", "refresh",
          "verify", "stats", "__len__"}
+READY_CALL = "ready_state"  # a worker's /ready: the engine's mvdb.serve.readiness state
 
 
 class Dispatcher:
@@ -49,11 +51,12 @@ class Dispatcher:
     pool, which answers on the connection and hands it back to the loop.
     """
 
-    def __init__(self, db, batcher, window_s: float = 0.0):
+    def __init__(self, db, batcher, window_s: float = 0.0, readiness=None):
         from concurrent.futures import ThreadPoolExecutor
         from multiprocessing import Pipe
 
         self.db, self.batcher, self.window_s = db, batcher, window_s
+        self.readiness = readiness if readiness is not None else READY  # what the workers' /ready reports
         self.dir = tempfile.mkdtemp(prefix="mvdb-serve-")
         self.address = os.path.join(self.dir, "engine.sock")
         self.authkey = os.urandom(32)
@@ -180,6 +183,8 @@ class Dispatcher:
     def _call(self, method: str, args: tuple, kwargs: dict):
         if method in texts.CALLS:
             return texts.CALLS[method](self.db, *args, **kwargs)
+        if method == READY_CALL:
+            return self.readiness.state()
         if method not in CALLS:
             raise MvdbError(f"unknown call {method!r}")
         if method == "stats":
@@ -240,6 +245,11 @@ class RemoteDatabase:
 
     def __len__(self) -> int:
         return self._call("__len__")
+
+    @property
+    def readiness(self) -> SimpleNamespace:
+        """The engine's readiness (``state() -> dict``, as mvdb.serve.readiness.Readiness)."""
+        return SimpleNamespace(state=lambda: self._call(READY_CALL))
 
     def forward(self, name: str, *args, **kwargs):
         """A text call (mvdb.serve.texts), run in the engine with its database and model."""

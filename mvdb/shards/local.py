@@ -46,6 +46,7 @@ from mvdb.shards.merge import (
 from mvdb.shards.placement import contains_any, membership, owners, place
 from mvdb.storage import VerifyReport, validate
 from mvdb.storage.manifest import MANIFEST
+from mvdb.warm import check_query_tokens, default_query_tokens
 from mvdb.text import TextMethods, check_encoder, recorded_encoder
 
 if TYPE_CHECKING:
@@ -270,6 +271,13 @@ class ShardedDatabase(TextMethods, ExplainMethods, DatabaseAPI):
         counts summed, ``dim`` / ``dtype`` / ``index`` / ``residency`` shared, ``devices`` and the
         per-shard dicts under ``shards``."""
         return merge_stats([s.stats() for s in self._open()], self.path)
+
+    def warmup(self, max_query_tokens: int | None = None, *, progress: bool | None = None) -> dict:
+        """``Database.warmup`` on every shard at once -> the slowest shard's seconds and every
+        shard's figures under ``shards``."""
+        n = default_query_tokens(self.encoder) if max_query_tokens is None else check_query_tokens(max_query_tokens)
+        per = self._each(lambda s: s.warmup(n, progress=progress))
+        return {"seconds": max(p["seconds"] for p in per), "searches": sum(p["searches"] for p in per), "shards": per}
 
     def search(self, queries, k: int = 10, where=None, **options):
         """Top-k by exact MaxSim: every shard's own candidates and top-k, merged by score."""
