@@ -121,9 +121,14 @@ SUITES: tuple[Suite, ...] = (
     Suite("first-open", "first_open.py", ("--docs", "40000"),
           "CPU: the first open (trains the index) and first search of a bulk-ingested database", "no",
           ("--docs", "200", "--path", "{tmp}/first-open.mvdb")),
-    Suite("cpu", "cpu_crossover.py", ("--docs", "40000,120000"),
-          "CPU: per-query time of the IVF index against exhaustive MaxSim, and open time, by corpus size", "no",
-          ("--docs", "300,600", "--queries", "5", "--path", "{tmp}/cpu.mvdb")),
+    Suite("cpu", "cpu_crossover.py", ("--gen", "uniform96", "--docs", "1000,2000,4000,8000,16000,30000,60000,120000",
+                                      "--queries", "64"),
+          "CPU: per-query time of the IVF index, exhaustive MaxSim and index=\"auto\", and open time, by corpus "
+          "size", "no", ("--docs", "300,600", "--queries", "5", "--path", "{tmp}/cpu.mvdb")),
+    Suite("first-query", "first_query.py", ("--corpus", "dups", "--docs", "1000000"),
+          "a new process's first hit and first batched pass (queries of 4-64 tokens) next to the warm pass, "
+          "with empty caches, warm caches and after mvdb warmup", "optional",
+          ("--docs", "300", "--queries", "10", "--singles", "1", "--path", "{tmp}/first-query.mvdb")),
     Suite("cpu-pool", "cpu_pool.py", ("--docs", "120000", "--nlist", "0", "--probes", "16", "--pools", "1024",
                                       "--search", "default", "--queries", "200"),
           "CPU: searches at the defaults (recall@10, ms a query in batches of 20), the IVF pool's recall "

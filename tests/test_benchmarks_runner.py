@@ -286,7 +286,16 @@ def _first_open(r):
 def _cpu(r):
     assert [s["docs"] for s in r["sizes"]] == [300, 600]
     assert all(_positive(s["ivf_per_query_s"]) and _positive(s["exhaustive_per_query_s"]) for s in r["sizes"])
-    assert all(_unit(s["ivf_recall10"]) for s in r["sizes"])
+    assert all(_unit(s["ivf_recall10"]) and _unit(s["auto_recall10"]) for s in r["sizes"])
+    assert all(s["auto_index"] == "flat" for s in r["sizes"])  # tiny corpora: below "auto"'s threshold
+
+
+def _first_query(r):
+    assert r["build"]["docs"] == 300 and [x["state"] for x in r["runs"]] == ["cold", "second", "warmed"]
+    for run in r["runs"]:
+        assert run["first_hit_ok"] and _positive(run["first_hit_s"]) and _unit(run["first_pass"]["recall10"])
+        assert _positive(run["second_pass"]["qps"]) and len(run["singles"]) == 64
+    assert r["runs"][2]["warmup"]["rc"] == 0
 
 
 def _cpu_pool(r):
@@ -314,7 +323,7 @@ CHECKS = {"kernels": _kernels, "kernel-floor": _kernel_floor, "codes-kernel": _c
           "fastplaid": _fastplaid, "tiers": _tiers, "large": _large, "grow": _grow, "multigpu": _multigpu,
           "ray-ingest": _ray_ingest, "serve": _serve, "training": _training, "sparton": _sparton, "hybrid": _hybrid,
           "quality": _quality, "text-api": _text_api, "text-ingest": _text_ingest, "storage": _storage, "open-checksums": _open_checksums,
-          "first-open": _first_open, "cpu": _cpu, "cpu-pool": _cpu_pool, "install": _install}
+          "first-open": _first_open, "cpu": _cpu, "first-query": _first_query, "cpu-pool": _cpu_pool, "install": _install}
 CHECK_FILES = {"defaults": _defaults}  # suites whose script writes several files: checked together
 
 

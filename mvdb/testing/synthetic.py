@@ -80,6 +80,19 @@ def make_queries(corpus: Corpus, n_queries: int, lq: int, *, noise: float = 0.3,
     return torch.nn.functional.normalize(q, dim=-1), src
 
 
+def varlen_queries(corpus: Corpus, n_queries: int, lo: int = 4, hi: int = 64, *, noise: float = 0.3,
+                   seed: int = 1) -> list[torch.Tensor]:
+    """n_queries queries as :func:`make_queries`'s, of lo..hi tokens each (log-uniform, as real
+    queries run: many short, some long) -> a list of float32 [Lq_i, dim]."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.rand(n_queries, generator=g)
+    lengths = torch.exp(torch.log(torch.tensor(lo - 0.5)) + u * (torch.log(torch.tensor(hi + 0.5))
+                                                                 - torch.log(torch.tensor(lo - 0.5))))
+    lengths = lengths.round().long().clamp(lo, hi).tolist()
+    q, _ = make_queries(corpus, n_queries, hi, noise=noise, seed=seed)
+    return [q[i, :n] for i, n in enumerate(lengths)]
+
+
 # Structurally different corpora for checking defaults on data they were not tuned on (issue #13).
 GENERATORS = {
     # the README's corpus: uniform lengths 64-128, one topic per document, dim 128
