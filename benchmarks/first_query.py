@@ -10,7 +10,10 @@ a user meets it in:
 
 - ``cold``: empty Triton and mvdb caches (a machine where mvdb never ran);
 - ``second``: the same caches again (a machine where mvdb has run before);
-- ``warmed``: empty caches, then ``mvdb warmup DB`` in a process of its own, then the run.
+- ``warmed``: empty caches, then ``mvdb warmup DB`` in a process of its own, then the run;
+- ``serve``: ``mvdb serve DB --read-only`` on empty caches (it warms up before ``/ready``
+  answers 200), then 16 clients searching one query at a time: the first 10 s after ready
+  against the last 10.
 
 Corpora: ``--corpus manpages`` (passages of the man pages, embedded per token by all-MiniLM-L6-v2
 through ``db.add_texts``; queries: the pages' one-line summaries through the same model, 4-46
@@ -305,6 +308,72 @@ def child(args, state: str, env: dict) -> dict:
     return {"state": state, **json.loads(out.read_text())}
 
 
+def serve(args, env: dict) -> dict:
+    """``mvdb serve DB --read-only`` launched on ``env``'s caches: seconds to listening and to
+    ready (``GET /ready`` 200), then ``--clients`` threads sending the queries one search at a
+    time through ``mvdb.connect`` for ``--serve-seconds``: searches completed per second from the
+    moment it was ready, the first 10 s against the last 10."""
+    import threading
+    import urllib.request
+
+    import numpy as np
+
+    import mvdb
+
+    path = Path(args.path)
+    qcat = np.load(path.parent / (path.name + ".q.npy"))
+    bounds = np.concatenate(([0], np.cumsum(np.load(path.parent / (path.name + ".ql.npy")))))
+    queries = [qcat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    t0 = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "mvdb", "serve", args.path, "--read-only", "--port", "0"],
+                            env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out: dict = {}
+    try:
+        url = None
+        for line in proc.stdout:
+            if "listening on" in line:
+                url = line.split("listening on ")[1].split()[0]
+                out["listening_s"] = time.time() - t0
+                break
+        if url is None:
+            return {"error": "the server did not start"}
+        threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # drain its output
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/ready", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.05)
+        ready = time.time()
+        out["ready_s"] = ready - t0
+        done: list[float] = []
+        stop = ready + args.serve_seconds
+
+        def client(i):
+            c = mvdb.connect(url)
+            j = i
+            while time.time() < stop:
+                c.search(queries[j % len(queries)], k=10)
+                done.append(time.time() - ready)
+                j += args.clients
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        per_s = np.bincount(np.asarray(done, dtype=np.int64), minlength=int(args.serve_seconds))[: int(args.serve_seconds)]
+        out["searches_per_s"] = per_s.tolist()
+        first, last = per_s[:10].mean(), per_s[-10:].mean()
+        out.update(first_10s_qps=float(first), last_10s_qps=float(last), first_over_steady=float(first / max(last, 1e-9)))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    return out
+
+
 def warm(args, env: dict) -> dict:
     """``mvdb warmup DB`` in a process of its own (timed whole)."""
     t0 = time.time()
@@ -321,7 +390,9 @@ def main():
     p.add_argument("--queries", type=int, default=2000)
     p.add_argument("--batch", type=int, default=2000, help="queries per db.search call in the passes")
     p.add_argument("--singles", type=int, default=20, help="calls per length after the first")
-    p.add_argument("--states", default="cold,second,warmed")
+    p.add_argument("--states", default="cold,second,warmed", help="cold, second, warmed, serve (in order)")
+    p.add_argument("--clients", type=int, default=16, help="serve: client threads")
+    p.add_argument("--serve-seconds", type=float, default=40.0, help="serve: seconds of load after ready")
     p.add_argument("--model", default=".minilm", help="manpages: a Sentence Transformers folder")
     p.add_argument("--data", default=".data/manpages", help="manpages: the known-item set's folder")
     p.add_argument("--path", default=None)
@@ -356,6 +427,11 @@ def main():
             caches = base / "cold"
         env = {"TRITON_CACHE_DIR": str(caches / "triton"), "MVDB_TUNE_CACHE": str(caches / "mvdb")}
         row = {}
+        if state == "serve":  # a server started on empty caches: it warms itself before it is ready
+            row = {"state": state, **serve(args, env)}
+            runs.append(row)
+            print(state, json.dumps({k: v for k, v in row.items() if k != "searches_per_s"}), flush=True)
+            continue
         if state == "warmed":
             row["warmup"] = warm(args, env)
             print("warmup", json.dumps(row["warmup"])[:600], flush=True)
