@@ -36,9 +36,8 @@ from mvdb.kernels.maxsim.tuning import (
     default_config,
     lq_bucket,
     pdl_ok,
+    fits,
     query_chunks,
-    shared_bytes,
-    shared_memory_limit,
     store_winner,
     stored_winner,
 )
@@ -205,16 +204,6 @@ _PLANS: dict[tuple, tuple[dict, tuple]] = {}
 _PLANS_MAX = 256
 
 
-def _fits_on(device, meta: dict, args: tuple):
-    """``fits(config)`` for :func:`tuning.default_config` on this launch's device (None off CUDA)."""
-    if device.type != "cuda" or interpreting():
-        return None
-    q_bytes = 1 if meta["INT8"] and not meta["QUANT"] else args[0].element_size()
-    limit = shared_memory_limit(device.index if device.index is not None else _current_device())
-    return lambda c: shared_bytes(c["BLOCK_Q"], c["BLOCK_D"], c["num_stages"], meta["BLOCK_DIM"], q_bytes,
-                                  args[4].element_size()) <= limit
-
-
 def _run(grid, args, meta, device, q_dtype, d_dtype) -> None:
     tuned = autotuning()
     pkey = (tuned, device, q_dtype, d_dtype, *meta.values())
@@ -236,7 +225,9 @@ def _run(grid, args, meta, device, q_dtype, d_dtype) -> None:
                             return
                         _BEST[key] = best
         else:
-            best = default_config(meta["LQ_BUCKET"], _fits_on(device, meta, args))
+            # (args[0], args[4]: the query and document tokens as the kernel gets them)
+            best = default_config(meta["LQ_BUCKET"], lambda c: fits(c["BLOCK_Q"], c["BLOCK_D"], c["num_stages"],
+                                                                    meta, args[0], args[4]))
         plan = _keep_plan(_PLANS, pkey, _PLANS_MAX, {**meta, **best})
     with launch_guard():
         launch_kernel(_maxsim_fwd_kernel, grid, args, *plan)

@@ -38,15 +38,20 @@ def shared_bytes(block_q: int, block_d: int, stages: int, block_dim: int, q_byte
     return block_q * block_dim * q_bytes + max(1, stages) * block_d * block_dim * d_bytes
 
 
-def _fits(c, nargs, kwargs) -> bool:
-    """Whether config ``c`` fits the launch device's shared memory (unknown arguments: yes)."""
-    q, d = (nargs or {}).get("Q"), (nargs or {}).get("D")
+def fits(block_q: int, block_d: int, stages: int, meta: dict, q, d) -> bool:
+    """Whether a config's shared memory fits the device of the launch with constexprs ``meta``,
+    query tokens ``q`` and document tokens ``d`` as the kernel gets them (unknown: yes)."""
     if q is None or d is None or not q.is_cuda:
         return True
-    q_bytes = 1 if kwargs.get("INT8") and not kwargs.get("QUANT") else q.element_size()
-    need = shared_bytes(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_D"], c.num_stages, kwargs["BLOCK_DIM"], q_bytes,
-                        d.element_size())
-    return need <= shared_memory_limit(q.device.index)
+    q_bytes = 1 if meta.get("INT8") and not meta.get("QUANT") else q.element_size()
+    need = shared_bytes(block_q, block_d, stages, meta["BLOCK_DIM"], q_bytes, d.element_size())
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    return need <= shared_memory_limit(index)
+
+
+def _fits(c, nargs, kwargs) -> bool:
+    return fits(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_D"], c.num_stages, kwargs, (nargs or {}).get("Q"),
+                (nargs or {}).get("D"))
 
 
 def _configs():
