@@ -49,6 +49,7 @@ class Explanation(NamedTuple):
 
 def _query(query, dim: int | None) -> np.ndarray:
     # imported on use: the HTTP client imports this module, and need not load the storage layer
+    from mvdb.engine.search import QUERY_MAX, out_of_range
     from mvdb.storage import validate
 
     query = validate.array(query, "query")
@@ -59,8 +60,9 @@ def _query(query, dim: int | None) -> np.ndarray:
     if dim is not None and query.shape[1] != dim:
         raise InvalidInputError(f"query: expected shape [Lq, {dim}], got {tuple(query.shape)}")
     q = query.astype(np.float32)
-    if not np.isfinite(q).all():
-        raise InvalidInputError("query: contains NaN or Inf")
+    bad = ~(np.abs(q) <= QUERY_MAX).all(axis=1)  # (NaN compares False)
+    if bad.any():
+        raise InvalidInputError(out_of_range(q[int(np.argmax(bad))], "query"))
     return q
 
 

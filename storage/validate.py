@@ -13,6 +13,10 @@ from mvdb.storage._io import POOL
 from mvdb.storage.packed import Packed
 
 FP16_MAX = 65504.0
+# An int8 store's values at most this large in magnitude (2**64): with query values within
+# float16's range (mvdb.engine.search.QUERY_MAX), no score of up to 2**16 query tokens at up to
+# 2**16 dims passes 2**112, far inside float32.
+INT8_VALUE_MAX = 2.0**64
 MAX_STR_ID_BYTES = 1024  # a str id's UTF-8 length
 MAX_DEPTH = 32  # nesting levels of a metadata entry (dicts and lists); also of a where filter
 MAX_ID = 2**63 - 1
@@ -203,8 +207,17 @@ def convert(tokens: np.ndarray, lengths: np.ndarray, dtype: str, chunk: int = 1 
         return out, None
     from mvdb.kernels.quant import quantize_array
 
-    if tokens.dtype == np.float64 and tokens.size and np.abs(tokens).max() > np.finfo(np.float32).max:
-        raise InvalidInputError("docs: values beyond the float32 range cannot be quantized to int8")
+    for r0 in range(0, tokens.shape[0], chunk):
+        part = tokens[r0 : r0 + chunk]
+        big = (part.max(axis=1) > INT8_VALUE_MAX) | (part.min(axis=1) < -INT8_VALUE_MAX) if part.size else ()
+        if np.any(big):
+            row = r0 + int(np.argmax(big))
+            doc, tok = _doc_of_row(lengths, row)
+            values = tokens[row].astype(np.float64)
+            raise InvalidInputError(
+                f"document {doc}: value {float(values[np.argmax(np.abs(values))]):.4g} at token {tok} is out of "
+                f"range (an int8 store takes values within +-{INT8_VALUE_MAX:.4g}, so that no score overflows "
+                f"float32); scale the embeddings")
     return quantize_array(tokens)
 
 

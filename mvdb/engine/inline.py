@@ -8,6 +8,7 @@ import torch
 from mvdb.engine.search import Hit, check_k, hits, prepare
 from mvdb.errors import InvalidInputError, InvalidTypeError
 from mvdb.kernels import maxsim_varlen
+from mvdb.storage.validate import INT8_VALUE_MAX
 
 __all__ = ["rerank"]
 
@@ -32,11 +33,15 @@ def _inline_tensor(x, where: str) -> torch.Tensor:
 
 
 def _finite_or_raise(x: torch.Tensor, i: int) -> None:
-    """InvalidInputError naming document i when it holds NaN / Inf or values float32 cannot hold."""
+    """InvalidInputError naming document i when it holds NaN / Inf, values float32 cannot hold,
+    or values beyond validate.INT8_VALUE_MAX (whose scores could overflow float32)."""
     if not bool(torch.isfinite(x).all()):
         raise InvalidInputError(f"document {i}: contains NaN or Inf")
     if not bool(torch.isfinite(x.to(torch.float32)).all()):
         raise InvalidInputError(f"document {i}: values beyond the float32 range")
+    if not bool((x.abs() <= INT8_VALUE_MAX).all()):
+        raise InvalidInputError(f"document {i}: values beyond +-{INT8_VALUE_MAX:.4g} (so that no score overflows "
+                                f"float32); scale the embeddings")
 
 
 def rerank(query, docs, k: int | None = None) -> list[Hit]:
@@ -72,8 +77,10 @@ def rerank(query, docs, k: int | None = None) -> list[Hit]:
     d = torch.cat([x.to(device, torch.float32) for x in d_list])
     cu_d = torch.zeros(len(d_list) + 1, dtype=torch.int64)
     cu_d[1:] = torch.tensor([x.shape[0] for x in d_list]).cumsum(0)
-    if not bool(torch.isfinite(d.sum())):  # one reduction (NaN / Inf anywhere makes the sum non-finite,
-        for i, x in enumerate(d_list):    # and so can huge values): the culprit is looked for only then
+    # one reduction (NaN / Inf anywhere, or a value past the limit, makes it fail): the culprit is
+    # looked for only then
+    if d.numel() and not bool(d.abs().max() <= INT8_VALUE_MAX):
+        for i, x in enumerate(d_list):
             _finite_or_raise(x, i)
     scores = maxsim_varlen(qs.q, qs.cu, d, cu_d.int().to(device), max_seqlen_q=qs.longest, check=False)
     rows = torch.arange(len(d_list), device=device)[None]

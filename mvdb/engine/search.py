@@ -149,33 +149,48 @@ def prepare(queries, dim: int, device: torch.device) -> Queries:
     # copied over in their own dtype (fp16 stays 2 bytes a value) with the offsets, in one copy
     # that does not wait, and converted there.
     if q.device.type == "cpu" and q.numel() <= HOST_CHECK_MAX:
-        finite = finite_on_host(q)
+        ok = in_range_on_host(q)
         q, cu, qid = upload_all([q.contiguous(), cu, qid], device)
     else:
         q = q.to(device)
         cu, qid = upload_all([cu, qid], device)
-        finite = not q.numel() or bool(torch.isfinite(q).all())
-    if not finite:
+        ok = not q.numel() or bool((q.abs() <= QUERY_MAX).all())  # (NaN compares False)
+    if not ok:
         q = q.float()
-        bad = (~torch.isfinite(q).all(dim=1)).nonzero()[0, 0].item()
+        bad = (~(q.abs() <= QUERY_MAX).all(dim=1)).nonzero()[0, 0].item()
         i = int(np.searchsorted(np.asarray(cu_host), bad, side="right")) - 1
-        raise InvalidInputError(f"query {i}: contains NaN or Inf")
+        raise InvalidInputError(out_of_range(q[bad].cpu().numpy(), f"query {i}"))
     return Queries(q.float(), cu, cu_host, single, qid)
 
 
+# Query values at most this large in magnitude (float16's largest): the GPU kernels compute the
+# query tokens in float16, and with stored values in the same range (float16 stores; int8 stores
+# at most INT8_DOC_MAX) no score can overflow float32.
+QUERY_MAX = 65504.0
+
+
+def out_of_range(row: np.ndarray, where: str) -> str:
+    """The message for a query row holding NaN, Inf or a value beyond QUERY_MAX."""
+    if not np.isfinite(row).all():
+        return f"{where}: contains NaN or Inf"
+    v = float(row[np.argmax(np.abs(row))])
+    return (f"{where}: value {v:.4g} is out of range (query values must lie within +-{QUERY_MAX:g}, the float16 "
+            f"range the kernels compute in; scale the query)")
+
+
 HOST_CHECK_MAX = 1 << 20  # query values checked for NaN / Inf on the host at most (else on the device)
-_EXPONENT = {torch.float16: (np.uint16, 0x7C00), torch.float32: (np.uint32, 0x7F800000)}
+_EXPONENT = {torch.float16: (np.uint16, 0x7C00)}
 
 
-def finite_on_host(t: torch.Tensor) -> bool:
-    """No NaN or Inf in the host tensor ``t``: for fp16 / fp32 from the exponent bits (all ones
-    only there) in numpy, where torch's isfinite on a CPU half tensor emulates floats (over 30
-    times slower for a batch of 5 x 32 x 128)."""
+def in_range_on_host(t: torch.Tensor) -> bool:
+    """No NaN, Inf or value beyond QUERY_MAX in the host tensor ``t``: for fp16 from the exponent
+    bits (all ones only there: every finite fp16 is in range) in numpy, where torch's isfinite on a
+    CPU half tensor emulates floats (over 30 times slower for a batch of 5 x 32 x 128)."""
     if t.dtype in _EXPONENT:
         as_int, mask = _EXPONENT[t.dtype]
         bits = t.contiguous().numpy().view(as_int)
         return not bool(((bits & mask) == mask).any())
-    return bool(torch.isfinite(t).all())
+    return bool((t.abs() <= QUERY_MAX).all())
 
 
 def union(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
