@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,10 +75,30 @@ class Source:
             self._close = None
 
 
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
+
+
+def regular_file(path: str) -> None:
+    """InvalidInputError naming ``path`` unless it is a regular file (or a link to one): a FIFO,
+    socket or device would block the reader, or never end."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise InvalidInputError(f"{path}: no such file or directory") from None
+    except OSError:
+        return  # the reader says what is wrong
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        raise InvalidInputError(f"{path}: {kind}, not a regular file (sources are read from regular files only)")
+
+
 @contextlib.contextmanager
 def _reading(path: str, what: str = "it"):
-    """Turn what a file reader raises (numpy's ValueError for a pickled or truncated .npy, a bad
-    zip, h5py's OSError, ...) into one InvalidInputError naming the file."""
+    """Check that ``path`` is a regular file (:func:`regular_file`), then turn what a file reader
+    raises (numpy's ValueError for a pickled or truncated .npy, a bad zip, h5py's OSError, ...)
+    into one InvalidInputError naming the file."""
+    regular_file(path)
     try:
         yield
     except MvdbError:
