@@ -40,6 +40,10 @@ from mvdb.errors import InvalidInputError
               help="Seconds a connection has to send a request's headers (408 and closed after).")
 @click.option("--body-timeout", default=60.0, show_default=True,
               help="Seconds a request has to send its whole body once its headers are in (408 and closed after).")
+@click.option("--allowed-host", multiple=True, metavar="NAME",
+              help="A name clients may address the server by (the Host header) besides localhost, the loopback "
+                   "addresses and --host; without --api-key-file, requests to any other name are refused (403), "
+                   "which stops DNS rebinding. Repeat for several.")
 @click.option("--warm/--no-warm", default=True, show_default=True,
               help="Warm the database up (db.warmup) as the server starts: GET /ready answers 503 until it is "
                    "done, then 200; GET /health answers at once.")
@@ -48,7 +52,7 @@ from mvdb.errors import InvalidInputError
 def serve(db: str, host: str, port: int, read_only: bool, api_key_file: str | None, create: bool, model: str | None,
           max_body_mb: float, batch_queries: int, batch_window_ms: float, workers: int | None,
           search_threads: int | None, gil_switch_us: float, header_timeout: float, body_timeout: float,
-          warm: bool, device: str) -> None:
+          allowed_host: tuple, warm: bool, device: str) -> None:
     """Serve DB over HTTP until SIGTERM / Ctrl-C (graceful: requests in flight finish). Clients:
     mvdb.connect("http://HOST:PORT"), any HTTP client (MessagePack or JSON; docs at /docs), or a
     browser at /ui.
@@ -78,5 +82,5 @@ def serve(db: str, host: str, port: int, read_only: bool, api_key_file: str | No
     run(db, host=host, port=port, read_only=read_only, api_key=key, device=device, max_body_mb=max_body_mb,
         batch_queries=batch_queries, batch_window_ms=batch_window_ms, workers=workers,
         search_threads=search_threads, gil_switch_us=gil_switch_us, header_timeout_s=header_timeout,
-        body_timeout_s=body_timeout, on_ready=main_ready, warm=warm, on_warm=main_warm,
+        body_timeout_s=body_timeout, on_ready=main_ready, warm=warm, on_warm=main_warm, allowed_host=allowed_host,
         model=None if model is None else load_model(model, device))

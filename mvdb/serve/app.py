@@ -56,7 +56,28 @@ class BodyTooLarge(errors.InvalidInputError):
 
 class ForeignOrigin(errors.AuthenticationError):
     """A browser request sent by a page of another origin (another site must not drive the
-    database through the user's browser): 403."""
+    database through the user's browser), or a request addressed to a name that is not the
+    server's (DNS rebinding: a page of evil.example whose name now points at 127.0.0.1): 403."""
+
+
+LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")  # the names a server always answers to
+
+
+def hostname(netloc: str) -> str:
+    """The host of a ``Host`` header or an origin's netloc, without port or brackets, lowercase."""
+    netloc = netloc.strip().lower()
+    if netloc.startswith("["):
+        return netloc[1 : netloc.find("]")] if "]" in netloc else netloc
+    return netloc.rsplit(":", 1)[0] if netloc.count(":") == 1 else netloc
+
+
+def allowed_hosts(bind: str, extra=()) -> frozenset:
+    """The names a server bound to ``bind`` answers to without an API key: localhost, the
+    loopback addresses, the bind address (unless it is every interface's) and ``extra``."""
+    names = set(LOCAL_NAMES) | {hostname(h) for h in extra}
+    if bind not in ("", "0.0.0.0", "::"):
+        names.add(hostname(bind))
+    return frozenset(names)
 
 
 def _message(e: BaseException) -> str:
@@ -114,8 +135,10 @@ def _only(body: dict, route: str, allowed) -> None:
 class Served:
     """What the routes serve: the database, its batcher and the server's settings."""
 
-    def __init__(self, db, batcher: Batcher, *, read_only: bool, key: bytes | None, limit: int, readiness=None):
+    def __init__(self, db, batcher: Batcher, *, read_only: bool, key: bytes | None, limit: int, readiness=None,
+                 hosts: frozenset | None = None):
         self.db, self.batcher, self.read_only, self.key, self.limit = db, batcher, read_only, key, limit
+        self.hosts = hosts  # the names it answers to without a key (None: any)
         # ``readiness``: what /ready reports, ``state() -> dict`` (mvdb.serve.readiness); a worker
         # process asks the database's process, whose warm-up it is
         self.readiness = readiness if readiness is not None else getattr(db, "readiness", None) or READY
@@ -127,10 +150,16 @@ class Served:
     def guard(self, request: Request) -> None:
         """The origin of a browser's request, the API key and the declared body size, before
         anything is read."""
+        host = request.headers.get("host", "")
+        if self.key is None and self.hosts is not None and hostname(host) not in self.hosts:
+            raise ForeignOrigin(f"request addressed to {host!r}, not a name of this server ({', '.join(sorted(self.hosts))}"
+                                f"; mvdb serve --allowed-host NAME adds one, or serve with --api-key-file)")
         origin = request.headers.get("origin")
-        if origin is not None and urlsplit(origin).netloc != request.headers.get("host", ""):
-            raise ForeignOrigin(f"request from a page of {origin!r}: only this server's own pages (/ui) may call it "
-                                "from a browser")
+        if origin is not None:
+            parts = urlsplit(origin)
+            if parts.scheme not in ("http", "https") or parts.netloc != host:
+                raise ForeignOrigin(f"request from a page of {origin!r}: only this server's own pages (/ui) may call "
+                                    "it from a browser")
         if self.key is not None:
             given = request.headers.get("authorization", "")
             token = given[7:] if given.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
@@ -370,15 +399,18 @@ def endpoint(served: Served, r: Route):
 
 def create_app(db, *, read_only: bool = False, api_key: str | None = None, max_body_mb: float = 256,
                batch_queries: int = 256, batch_window_ms: float = 0.0, search_threads: int = 1,
-               header_timeout_s: float = 10.0, body_timeout_s: float = 60.0, readiness=None) -> FastAPI:
+               header_timeout_s: float = 10.0, body_timeout_s: float = 60.0, readiness=None,
+               hosts: frozenset | None = None) -> FastAPI:
     """The application serving ``db`` (an open ``Database`` or ``ShardedDatabase``); the caller
     owns ``db``. ``read_only`` refuses writes (403, ReadOnlyError) even on a writable handle.
     ``header_timeout_s`` / ``body_timeout_s``: the read timeouts of its connections
     (mvdb.serve.protocol), applied by :func:`uvicorn_config`. ``readiness``: what ``/ready``
-    reports (a :class:`mvdb.serve.readiness.Readiness`; None: ready)."""
+    reports (a :class:`mvdb.serve.readiness.Readiness`; None: ready). ``hosts``: without an API
+    key, the names (``Host`` headers) it answers to, others refused with 403 (:func:`allowed_hosts`;
+    None: any, for callers that check them themselves)."""
     batcher = Batcher(db, max_queries=batch_queries, window_s=batch_window_ms / 1e3, threads=search_threads)
     served = Served(db, batcher, read_only=read_only, key=api_key.encode() if api_key else None,
-                    limit=int(max_body_mb * (1 << 20)), readiness=readiness)
+                    limit=int(max_body_mb * (1 << 20)), readiness=readiness, hosts=hosts)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

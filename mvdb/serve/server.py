@@ -22,7 +22,7 @@ import uvicorn
 from mvdb.errors import InvalidInputError
 
 GIL_SWITCH_US = 100.0
-from mvdb.serve.app import create_app, uvicorn_config
+from mvdb.serve.app import allowed_hosts, create_app, uvicorn_config
 from mvdb.serve.readiness import Readiness
 
 
@@ -68,7 +68,7 @@ def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = 
           device: str = "auto", workers: int | None = None, max_body_mb: float = 256, batch_queries: int = 256,
           batch_window_ms: float = 0.0, search_threads: int | None = None, graceful_s: float = 30.0, log_level: str = "warning",
           on_ready=None, gil_switch_us: float = GIL_SWITCH_US, header_timeout_s: float = 10.0,
-          body_timeout_s: float = 60.0, model=None, warm: bool = True, on_warm=None) -> None:
+          body_timeout_s: float = 60.0, model=None, warm: bool = True, on_warm=None, allowed_host=()) -> None:
     """Open the database at ``path`` and serve it until SIGTERM or Ctrl-C. ``port=0`` picks a free
     port; ``on_ready(url)`` is called once it answers (the CLI prints the URL).
 
@@ -85,6 +85,8 @@ def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = 
     ``warm``: warm the database up (``db.warmup()``) while the server starts listening: ``/health``
     answers at once, ``/ready`` 503 until the warm-up is done, then 200 (mvdb.serve.readiness);
     ``on_warm(state)`` is called then (the CLI prints it). False: ready at once.
+    ``allowed_host``: names besides localhost, the loopback addresses and ``host`` that requests
+    may address the server by (their ``Host`` header) when it has no API key; others get 403.
     """
     import mvdb
 
@@ -107,7 +109,7 @@ def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = 
         raise
     options = dict(api_key=api_key, max_body_mb=max_body_mb, batch_queries=batch_queries,
                    batch_window_ms=batch_window_ms, search_threads=search_threads, header_timeout_s=header_timeout_s,
-                   body_timeout_s=body_timeout_s)
+                   body_timeout_s=body_timeout_s, hosts=allowed_hosts(host, allowed_host))
     readiness = Readiness()
     if warm:
         readiness.start(db, on_done=on_warm)
@@ -197,7 +199,7 @@ class Server:
 
     def __init__(self, db, *, host: str = "127.0.0.1", port: int = 0, read_only: bool = False,
                  api_key: str | None = None, device: str = "auto", log_level: str = "warning",
-                 open_options: dict | None = None, **options):
+                 open_options: dict | None = None, allowed_host=(), **options):
         import mvdb
 
         self._owns = isinstance(db, (str, Path))
@@ -205,7 +207,8 @@ class Server:
         self.db = mvdb.open(db, device=device, read_only=read_only, **(open_options or {})) if self._owns else db
         try:
             self._sock = _bind(host, port)
-            app = create_app(self.db, read_only=read_only, api_key=api_key, **options)
+            app = create_app(self.db, read_only=read_only, api_key=api_key, hosts=allowed_hosts(host, allowed_host),
+                             **options)
             self._server = uvicorn.Server(uvicorn_config(app, 10.0, log_level))
             self.url = _url(self._sock)
             self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
