@@ -1,0 +1,185 @@
+"""Findings of the third reliability audit (issue #58), one test each: query values that would
+overflow the scores, int8 and inline documents likewise, sources that are not regular files
+(a FIFO hung `mvdb ingest`), and a server that answers only to its own names (DNS rebinding)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import mvdb
+from mvdb import InvalidInputError
+from mvdb.cli import main
+
+DIM = 8
+
+
+def _docs(n, seed=0):
+    rng = np.random.default_rng(seed)
+    out = [rng.standard_normal((int(rng.integers(3, 9)), DIM)).astype(np.float32) for _ in range(n)]
+    return [d / np.linalg.norm(d, axis=1, keepdims=True) for d in out]
+
+
+# ---- scores that cannot overflow
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    with mvdb.open(tmp_path_factory.mktemp("ov") / "db.mvdb", progress=False) as d:
+        d.add(_docs(20), ids=[f"d{i}" for i in range(20)])
+        yield d
+
+
+@pytest.mark.parametrize("value", [3e38, 1e20, 65505.0, -1e5], ids=["3e38", "1e20", "just-past", "negative"])
+def test_huge_query_values_are_refused_everywhere(db, value):
+    q = np.full((3, DIM), value, np.float32)
+    msg = r"value -?\S+ is out of range \(query values must lie within \+-65504"
+    with pytest.raises(InvalidInputError, match="query 0: " + msg):
+        db.search(q, k=3)
+    with pytest.raises(InvalidInputError, match="query 1: " + msg):
+        db.search([np.ones((2, DIM), np.float32), q], k=3)
+    with pytest.raises(InvalidInputError, match="query 0: " + msg):
+        db.rerank(q, ["d1"])
+    with pytest.raises(InvalidInputError, match="query 0: " + msg):
+        db.candidates(q, k=3)
+    with pytest.raises(InvalidInputError, match="query: " + msg):
+        db.explain(q, "d1")
+    with pytest.raises(InvalidInputError, match="query 0: " + msg):
+        mvdb.rerank(q, [np.ones((2, DIM), np.float32)])
+
+
+def test_the_largest_float16_queries_score_finitely(db):
+    q = np.full((3, DIM), 65504.0, np.float32)
+    hits = db.search(q, k=3)
+    assert len(hits) == 3 and all(np.isfinite(h.score) for h in hits)
+    assert np.isfinite(db.search(q.astype(np.float16), k=1)[0].score)
+
+
+def test_int8_documents_past_the_limit_are_refused_and_nothing_is_stored(tmp_path):
+    with mvdb.open(tmp_path / "i8.mvdb", dtype="int8", progress=False) as d:
+        d.add(_docs(2))
+        with pytest.raises(InvalidInputError, match=r"document 1: value 1e\+37 at token 0 is out of range \(an int8 "
+                                                    r"store takes values within \+-1\.845e\+19"):
+            d.add([np.ones((2, DIM), np.float32), np.full((3, DIM), 1e37, np.float32)])
+        assert len(d) == 2
+        d.add([np.full((3, DIM), 1e18, np.float32)])  # large, but no score can overflow
+        assert np.isfinite(d.search(np.full((2, DIM), 65504.0, np.float32), k=1)[0].score)
+
+
+def test_inline_documents_past_the_limit_are_refused():
+    with pytest.raises(InvalidInputError, match=r"document 1: values beyond \+-1\.845e\+19"):
+        mvdb.rerank(np.ones((2, DIM), np.float32), [np.ones((2, DIM)), np.full((2, DIM), 1e30)])
+    assert np.isfinite(mvdb.rerank(np.ones((2, DIM), np.float32), [np.full((2, DIM), 1e18)])[0].score)
+
+
+def test_huge_query_values_over_http_are_a_400_not_a_500(db):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from mvdb.serve.app import create_app
+
+    with TestClient(create_app(db)) as c:
+        for route, body in [("/search", {"queries": [[3e38] * DIM], "k": 3}),
+                            ("/rerank", {"queries": [[3e38] * DIM], "candidate_ids": ["d1"]}),
+                            ("/explain", {"query": [[3e38] * DIM], "doc_id": "d1"})]:
+            r = c.post(route, json=body, headers={"accept": "application/json"})
+            assert r.status_code == 400, (route, r.text)
+            assert r.json()["error"] == "InvalidInputError" and "out of range" in r.json()["message"]
+
+
+# ---- sources: regular files only
+
+
+def _ingest(*args):
+    return CliRunner().invoke(main, ["ingest", *map(str, args), "--model", "mvdb.testing.words:encode",
+                                     "--device", "cpu", "-q"])
+
+
+def _with_timeout(fn, seconds=60):
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", fn()), daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), "hung"
+    return out["r"]
+
+
+def test_a_fifo_among_the_text_files_is_refused_with_its_path(tmp_path):
+    d = tmp_path / "texts"
+    d.mkdir()
+    (d / "a.txt").write_text("hello there\n")
+    os.mkfifo(d / "b.txt")
+    r = _with_timeout(lambda: _ingest(tmp_path / "x.mvdb", d))
+    assert r.exit_code == 1 and f"Error: {d / 'b.txt'}: a FIFO, not a regular file" in r.output
+    assert not (tmp_path / "x.mvdb").exists()
+    r = _with_timeout(lambda: _ingest(tmp_path / "y.mvdb", d / "b.txt"))  # given directly
+    assert r.exit_code == 1 and f"{d / 'b.txt'}: a FIFO, not a regular file" in r.output
+
+
+def test_a_fifo_as_an_embeddings_source_is_refused(tmp_path):
+    os.mkfifo(tmp_path / "e.npy")
+    np.save(tmp_path / "e.lengths.npy", np.array([2]))  # its side file is a plain file
+    r = _with_timeout(lambda: CliRunner().invoke(main, ["ingest", str(tmp_path / "x.mvdb"), str(tmp_path / "e.npy"),
+                                                        "-q"]))
+    assert r.exit_code == 1 and f"{tmp_path / 'e.npy'}: a FIFO, not a regular file" in r.output
+
+
+# ---- a server that knows its own names
+
+
+def _raw(url: str, path: str, headers: dict, body: bytes = b"") -> tuple[int, bytes]:
+    import http.client
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    c.putrequest("POST" if body else "GET", path, skip_host=True, skip_accept_encoding=True)
+    for k, v in headers.items():
+        c.putheader(k, v)
+    c.putheader("Content-Length", str(len(body)))
+    c.endheaders(body)
+    r = c.getresponse()
+    return r.status, r.read()
+
+
+@pytest.fixture
+def served(tmp_path):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    from mvdb.serve import Server
+
+    with mvdb.open(tmp_path / "s.mvdb", progress=False) as d:
+        d.add(_docs(5), ids=[f"g{i}" for i in range(5)])
+        with Server(d, allowed_host=("search.internal",)) as srv:
+            yield srv, d
+
+
+def test_dns_rebinding_cannot_reach_a_server_without_a_key(served):
+    srv, d = served
+    port = srv.url.rsplit(":", 1)[1]
+    body = b'{"ids": ["g3"]}'
+    json_h = {"Content-Type": "application/json", "Accept": "application/json"}
+    status, text = _raw(srv.url, "/delete", {**json_h, "Host": f"evil.example:{port}",
+                                             "Origin": f"http://evil.example:{port}"}, body)
+    assert status == 403 and b"not a name of this server" in text
+    assert "g3" in d
+    status, _ = _raw(srv.url, "/delete", {**json_h, "Host": f"127.0.0.1:{port}", "Origin": f"ftp://127.0.0.1:{port}"},
+                     body)
+    assert status == 403 and "g3" in d  # another scheme on the same host is another origin
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"search.internal:{port}", f"[::1]:{port}"):
+        assert _raw(srv.url, "/health", {"Host": host, "Accept": "application/json"})[0] == 200, host
+    status, _ = _raw(srv.url, "/delete", {**json_h, "Host": f"localhost:{port}", "Origin": f"http://localhost:{port}"},
+                     body)
+    assert status == 200 and "g3" not in d
+
+
+def test_allowed_hosts():
+    from mvdb.serve.app import allowed_hosts, hostname
+
+    assert hostname("Example.COM:80") == "example.com" and hostname("[::1]:8000") == "::1" and hostname("::1") == "::1"
+    assert allowed_hosts("0.0.0.0") == {"localhost", "127.0.0.1", "::1"}
+    assert allowed_hosts("10.1.2.3", ["db.lan"]) == {"localhost", "127.0.0.1", "::1", "10.1.2.3", "db.lan"}
