@@ -184,8 +184,22 @@ def finite(tokens: np.ndarray, lengths: np.ndarray, chunk: int = 1 << 15) -> Non
                 raise InvalidInputError(f"document {doc}: contains NaN or Inf (token {tok})")
 
 
+def _within(tokens: np.ndarray, lengths: np.ndarray, r0: int, part: np.ndarray, limit: float, beyond: str) -> None:
+    """InvalidInputError naming the first document of rows ``part`` (from row ``r0`` of ``tokens``)
+    holding a value beyond +-``limit``: its value, its token, then ``beyond``."""
+    # max and min, not abs: abs overflows on the most negative int (int64 -2^63 stays negative)
+    big = (part.max(axis=1) > limit) | (part.min(axis=1) < -limit) if part.size else np.zeros(0, bool)
+    if big.any():
+        row = r0 + int(np.argmax(big))
+        doc, tok = _doc_of_row(lengths, row)
+        values = tokens[row].astype(np.float64)
+        raise InvalidInputError(f"document {doc}: value {float(values[np.argmax(np.abs(values))]):.4g} at token {tok} "
+                                f"{beyond}")
+
+
 def convert(tokens: np.ndarray, lengths: np.ndarray, dtype: str, chunk: int = 1 << 18) -> tuple[np.ndarray, np.ndarray | None]:
-    """Check finiteness and convert to the stored dtype (float16, or int8 + per-token scales), in chunks."""
+    """Check finiteness and range and convert to the stored dtype (float16, or int8 + per-token
+    scales), in chunks."""
     finite(tokens, lengths)
     if dtype == "float16":
         if tokens.dtype == np.float16:
@@ -193,31 +207,16 @@ def convert(tokens: np.ndarray, lengths: np.ndarray, dtype: str, chunk: int = 1 
         out = np.empty(tokens.shape, dtype=np.float16)
         for r0 in range(0, tokens.shape[0], chunk):
             part = tokens[r0 : r0 + chunk]
-            # max and min, not abs: abs overflows on the most negative int (int64 -2^63 stays negative)
-            big = (part.max(axis=1) > FP16_MAX) | (part.min(axis=1) < -FP16_MAX) if part.size else np.zeros(0, bool)
-            if big.any():
-                row = r0 + int(np.argmax(big))
-                doc, tok = _doc_of_row(lengths, row)
-                values = tokens[row].astype(np.float64)
-                raise InvalidInputError(
-                    f"document {doc}: value {float(values[np.argmax(np.abs(values))]):.4g} at token {tok} overflows "
-                    f"float16 (max {FP16_MAX:g} in magnitude); scale the embeddings or store them as int8"
-                )
+            _within(tokens, lengths, r0, part, FP16_MAX, f"overflows float16 (max {FP16_MAX:g} in magnitude); scale "
+                                                         "the embeddings or store them as int8")
             out[r0 : r0 + chunk] = part
         return out, None
     from mvdb.kernels.quant import quantize_array
 
     for r0 in range(0, tokens.shape[0], chunk):
-        part = tokens[r0 : r0 + chunk]
-        big = (part.max(axis=1) > INT8_VALUE_MAX) | (part.min(axis=1) < -INT8_VALUE_MAX) if part.size else ()
-        if np.any(big):
-            row = r0 + int(np.argmax(big))
-            doc, tok = _doc_of_row(lengths, row)
-            values = tokens[row].astype(np.float64)
-            raise InvalidInputError(
-                f"document {doc}: value {float(values[np.argmax(np.abs(values))]):.4g} at token {tok} is out of "
-                f"range (an int8 store takes values within +-{INT8_VALUE_MAX:.4g}, so that no score overflows "
-                f"float32); scale the embeddings")
+        _within(tokens, lengths, r0, tokens[r0 : r0 + chunk], INT8_VALUE_MAX,
+                f"is out of range (an int8 store takes values within +-{INT8_VALUE_MAX:.4g}, so that no score "
+                "overflows float32); scale the embeddings")
     return quantize_array(tokens)
 
 
