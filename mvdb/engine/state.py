@@ -40,8 +40,8 @@ FLAT_MAX_TOKENS = 1 << 20  # "auto" on a GPU: exact token search below this many
 # "auto" on a CPU: below this many tokens no token index is trained and searches score every
 # document exactly (the flat index is filled only if a search asks for its options); from it on,
 # the lists answer faster at recall@10 >= 0.98 (2 cores, queries of 4-64 tokens in batches of 16:
-# even with exhaustive MaxSim near 0.4-0.9M tokens, 2-4x faster at 1.2-3M, but at 0.8M their
-# recall is 0.975-0.983 on one corpus: docs/benchmarks.md, cpu).
+# even with exhaustive MaxSim near 0.6-0.9M tokens, 1.5-4.4x faster at 1.2-3.3M, but at 0.8M
+# their recall is 0.975 on one corpus: docs/benchmarks.md, cpu).
 CPU_FLAT_MAX_TOKENS = 1 << 20
 ENCODE_CHUNK = 1 << 20  # tokens encoded into residual codes at a time
 CODES_TIERS = ("host", "disk")  # tiers whose exact tokens are off the device: codes rank the pool
