@@ -115,6 +115,7 @@ def _in_new_process(code: str, env: dict) -> str:
     return p.stdout.strip()
 
 
+@pytest.mark.heavy
 def test_a_winner_stored_by_one_process_is_read_by_the_next(tmp_path):
     env = {"MVDB_TUNE_CACHE": str(tmp_path / "tune")}
     setup = """
@@ -258,6 +259,7 @@ def test_shared_memory_prunes_configs_that_cannot_launch(monkeypatch):
 # ---- warming up
 
 
+@pytest.mark.heavy
 def test_warmup_searches_and_changes_nothing(tmp_path):
     path = tmp_path / "db.mvdb"
     with mvdb.open(path, progress=False) as db:
