@@ -158,10 +158,7 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
         ids = ids_arg(ids)
         with self._pub.read() as st:
             p = st.snap.gather(st.snap.rows(ids))
-        tokens = p.tokens.astype(np.float32)
-        if p.scales is not None:
-            tokens *= p.scales[:, None]
-        return [tokens[p.offsets[i] : p.offsets[i + 1]] for i in range(len(p.offsets) - 1)]
+        return _documents(p)
 
     def warmup(self, max_query_tokens: int | None = None, *, progress: bool | None = None) -> dict:
         """Compile, and autotune or load the stored winners of, every kernel variant this
@@ -178,10 +175,7 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
             rows = np.sort(np.random.default_rng(0).choice(rows, min(SOURCE_DOCS, rows.size), replace=False))
             p = st.snap.gather(rows)
             disk = self._engine.tier == "disk"
-        tokens = p.tokens.astype(np.float32)
-        if p.scales is not None:
-            tokens *= p.scales[:, None]
-        source = [tokens[p.offsets[i] : p.offsets[i + 1]] for i in range(len(p.offsets) - 1)]
+        source = _documents(p)
         # (exhaustive MaxSim over a disk tier reads every segment: not a warm-up's work)
         # on a CPU nothing compiles: one search per length meets torch's first-call work
         return warm(self, source, n, WARM_BATCHES if self.device.type == "cuda" else (1,),
@@ -256,3 +250,11 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
             qs = prepare(queries, st.dim, self.device)
             out = run_rerank(st, qs, candidate_ids, k)
         return out[0] if qs.single else out
+
+
+def _documents(p) -> list[np.ndarray]:
+    """Gathered documents (a store's ``Packed``) as float32 [L, dim] arrays, int8 dequantized."""
+    tokens = p.tokens.astype(np.float32)
+    if p.scales is not None:
+        tokens *= p.scales[:, None]
+    return [tokens[p.offsets[i] : p.offsets[i + 1]] for i in range(len(p.offsets) - 1)]
