@@ -176,8 +176,8 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
             p = st.snap.gather(rows)
             disk = self._engine.tier == "disk"
         source = _documents(p)
-        # (exhaustive MaxSim over a disk tier reads every segment: not a warm-up's work)
-        # on a CPU nothing compiles: one search per length meets torch's first-call work
+        # on a CPU nothing compiles: one search per length meets torch's first-call work; exhaustive
+        # MaxSim over a disk tier reads every segment: not a warm-up's work
         return warm(self, source, n, WARM_BATCHES if self.device.type == "cuda" else (1,),
                     progress=Progress(progress) if progress is not None else self._engine.progress, exact=not disk)
 

@@ -165,7 +165,7 @@ def prepare(queries, dim: int, device: torch.device) -> Queries:
 
 # Query values at most this large in magnitude (float16's largest): the GPU kernels compute the
 # query tokens in float16, and with stored values in the same range (float16 stores; int8 stores
-# at most INT8_DOC_MAX) no score can overflow float32.
+# at most mvdb.storage.validate.INT8_VALUE_MAX) no score can overflow float32.
 QUERY_MAX = 65504.0
 
 

@@ -38,9 +38,6 @@ class Readiness:
         t.start()
         return t
 
-    def wait(self, timeout: float | None = None) -> bool:
-        return self._done.wait(timeout)
-
     def state(self) -> dict:
         ready = self._done.is_set()
         out = {"ready": ready, "warming_s": None if ready else time.time() - self.started}
