@@ -6,6 +6,8 @@
     segments/.tmp-seg-...    a segment being written, or written and named by a committed manifest
                              whose writer has not renamed it yet (the commit is the manifest rename;
                              the segment's own rename follows, and the next writer finishes it)
+    segments/commit-G-U.json the commit record of generation G: a copy of the manifest written by
+                             every commit that changes only the manifest (a delete, a setting)
     index/*.npy              derived token-index files
 
 A segment only gets its final name after a manifest names it, so a final name not in the manifest
@@ -14,6 +16,12 @@ under "retired": a compaction rewrote it; removed right after the commit, or by 
 after a crash), or data of a newer manifest that this one replaced (a restored backup, an older
 copy put back), which no writer may delete. A compaction's output also lists the segments it
 supersedes in its header, so that a recovery without a manifest leaves them out.
+
+A delete or a setting changes only the manifest, so an older manifest put back would undo it
+without a trace in segments/. Such a commit first writes its commit record under a temp name; the
+manifest it commits names the record, which then gets its final name and replaces the previous
+one. A record newer than the manifest means the manifest was put back: writers refuse and
+``mvdb recover`` starts from the record, keeping every committed delete.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ INDEX = "index"
 TMP_PREFIX = ".tmp-"
 _NAME = re.compile(r"^seg-(\d+)-g(\d+)-[0-9a-f]+\.h5$")
 _LEGACY = re.compile(r"^seg-(\d+)-[0-9a-f]+\.h5$")
+_RECORD = re.compile(r"^commit-(\d+)-[0-9a-f]+\.json$")
 
 
 def segment_name(counter: int, generation: int) -> str:
@@ -50,6 +59,17 @@ def name_generation(name: str) -> int | None:
     """The generation recorded in a segment's name (None: a name without one, from mvdb < 0.2)."""
     m = _NAME.match(name)
     return int(m.group(2)) if m else None
+
+
+def record_name(generation: int) -> str:
+    """The name of the commit record of the commit at ``generation``."""
+    return f"commit-{generation:08d}-{uuid.uuid4().hex[:8]}.json"
+
+
+def record_generation(name: str) -> int | None:
+    """The generation in a commit record's name (None: not a record's name)."""
+    m = _RECORD.match(name)
+    return int(m.group(1)) if m else None
 
 
 def segment_path(db_path: str, name: str) -> str:
@@ -93,12 +113,14 @@ class Census:
     unnamed: list[str] = field(default_factory=list)  # other final names the manifest does not name
     unexplained: list[str] = field(default_factory=list)  # of those, with a generation in the name: committed
     newer: list[str] = field(default_factory=list)  # of those: first named by a later generation
+    newer_records: list[str] = field(default_factory=list)  # commit records of a later generation
+    old_records: list[str] = field(default_factory=list)  # records a later commit replaced: garbage
 
 
 def census(db_path: str, manifest: dict) -> Census:
     """Classify the files of segments/ against ``manifest`` (reads names only)."""
     seg_dir = os.path.join(db_path, SEGMENTS)
-    named = {s["name"] for s in manifest["segments"]}
+    named = {s["name"] for s in manifest["segments"]} | ({manifest["record"]} if manifest.get("record") else set())
     retired = set(manifest.get("retired", ()))
     out = Census()
     try:
@@ -112,6 +134,8 @@ def census(db_path: str, manifest: dict) -> Census:
                 out.unfinished.append(name)
             else:
                 out.garbage.append(f)
+        elif record_generation(f) is not None and f not in named:
+            (out.newer_records if record_generation(f) > manifest["generation"] else out.old_records).append(f)
         elif f.endswith(".h5") and f in retired:
             out.retired.append(f)
         elif f.endswith(".h5") and f not in named:
@@ -124,19 +148,22 @@ def census(db_path: str, manifest: dict) -> Census:
     return out
 
 
-def unexplained_message(db_path: str, manifest: dict, found: Census) -> str:
-    """Why a writer refuses to start beside committed segments its manifest does not name."""
-    names = found.unexplained
+def unexplained_message(db_path: str, manifest: dict, found: Census, *, reader: bool = False) -> str:
+    """Why a writer refuses to start beside committed segments or commit records its manifest does
+    not name."""
+    names = found.unexplained + found.newer_records
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-    if found.newer:
-        gen = max(name_generation(n) for n in found.newer)
+    if found.newer or found.newer_records:
+        gen = max([name_generation(n) for n in found.newer] + [record_generation(n) for n in found.newer_records])
         why = (f"were committed after it (generation {gen}; the manifest is at {manifest['generation']}): the "
                f"manifest is older than the data (a restored backup or an older copy put back?)")
     else:
         why = "were committed but the manifest does not name them (an edited or mismatched manifest?)"
-    return (f"{db_path}: {len(names)} segment(s) beside MANIFEST.json {why}: {shown}. A writer would lose them, "
-            f"so nothing was changed; readers see the manifest's state. Rebuild the manifest with "
-            f"`mvdb recover {db_path}` (mvdb.recover(path)): it keeps every committed document")
+    what = "segment(s)" if not found.newer_records else "commit record(s)" if not found.unexplained else "segment(s) and commit record(s)"
+    then = ("this reader sees the manifest's state, writers refuse" if reader else
+            "a writer would lose them, so nothing was changed; readers see the manifest's state")
+    return (f"{db_path}: {len(names)} {what} beside MANIFEST.json {why}: {shown}. {then[0].upper()}{then[1:]}. Rebuild the manifest with "
+            f"`mvdb recover {db_path}` (mvdb.recover(path)): it keeps every committed document and delete")
 
 
 def tidy(db_path: str, manifest: dict) -> None:
@@ -146,13 +173,13 @@ def tidy(db_path: str, manifest: dict) -> None:
     seg_dir = os.path.join(db_path, SEGMENTS)
     os.makedirs(seg_dir, exist_ok=True)
     found = census(db_path, manifest)
-    if found.unexplained:
+    if found.unexplained or found.newer_records:
         raise CorruptionError(unexplained_message(db_path, manifest, found))
     changed = False
     for name in found.unfinished:
         os.replace(os.path.join(seg_dir, TMP_PREFIX + name), os.path.join(seg_dir, name))
         changed = True
-    gone = found.garbage + found.retired
+    gone = found.garbage + found.retired + found.old_records
     for name in gone:
         os.unlink(os.path.join(seg_dir, name))
         changed = True

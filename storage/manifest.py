@@ -28,6 +28,7 @@ def new_manifest(dim: int, dtype: str) -> dict:
         "segments": [],  # [{"name", "n_docs", "n_tokens", "file_size", "deleted": [rows]}]
         "index_files": [],  # derived token-index files, versioned with the manifest
         "retired": [],  # segments the last commit dropped (a compaction): garbage if still on disk
+        "record": None,  # the commit record of the last delete or settings commit (see files.py)
     }
 
 
@@ -44,6 +45,11 @@ def read_manifest(db_path: str) -> dict:
     except (IsADirectoryError, NotADirectoryError):
         raise CorruptionError(f"{path}: is not a file; expected the database's manifest (`mvdb verify` "
                               f"lists every problem; `mvdb recover` rebuilds it from the segments)") from None
+    return parse_manifest(raw, path, db_path)
+
+
+def parse_manifest(raw: bytes, path: str, db_path: str) -> dict:
+    """A manifest's (or a commit record's) body from its bytes, checked like :func:`read_manifest`."""
     try:
         doc = json.loads(raw)
     except ValueError as e:
@@ -123,6 +129,9 @@ def manifest_problem(m: dict) -> str | None:
         return "retired: expected a list of plain .h5 file names inside segments/"
     if seen & set(retired):
         return f"retired: {sorted(seen & set(retired))[0]} is also a live segment"
+    record = m.get("record")
+    if record is not None and not plain_name(record, ".json"):
+        return f"record: expected null or a plain .json file name inside segments/, got {record!r}"
     files = m.get("index_files", [])
     if not isinstance(files, list):
         return f"index_files: expected a list, got {type(files).__name__}"
@@ -134,10 +143,16 @@ def manifest_problem(m: dict) -> str | None:
     return None
 
 
-def write_manifest(db_path: str, manifest: dict) -> dict:
-    """Commit a new manifest (generation + 1); returns what was committed."""
+def next_manifest(manifest: dict) -> tuple[dict, bytes]:
+    """The body the next commit of ``manifest`` writes (generation + 1), and its bytes."""
     body = copy.deepcopy(manifest)
     body["generation"] = manifest["generation"] + 1
     doc = dict(body, checksum=checksum(body))
-    atomic_write(os.path.join(db_path, MANIFEST), json.dumps(doc, indent=1).encode())
+    return body, json.dumps(doc, indent=1).encode()
+
+
+def write_manifest(db_path: str, manifest: dict) -> dict:
+    """Commit a new manifest (generation + 1); returns what was committed."""
+    body, data = next_manifest(manifest)
+    atomic_write(os.path.join(db_path, MANIFEST), data)
     return body

@@ -11,7 +11,7 @@ import numpy as np
 
 from mvdb.kernels.errors import CorruptionError, FormatError, InvalidInputError
 from mvdb.storage import validate
-from mvdb.storage._io import WriterLock
+from mvdb.storage._io import WriterLock, atomic_write
 from mvdb.storage.files import (
     SEGMENTS,
     TMP_PREFIX,
@@ -19,9 +19,11 @@ from mvdb.storage.files import (
     data_files,
     index_bytes,
     name_counter,
+    record_generation,
+    record_name,
     segment_path,
 )
-from mvdb.storage.manifest import MANIFEST, new_manifest, read_manifest, write_manifest
+from mvdb.storage.manifest import MANIFEST, new_manifest, next_manifest, parse_manifest, read_manifest, write_manifest
 from mvdb.storage.segment import SegmentReader
 
 
@@ -111,6 +113,11 @@ def verify(path) -> VerifyReport:
         except OSError as e:
             problems.append(f"index/{entry['name']}: {e.strerror or e} (derived data: the database rebuilds it)")
     files = census(path, manifest)
+    for name in files.newer_records:
+        problems.append(f"{name}: a commit (generation {record_generation(name)}) newer than {MANIFEST} (generation "
+                        f"{manifest['generation']}): the manifest is older than the latest commit, and the deletes "
+                        f"and settings committed since are undone in it; writers refuse; `mvdb recover {path}` "
+                        f"rebuilds it keeping every committed delete")
     for name in files.unnamed:
         if name in files.newer:
             problems.append(f"{name}: a committed segment newer than {MANIFEST} (generation "
@@ -161,6 +168,18 @@ def _intact(seg_dir: str, name: str, left_out: list[str]):
         r.close()
 
 
+def _newest_record(seg_dir: str, path: str, left_out: list[str]) -> dict | None:
+    """The newest commit record under segments/ whose checksum holds (None when there is none)."""
+    names = sorted((n for n in os.listdir(seg_dir) if record_generation(n) is not None), key=record_generation)
+    for name in reversed(names):
+        try:
+            with open(os.path.join(seg_dir, name), "rb") as f:
+                return parse_manifest(f.read(), os.path.join(seg_dir, name), path)
+        except (CorruptionError, FormatError, OSError) as e:
+            left_out.append(f"{name}: commit record not used ({e})")
+    return None
+
+
 def recover(path, *, force: bool = False) -> VerifyReport:
     """Rebuild a lost, unreadable or outdated manifest from the segments whose checksums hold.
 
@@ -169,8 +188,10 @@ def recover(path, *, force: bool = False) -> VerifyReport:
     wins. Segments that fail their checksums are left out, reported, and kept as
     ``segments/<name>.left-out``. When the manifest is intact but older than the segments beside it
     (a restored backup: segments it does not name, or named ones a later compaction removed), its
-    deletions and settings are kept and the segments there are taken in. What cannot come back:
-    deletions recorded only in a lost manifest, and the index (rebuilt on open). A valid, current
+    deletions and settings are kept and the segments there are taken in. The deletions and
+    settings come from the newest commit record instead (see files.py) when it is newer than the
+    manifest, or the manifest is lost: so a restored or lost manifest costs no committed delete.
+    What cannot come back: the index (rebuilt on open). A valid, current
     manifest is left alone unless ``force``; a damaged one is kept as MANIFEST.json.damaged. Takes
     the writer lock. Returns the report of :func:`verify` on the result, with the segments left out
     added to its problems."""
@@ -190,13 +211,17 @@ def recover(path, *, force: bool = False) -> VerifyReport:
             else:
                 missing = [g["name"] for g in old["segments"]
                            if not os.path.exists(segment_path(path, g["name"]))]
-                if not force and not census(path, old).unexplained and not missing:
+                found = census(path, old)
+                if not force and not found.unexplained and not found.newer_records and not missing:
                     raise InvalidInputError(f"{path}: its {MANIFEST} is intact; nothing to recover "
                                             f"(force=True rebuilds it anyway)")
                 for name in census(path, old).unfinished:  # committed: give them their final names first
                     os.replace(os.path.join(seg_dir, TMP_PREFIX + name), os.path.join(seg_dir, name))
-        names = sorted(n for n in os.listdir(seg_dir) if n.endswith(".h5") and not n.startswith(TMP_PREFIX))
         left_out, kept, bad = [], {}, []
+        newest = _newest_record(seg_dir, path, left_out)
+        if newest is not None and (old is None or newest["generation"] > old["generation"]):
+            old = newest  # the manifest is lost or older than the latest commit: its record has the deletes
+        names = sorted(n for n in os.listdir(seg_dir) if n.endswith(".h5") and not n.startswith(TMP_PREFIX))
         for name in names:
             got = _intact(seg_dir, name, left_out)
             if got is not None:
@@ -238,6 +263,10 @@ def recover(path, *, force: bool = False) -> VerifyReport:
         m["retired"] = sorted(dropped & set(names))  # superseded: the next writer removes them
         for name in bad:  # kept for inspection, under a name no reader or writer takes for a segment
             os.replace(os.path.join(seg_dir, name), os.path.join(seg_dir, name + ".left-out"))
+        # the rebuilt manifest's own record: the deletes it keeps stay kept if an older manifest is put back again
+        m["generation"] = max([m["generation"]] + [record_generation(n) or 0 for n in os.listdir(seg_dir)])
+        m["record"] = record_name(m["generation"] + 1)
+        atomic_write(os.path.join(seg_dir, m["record"]), next_manifest(m)[1])
         write_manifest(path, m)
     finally:
         lock.release()

@@ -18,6 +18,7 @@ import functools
 import io
 import os
 import shutil
+import warnings
 import zlib
 
 import numpy as np
@@ -37,13 +38,16 @@ from mvdb.storage.files import (
     INDEX,
     SEGMENTS,
     TMP_PREFIX,
+    census,
     data_files,
     index_bytes,
+    record_name,
     segment_name,
     segment_path,
     tidy,
+    unexplained_message,
 )
-from mvdb.storage.manifest import MANIFEST, new_manifest, read_manifest, write_manifest
+from mvdb.storage.manifest import MANIFEST, new_manifest, next_manifest, read_manifest, write_manifest
 from mvdb.storage.reader import StoreReader
 from mvdb.storage.repair import VerifyReport, verify
 from mvdb.storage.segment import write_segment
@@ -124,6 +128,8 @@ class Store(StoreReader):
                 raise InvalidInputError(f"dtype: the database at {self.path} stores {manifest['dtype']}, got {dtype!r}")
             if not read_only:
                 tidy(self.path, manifest)
+            else:
+                self._warn_if_outdated(manifest)
             self._snap = self._open_snapshot(manifest)
             self._snap._index()  # the id index, built now: a live id stored twice is damage (CorruptionError)
         except BaseException:
@@ -147,6 +153,12 @@ class Store(StoreReader):
         if "" in created and os.path.isdir(self.path) and not os.listdir(self.path):
             os.rmdir(self.path)
 
+    def _warn_if_outdated(self, manifest: dict) -> None:
+        """A reader of a manifest older than the data (put back) is warned: it sees that state."""
+        found = census(self.path, manifest)
+        if (found.unexplained or found.newer_records) and read_manifest(self.path)["generation"] == manifest["generation"]:
+            warnings.warn(unexplained_message(self.path, manifest, found, reader=True), stacklevel=3)
+
     def _prepare_directory(self, read_only: bool) -> None:
         p = self.path
         if os.path.isfile(p):
@@ -165,7 +177,7 @@ class Store(StoreReader):
                 raise CorruptionError(
                     f"{p}: {MANIFEST} is missing but the database holds {len(data)} data file(s) ({shown}); "
                     f"nothing was changed. Rebuild the manifest from the checksummed segments with "
-                    f"`mvdb recover {p}` (or mvdb.recover(path)); deletions made since they were written are lost"
+                    f"`mvdb recover {p}` (or mvdb.recover(path)); it keeps the deletions of the latest commit record"
                 )
         elif os.path.lexists(p):
             raise FormatError(f"{p}: is not a directory; expected an mvdb database directory")
@@ -357,17 +369,34 @@ class Store(StoreReader):
         new["segments"].append(info)
         return info
 
-    def _commit(self, new: dict, added: list[str], removed: list[str] = ()) -> None:
+    def _commit(self, new: dict, added: list[str], removed: list[str] = (), *, record: bool = False) -> None:
         """Make ``new`` the committed state (the manifest rename), give the added segments their
-        final names, then open it."""
+        final names, then open it. ``record``: a commit that changes only the manifest (a delete,
+        a setting) first writes its commit record, which an older manifest put back cannot erase
+        (see files.py)."""
         seg_dir = os.path.join(self.path, SEGMENTS)
-        if added:
-            fsync_dir(seg_dir)  # the temp files' entries are durable before a manifest names them
         # the segments this commit drops: if a crash keeps them on disk, the next writer removes them
         new["retired"] = list(removed)
-        committed = write_manifest(self.path, new)
+        previous = new.get("record")
+        if record:
+            new["record"] = record_name(new["generation"] + 1)
+            atomic_write(os.path.join(seg_dir, TMP_PREFIX + new["record"]), next_manifest(new)[1])
+            added = [*added, new["record"]]
+        if added:
+            fsync_dir(seg_dir)  # the temp files' entries are durable before a manifest names them
+        try:
+            committed = write_manifest(self.path, new)
+        except BaseException:
+            if record:
+                self._discard_record(new["record"])
+            raise
         try:
             self._finish(added)
+            if record and previous and os.path.exists(os.path.join(seg_dir, new["record"])):
+                try:
+                    os.unlink(os.path.join(seg_dir, previous))
+                except FileNotFoundError:
+                    pass
             self._snap_swap(committed)
         except BaseException:
             self._behind = committed  # committed on disk, not opened yet: the next call catches up
@@ -377,6 +406,18 @@ class Store(StoreReader):
             os.unlink(os.path.join(seg_dir, name))
         if removed:
             fsync_dir(seg_dir)
+
+    def _discard_record(self, name: str) -> None:
+        """After a failed manifest write: remove the commit record written for it, unless the
+        manifest was committed after all (it names the record) or cannot be read (keep it)."""
+        try:
+            if read_manifest(self.path).get("record") == name:
+                return
+        except Exception:  # noqa: BLE001 - keep it rather than guess; the next writer decides
+            return
+        tmp = os.path.join(self.path, SEGMENTS, TMP_PREFIX + name)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
     def _finish(self, names) -> None:
         """Rename committed segments from their temp names (best effort: readers open either name,
@@ -423,7 +464,7 @@ class Store(StoreReader):
         self._writable()
         m = self.manifest
         if (m.get("config") or {}) != config:
-            self._commit(dict(m, config=dict(config)), [])
+            self._commit(dict(m, config=dict(config)), [], record=True)
 
     # ---- derived index files (written by the database; the segments stay the data of record)
 
@@ -477,7 +518,7 @@ class Store(StoreReader):
         for s in np.unique(seg):
             entry = new["segments"][s]
             entry["deleted"] = sorted(set(entry["deleted"]) | set(local[seg == s].tolist()))
-        self._commit(new, [])
+        self._commit(new, [], record=True)
 
     @_io("compact")
     def compact(self, min_segment_tokens: int | None = None) -> int:

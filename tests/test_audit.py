@@ -60,7 +60,7 @@ def test_restored_manifest_is_refused_for_writing_and_recover_keeps_every_docume
         db.add(b, ids=[f"b{i}" for i in range(5)], metadata=[{"batch": "b"}] * 5)
     (path / "MANIFEST.json").write_bytes(backup)  # put back
     before = _files(path)
-    named = {s["name"] for s in json.loads(backup)["segments"]}
+    named = {s["name"] for s in json.loads(backup)["segments"]} | {json.loads(backup)["record"]}
     newer = [n for n in os.listdir(path / "segments") if n not in named]
     with pytest.raises(CorruptionError, match=r"committed after it.*older than the data.*mvdb recover") as e:
         _open(path)

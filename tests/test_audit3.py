@@ -1,9 +1,11 @@
-"""Findings of the third reliability audit (issue #58), one test each: query values that would
-overflow the scores, int8 and inline documents likewise, sources that are not regular files
+"""Findings of the third reliability audit (issue #58), one test each: a manifest put back from
+before a delete or a setting (the commit record keeps them), query values that would overflow
+the scores, int8 and inline documents likewise, sources that are not regular files
 (a FIFO hung `mvdb ingest`), and a server that answers only to its own names (DNS rebinding)."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 
@@ -22,6 +24,94 @@ def _docs(n, seed=0):
     rng = np.random.default_rng(seed)
     out = [rng.standard_normal((int(rng.integers(3, 9)), DIM)).astype(np.float32) for _ in range(n)]
     return [d / np.linalg.norm(d, axis=1, keepdims=True) for d in out]
+
+
+# ---- deletions and settings that a manifest put back cannot undo
+
+
+def _files(path):
+    return {os.path.relpath(os.path.join(r, n), path): open(os.path.join(r, n), "rb").read()
+            for r, _, names in os.walk(path) for n in names}
+
+
+def test_a_manifest_from_before_a_delete_is_refused_and_recover_keeps_the_delete(tmp_path):
+    path = tmp_path / "db.mvdb"
+    ids = [f"d{i}" for i in range(10)]
+    with mvdb.open(path, device="cpu", progress=False) as d:
+        d.add(_docs(10), ids=ids)
+    backup = (path / "MANIFEST.json").read_bytes()  # a backup, a file-sync, a snapshot rollback
+    with mvdb.open(path, device="cpu", progress=False) as d:
+        d.delete(["d1", "d2", "d3"])
+    (path / "MANIFEST.json").write_bytes(backup)  # put back
+    before = _files(path)
+
+    report = mvdb.verify(path)
+    assert not report.ok and any("older than the latest commit" in p for p in report.problems), report
+    with pytest.raises(mvdb.CorruptionError, match=r"commit record.*committed after it.*mvdb recover"):
+        mvdb.open(path, device="cpu", progress=False)
+    with pytest.warns(UserWarning, match=r"older than the data.*writers refuse.*mvdb recover"):
+        mvdb.open(path, device="cpu", read_only=True, progress=False).close()
+    out = CliRunner().invoke(main, ["verify", str(path)])
+    assert out.exit_code != 0 and "older than the latest commit" in out.output
+    assert _files(path) == before, "refusing changed nothing"
+
+    assert mvdb.recover(path).ok
+    with mvdb.open(path, device="cpu", progress=False) as d:
+        assert sorted(d.store.ids()) == sorted(set(ids) - {"d1", "d2", "d3"})
+        assert {h.id for h in d.search(_docs(10)[2], k=10)}.isdisjoint({"d1", "d2", "d3"})
+    backup = (path / "MANIFEST.json").read_bytes()  # the same again after the recovery
+    with mvdb.open(path, device="cpu", progress=False) as d:
+        d.delete(["d4"])
+    (path / "MANIFEST.json").write_bytes(backup)
+    assert mvdb.recover(path).ok
+    with mvdb.open(path, device="cpu", progress=False) as d:
+        assert sorted(d.store.ids()) == sorted(set(ids) - {"d1", "d2", "d3", "d4"})
+
+
+def test_a_manifest_from_before_a_setting_is_refused_and_recover_keeps_it(tmp_path):
+    path = tmp_path / "db.mvdb"
+    with mvdb.open(path, device="cpu", index="flat", progress=False) as d:
+        d.add(_docs(10))
+    backup = (path / "MANIFEST.json").read_bytes()
+    with pytest.warns(UserWarning, match="index='ivf'"):
+        mvdb.open(path, device="cpu", index="ivf", nlist=2, progress=False).close()  # recorded: a commit
+    (path / "MANIFEST.json").write_bytes(backup)
+    with pytest.raises(mvdb.CorruptionError, match="mvdb recover"):
+        mvdb.open(path, device="cpu", progress=False)
+    assert mvdb.recover(path).ok
+    assert json.loads((path / "MANIFEST.json").read_bytes())["config"]["index"] == {"kind": "ivf", "nlist": 2}
+
+
+def test_a_lost_manifest_costs_no_committed_delete(tmp_path):
+    path = tmp_path / "db.mvdb"
+    with mvdb.open(path, device="cpu", progress=False) as d:
+        d.add(_docs(6), ids=list(range(6)))
+        d.delete([4])
+        d.add(_docs(2, seed=1), ids=[6, 7])
+    (path / "MANIFEST.json").unlink()
+    assert mvdb.recover(path).ok
+    with mvdb.open(path, device="cpu", progress=False) as d:
+        assert sorted(d.store.ids()) == [0, 1, 2, 3, 5, 6, 7]
+
+
+def test_a_failed_delete_leaves_no_commit_record(tmp_path, monkeypatch):
+    from mvdb.storage import manifest as manifest_mod
+
+    path = tmp_path / "db.mvdb"
+    with mvdb.open(path, device="cpu", progress=False) as d:
+        d.add(_docs(4), ids=list(range(4)))
+        before = _files(path)
+
+        def full(*a, **k):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(manifest_mod, "atomic_write", full)
+        with pytest.raises(OSError, match="No space left"):
+            d.delete([1])
+        monkeypatch.undo()
+        assert _files(path) == before
+        d.delete([1])
+    assert mvdb.verify(path).ok and sorted(os.listdir(path / "segments"))[0].startswith("commit-")
 
 
 # ---- scores that cannot overflow

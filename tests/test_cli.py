@@ -110,7 +110,7 @@ def test_verify_reports_corruption_with_exit_1(tmp_path):
     np.savez(tmp_path / "a.npz", tokens=tokens, lengths=lengths)
     db = tmp_path / "x.mvdb"
     run("ingest", db, tmp_path / "a.npz", "-q")
-    seg = next((db / "segments").iterdir())
+    seg = next((db / "segments").glob("seg-*.h5"))
     with h5py.File(seg, "r") as f:
         off = f["tokens"].id.get_offset()
     data = bytearray(seg.read_bytes())
@@ -415,7 +415,7 @@ def test_verify_lists_damage_and_recover_rebuilds_a_lost_manifest(tmp_path):
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(main, ["verify", str(db)])
     assert r.exit_code == 0 and "7 documents" in r.output
-    seg = sorted((db / "segments").iterdir())[0]
+    seg = sorted((db / "segments").glob("seg-*.h5"))[0]
     with open(seg, "r+b") as f:
         f.truncate(seg.stat().st_size - 100)
     r = CliRunner().invoke(main, ["verify", str(db)])

@@ -151,9 +151,8 @@ def warmup(db: str, max_query_tokens: int | None, as_json: bool, device: str, qu
 @DEBUG
 def recover(db: str, force: bool, as_json: bool) -> None:
     """Rebuild a lost, damaged or outdated MANIFEST.json from the segments whose checksums hold (the
-    newest copy of an id wins; an older manifest put back keeps its deletions and takes the newer
-    segments in; deletions recorded only in a lost manifest are lost; the index is rebuilt on the
-    next open). Prints what was left out; exit 1 when anything was.
+    newest copy of an id wins; the deletions and settings kept are those of the latest commit, from
+    the manifest or its commit record; the index is rebuilt on the next open). Prints what was left out; exit 1 when anything was.
 
 
     Example: mvdb recover my.mvdb
