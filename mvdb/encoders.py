@@ -110,10 +110,14 @@ def _positive(value, what: str):
     return value
 
 
-def texts_arg(texts, what: str = "texts", single: bool = False) -> tuple[list[str], bool]:
-    """``texts`` as a non-empty list of str (one str too where ``single``) -> (list, was one str)."""
+def texts_arg(texts, what: str = "texts", single: bool = False, *, queries: bool = False) -> tuple[list[str], bool]:
+    """``texts`` as a non-empty list of str (one str too where ``single``) -> (list, was one str).
+    ``queries``: query texts, where an empty or whitespace-only text is refused (it has no words
+    to match)."""
     if isinstance(texts, str):
         if single:
+            if queries and not texts.strip():
+                raise InvalidInputError(f"{what}: an empty or whitespace-only text; a query needs at least one word")
             return [texts], True
         raise InvalidTypeError(f"{what}: expected a list of str, got one str (wrap it in a list: [text])")
     if not isinstance(texts, (list, tuple)):
@@ -123,6 +127,8 @@ def texts_arg(texts, what: str = "texts", single: bool = False) -> tuple[list[st
     for i, t in enumerate(texts):
         if not isinstance(t, str):
             raise InvalidTypeError(f"{what}[{i}]: expected a str, got {type(t).__name__}")
+        if queries and not t.strip():
+            raise InvalidInputError(f"{what}[{i}]: an empty or whitespace-only text; a query needs at least one word")
     return list(texts), False
 
 

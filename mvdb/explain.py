@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mvdb.encoders import TEXT_KEY
+from mvdb.encoders import TEXT_KEY, texts_arg
 from mvdb.errors import InvalidInputError, InvalidTypeError
 
 
@@ -96,6 +96,7 @@ def explain(db, query, doc_id) -> Explanation:
     _one_id(doc_id, "doc_id")
     enc = getattr(db, "encoder", None)
     if isinstance(query, str):
+        texts_arg(query, "query", single=True, queries=True)
         if enc is None:
             raise InvalidInputError("query: a str needs an encoder: open the database with mvdb.open(path, "
                                     "encoder=model), or pass the query's embeddings [Lq, dim]")

@@ -203,7 +203,7 @@ class TextMethods:
         with them: one str gives a list of Hit, a list one list per query. ``where`` and the
         keyword options are those of ``search``; ``encoder`` as in :meth:`add_texts`."""
         enc = self._text_encoder(encoder, "search_text")
-        texts, single = texts_arg(queries, "queries", single=True)
+        texts, single = texts_arg(queries, "queries", single=True, queries=True)
         vecs = enc.encode(texts, is_query=True, progress=self._text_progress())
         self._check_dim(enc)
         return self.search(vecs[0] if single else vecs, k, where, **options)

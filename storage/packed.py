@@ -7,6 +7,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+def torch_ready(a) -> np.ndarray:
+    """``a`` as a C-contiguous array torch may wrap: a read-only one (what Ray's object store hands
+    out) is copied, since torch takes no read-only memory."""
+    a = np.ascontiguousarray(a)
+    return a if a.flags.writeable else a.copy()
+
+
 @dataclass
 class Packed:
     """Documents in CSR form: tokens [T, dim], offsets [n+1] int64, scales [T] (int8 only), ids [n]."""
@@ -23,7 +30,7 @@ class Packed:
         def conv(a):
             if a is None:
                 return None
-            t = torch.from_numpy(np.ascontiguousarray(a))
+            t = torch.from_numpy(torch_ready(a))
             if pin and torch.cuda.is_available() and (device is None or torch.device(device).type == "cpu"):
                 return t.pin_memory()
             return t.to(device) if device is not None else t

@@ -273,3 +273,181 @@ def test_allowed_hosts():
     assert hostname("Example.COM:80") == "example.com" and hostname("[::1]:8000") == "::1" and hostname("::1") == "::1"
     assert allowed_hosts("0.0.0.0") == {"localhost", "127.0.0.1", "::1"}
     assert allowed_hosts("10.1.2.3", ["db.lan"]) == {"localhost", "127.0.0.1", "::1", "10.1.2.3", "db.lan"}
+
+
+# ---- the smaller findings: answers in JSON, limits per request, empty texts, deep lines, k, export
+
+
+@pytest.fixture(scope="module")
+def texts_db(tmp_path_factory):
+    from mvdb.testing.words import encode as words
+
+    path = tmp_path_factory.mktemp("tx") / "t.mvdb"
+    with mvdb.open(path, device="cpu", index="flat", encoder=mvdb.Encoder(words), progress=False) as d:
+        d.add_texts(["free disk space", "copy files", "list directory contents", "show the date"],
+                    ids=["df", "cp", "ls", "date"])
+        yield d
+
+
+def _app_client(d, **options):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from mvdb.serve.app import create_app
+
+    return TestClient(create_app(d, **options))
+
+
+def test_answers_are_json_unless_the_client_asks_for_msgpack(db):
+    from mvdb.serve import codec
+
+    with _app_client(db) as c:
+        for accept in (None, "*/*", "application/json", "text/html,*/*;q=0.8", "application/json, application/msgpack"):
+            r = c.get("/health", headers={} if accept is None else {"accept": accept})
+            assert r.status_code == 200 and r.headers["content-type"].startswith("application/json"), accept
+            assert r.json()["documents"] == 20
+        r = c.get("/health", headers={"accept": "application/msgpack"})
+        assert r.headers["content-type"].startswith(codec.MSGPACK) and codec.unpack(r.content)["documents"] == 20
+        r = c.post("/search", json={"queries": [[1e39] * DIM]})  # errors too
+        assert r.status_code == 400 and r.json()["error"] == "InvalidInputError"
+
+
+def test_k_is_bounded_everywhere(db, tmp_path):
+    q = np.ones((2, DIM), np.float32)
+    for k in (2**63, 2**64, 10**23):
+        with pytest.raises(InvalidInputError, match=r"k: expected a positive int up to 9,223,372,036,854,775,807"):
+            db.search(q, k=k)
+    assert len(db.search(q, k=2**63 - 1)) == 20  # capped by the number of documents
+    with pytest.raises(InvalidInputError, match="k: expected a positive int up to"):
+        db.rerank(q, ["d1"], k=2**63)
+    with _app_client(db) as c:
+        for k in (2**63, -1, 0, 10**30):
+            r = c.post("/search", json={"queries": q.tolist(), "k": k})
+            assert r.status_code == 400 and "k: expected a positive int" in r.json()["message"], (k, r.text)
+    path = tmp_path / "k.mvdb"
+    with mvdb.open(path, progress=False) as d:
+        d.add(_docs(3))
+    np.save(tmp_path / "q.npy", q)
+    r = CliRunner().invoke(main, ["search", str(path), str(tmp_path / "q.npy"), "-k", "99999999999999999999999"])
+    assert r.exit_code == 1 and "Error: k: expected a positive int up to 9,223,372,036,854,775,807" in r.output, r.output
+
+
+def test_queries_per_request_are_limited_and_the_client_splits(texts_db):
+    with _app_client(texts_db, max_queries=3) as c:
+        r = c.post("/search_text", json={"queries": ["disk"] * 4})
+        assert r.status_code == 413 and "4 queries in one request, more than the server's limit of 3" in r.text
+        assert "--max-queries" in r.json()["message"]
+        r = c.post("/search", json={"queries": [np.ones((2, 16)).tolist()] * 5})
+        assert r.status_code == 413
+        assert c.post("/search_text", json={"queries": ["disk"] * 3}).status_code == 200
+        assert c.get("/health").json()["max_queries"] == 3
+    from mvdb.serve import Server
+
+    with Server(texts_db, max_queries=100) as srv, mvdb.connect(srv.url) as client:
+        texts = ["disk space", "files", "date", "directory"] * 80  # 320: the client sends four requests
+        got = client.search_text(texts, k=2)
+        want = texts_db.search_text(texts, k=2)
+        assert [[h.id for h in row] for row in got] == [[h.id for h in row] for row in want]
+        vecs = texts_db.encoder.encode(texts, is_query=True, progress=False)
+        assert [h.id for h in client.search(vecs, k=1)[-1]] == [want[-1][0].id]
+        assert len(client.rerank(vecs, [["df", "ls"]] * len(vecs))) == 320
+        assert len(client.candidates(vecs, k=2)) == 320
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t"], ids=["empty", "spaces", "whitespace"])
+def test_empty_text_queries_are_refused_everywhere_alike(texts_db, text):
+    msg = "an empty or whitespace-only text; a query needs at least one word"
+    with pytest.raises(InvalidInputError, match="queries: " + msg):
+        texts_db.search_text(text)
+    with pytest.raises(InvalidInputError, match=r"queries\[1\]: " + msg):
+        texts_db.search_text(["disk", text])
+    with pytest.raises(InvalidInputError, match="query: " + msg):
+        texts_db.explain(text, "df")
+    with _app_client(texts_db) as c:
+        for route, body in (("/search_text", {"queries": text}), ("/search_text", {"queries": ["a", text]}),
+                            ("/explain", {"query": text, "doc_id": "df"})):
+            r = c.post(route, json=body)
+            assert r.status_code == 400 and msg in r.json()["message"], (route, r.text)
+
+
+def test_a_json_line_nested_past_the_recursion_limit_is_named_by_file_and_line(tmp_path):
+    src = tmp_path / "deep.jsonl"
+    src.write_text('{"text": "fine"}\n{"text": "hi", "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    r = _ingest(tmp_path / "x.mvdb", src)
+    assert r.exit_code == 1 and f"Error: {src}, line 2: JSON nested too deeply to read" in r.output, r.output
+    assert "RecursionError" not in r.output and not (tmp_path / "x.mvdb").exists()
+    meta = tmp_path / "m.jsonl"
+    meta.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    np.save(tmp_path / "e.npy", np.ones((2, DIM), np.float32))
+    np.save(tmp_path / "e.lengths.npy", np.array([2]))
+    r = CliRunner().invoke(main, ["ingest", str(tmp_path / "y.mvdb"), str(tmp_path / "e.npy"), "--metadata", str(meta)])
+    assert r.exit_code == 1 and f"Error: {meta}, line 1: JSON nested too deeply" in r.output, r.output
+
+
+def test_export_refuses_to_overwrite_without_force(tmp_path):
+    path = tmp_path / "x.mvdb"
+    with mvdb.open(path, progress=False) as d:
+        d.add(_docs(3), ids=["a", "b", "c"], metadata=[{"n": 1}, None, None])
+    out = tmp_path / "out.npy"
+    assert CliRunner().invoke(main, ["export", str(path), str(out), "-q"]).exit_code == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("out.*")}
+    assert len(before) == 4
+    for args in (["export", str(path), str(out)], ["get", str(path), "a", "--out", str(out)]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 1 and f"Error: {out}: already exists; --force overwrites it" in r.output, r.output
+    (tmp_path / "out.npy").unlink()  # a side file alone is enough to refuse
+    r = CliRunner().invoke(main, ["export", str(path), str(out)])
+    assert r.exit_code == 1 and "out.lengths.npy: already exists" in r.output
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("out.*")} == {k: v for k, v in before.items() if k != "out.npy"}
+    with mvdb.open(path, progress=False) as d:
+        d.delete(["a"])  # the only document with metadata
+    assert CliRunner().invoke(main, ["export", str(path), str(out), "--force", "-q"]).exit_code == 0
+    assert np.load(tmp_path / "out.ids.npy").tolist() == ["b", "c"]
+    assert not (tmp_path / "out.metadata.jsonl").exists(), "the earlier export's metadata is not these documents'"
+
+
+def test_read_only_arrays_are_taken_without_a_warning(db):
+    import warnings
+
+    q = np.ones((3, DIM), np.float32)
+    q.setflags(write=False)  # what Ray's object store hands an actor
+    batch = np.stack([q, q])
+    batch.setflags(write=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        db.search(q, k=2)
+        db.search(batch, k=2)
+        db.search([q, q], k=2)
+        db.rerank(q, ["d1", "d2"])
+        db.explain(q, "d1")
+        mvdb.rerank(q, [q])
+
+
+def test_a_worker_dies_with_the_database_process_at_once(tmp_path):
+    """A worker whose parent (the database's process) is SIGKILLed ends at once, even while a
+    graceful shutdown would still be waiting (here: SIGTERM ignored)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    child = ("import signal, time; from mvdb.serve.workers import _die_with_parent; _die_with_parent(); "
+             "signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)")
+    parent = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', {child!r}], "
+              "stdout=subprocess.PIPE, text=True); assert p.stdout.readline() == 'up\\n'; "
+              "print(p.pid, flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(proc.stdout.readline())
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}") and \
+                "Z" not in open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1][:3]:
+            time.sleep(0.02)
+        alive = os.path.exists(f"/proc/{pid}") and "Z" not in open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1][:3]
+        if alive:
+            os.kill(pid, signal.SIGKILL)
+        assert not alive, "the worker outlived its parent"
+    finally:
+        proc.kill()

@@ -131,7 +131,7 @@ def test_bad_queries(db):
         db.search(np.full((3, DIM), np.nan, np.float32))
     with pytest.raises(InvalidInputError, match=r"query 1: empty \(0 tokens\)"):
         db.search([good, np.zeros((0, DIM), np.float32)])
-    with pytest.raises(InvalidInputError, match="k: expected a positive int, got 0"):
+    with pytest.raises(InvalidInputError, match="k: expected a positive int up to .*, got 0"):
         db.search(good, k=0)
     with pytest.raises(InvalidTypeError, match="k: expected a positive int, got float"):
         db.search(good, k=2.5)
@@ -335,9 +335,9 @@ def test_bad_index_options(tmp_path):
         mvdb.open(tmp_path / "db", index="hnsw")
     with mvdb.open(tmp_path / "db") as db:
         db.add(_corpus(5))
-        with pytest.raises(InvalidInputError, match="nprobe: expected a positive int, got -1"):
+        with pytest.raises(InvalidInputError, match="nprobe: expected a positive int up to .*, got -1"):
             db.search(_corpus(1)[0], nprobe=-1)
-        with pytest.raises(InvalidInputError, match="n_candidates: expected a positive int, got 0"):
+        with pytest.raises(InvalidInputError, match="n_candidates: expected a positive int up to .*, got 0"):
             db.search(_corpus(1)[0], n_candidates=0)
 
 

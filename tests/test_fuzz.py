@@ -236,3 +236,83 @@ def test_http_garbage_never_answers_500(server, route, raw, ctype):
     srv, http = server
     r = http.request("POST", srv.url + route, body=raw, headers={"content-type": ctype, "accept": "application/json"})
     _answer_is_not_a_crash(r)
+
+
+# ---- every route, well-formed requests with extreme values (issue #58): never a 5xx
+
+EXTREME = st.one_of(st.sampled_from([0.0, -0.0, 1.0, -1.0, 65504.0, -65504.0, 65505.0, 70000.0, 1e20, -1e20, 3e38,
+                                     -3.4e38, 1e38, 1.7e308, -1.7e308, 5e-324, 1e-45]),
+                    st.floats(allow_nan=False, allow_infinity=False))
+HUGE_K = st.one_of(st.sampled_from([0, -1, 1, 3, 2**31 - 1, 2**31, 2**63 - 1, 2**63, 2**64, -(2**63)]),
+                   st.integers(-(2**80), 2**80), st.integers(1, 20))
+TEXTS = st.one_of(st.sampled_from(["", " ", "\t\n", "disk", "free disk space", "x" * 5000]), st.text(max_size=40))
+IDS = st.sampled_from(["df", "cp", "ls", "date", "nope", "", 0, -1, 2**63, 2**64])
+IN_RANGE = st.sampled_from([65504.0, -65504.0, 60000.0, 1e4, -1e4, 1.0, 1e-8, 0.0])  # finite at the kernels' float16
+matrix = st.one_of(st.lists(st.lists(EXTREME, min_size=DIM, max_size=DIM), min_size=1, max_size=3),
+                   st.builds(lambda v, n: [[v] * DIM] * n, IN_RANGE, st.integers(1, 3)),
+                   st.lists(st.lists(IN_RANGE, min_size=DIM, max_size=DIM), min_size=1, max_size=3))
+queries_arg = st.one_of(matrix, st.lists(matrix, min_size=1, max_size=3))
+options = st.fixed_dictionaries({}, optional={"k": HUGE_K, "n_candidates": HUGE_K, "k_tokens": HUGE_K,
+                                              "nprobe": HUGE_K, "exact": st.booleans()})
+REQUESTS = {
+    "/search": st.builds(lambda q, o: {"queries": q, **o}, queries_arg, options),
+    "/candidates": st.builds(lambda q, o: {"queries": q, **{k: v for k, v in o.items() if k != "exact"}},
+                             queries_arg, options),
+    "/search_text": st.builds(lambda q, o: {"queries": q, **o}, st.one_of(TEXTS, st.lists(TEXTS, min_size=1, max_size=4)),
+                              options),
+    "/rerank": st.builds(lambda q, ids, k: {"queries": q, "candidate_ids": ids, "k": k}, matrix,
+                         st.lists(IDS, max_size=4), st.one_of(st.none(), HUGE_K)),
+    "/explain": st.one_of(st.builds(lambda q, d: {"query": q, "doc_id": d}, st.one_of(TEXTS, matrix), IDS),
+                          st.builds(lambda q, d: {"query_id": q, "doc_id": d}, IDS, IDS)),
+    "/add": st.builds(lambda d, i: {"docs": [d], "ids": [i]}, matrix, st.text(min_size=1, max_size=6)),
+    "/delete": st.builds(lambda i: {"ids": i}, st.lists(IDS, max_size=3)),
+    "/get": st.builds(lambda i: {"ids": i}, st.lists(IDS, max_size=3)),
+    "/metadata": st.builds(lambda i: {"ids": i}, st.lists(IDS, max_size=3)),
+    "/contains": st.builds(lambda i: {"ids": i}, st.lists(IDS, max_size=3)),
+    "/compact": st.just({}),
+    "/refresh": st.just({}),
+}
+GETS = ["/health", "/ready", "/stats", "/len", "/verify"]
+
+
+@pytest.fixture(scope="module")
+def text_server(tmp_path_factory):
+    from mvdb.serve import Server
+    from mvdb.testing.words import encode as words
+
+    def small(texts, is_query):  # the stand-in's vectors cut to DIM, so the strategies draw whole queries
+        return [v[:, :DIM] / np.linalg.norm(v[:, :DIM], axis=1, keepdims=True) for v in words(texts, is_query)]
+
+    path = tmp_path_factory.mktemp("fuzz-extreme") / "db"
+    db = mvdb.open(path, device="cpu", index="flat", encoder=mvdb.Encoder(small, dim=DIM), progress=False)
+    db.add_texts(["free disk space", "copy files", "list directory contents", "show the date"],
+                 ids=["df", "cp", "ls", "date"])
+    with Server(db) as srv:
+        yield srv, urllib3.PoolManager(retries=False)
+    db.close()
+
+
+@SETTINGS
+@given(data=st.data(), route=st.sampled_from(sorted(REQUESTS) + GETS), fmt=st.sampled_from(["json", "msgpack"]))
+def test_every_route_with_extreme_inputs_never_answers_5xx(text_server, data, route, fmt):
+    import msgpack
+
+    srv, http = text_server
+    if route in GETS:
+        r = http.request("GET", srv.url + route, headers={"accept": "*/*"})
+        assert r.status in (200, 503) and json.loads(r.data) is not None
+        return
+    body = data.draw(REQUESTS[route])
+    if fmt == "json":
+        raw, ctype = json.dumps(body).encode("utf-8", "surrogatepass"), "application/json"
+    else:
+        try:
+            raw, ctype = msgpack.packb(body, use_bin_type=True, unicode_errors="surrogatepass"), "application/msgpack"
+        except (OverflowError, ValueError):  # no MessagePack for ints past 64 bits
+            return
+    r = http.request("POST", srv.url + route, body=raw, headers={"content-type": ctype})  # JSON by default
+    _answer_is_not_a_crash(r)
+    if r.status == 200 and route in ("/search", "/search_text", "/rerank"):
+        rows = json.loads(r.data)["hits"]
+        rows = rows if rows and isinstance(rows[0], list) and rows[0] and isinstance(rows[0][0], list) else [rows]
+        assert all(np.isfinite(s) for row in rows for _, s in row), body  # every score a finite number

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 
 import click
@@ -20,9 +21,10 @@ from mvdb.errors import InvalidInputError
 @click.argument("ids", nargs=-1, required=True)
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Write the documents to OUT.npy (+ .lengths.npy, .ids.npy, .metadata.jsonl), re-ingestable.")
+@click.option("--force", is_flag=True, help="Overwrite OUT and its side files where they exist.")
 @JSON_OUT
 @DEBUG
-def get(db: str, ids: tuple[str, ...], out: str | None, as_json: bool) -> None:
+def get(db: str, ids: tuple[str, ...], out: str | None, force: bool, as_json: bool) -> None:
     """Show (or write out) documents of DB by id: token count and metadata.
 
     Example: mvdb get my.mvdb 17 42 --out two.npy
@@ -30,6 +32,8 @@ def get(db: str, ids: tuple[str, ...], out: str | None, as_json: bool) -> None:
     import mvdb
 
     require_database(db, "get")
+    if out is not None:
+        _check_out(out, force)
     with mvdb.open(db, read_only=True, device="cpu") as d:
         keys = ids_arg(d, ids)
         docs, meta = d.get(keys), d.metadata(keys)
@@ -73,10 +77,11 @@ def delete(db: str, ids: tuple[str, ...], as_json: bool, device: str) -> None:
 @click.argument("db")
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("--batch", default=10_000, show_default=True, help="Documents read at a time.")
+@click.option("--force", is_flag=True, help="Overwrite OUT and its side files where they exist.")
 @JSON_OUT
 @QUIET
 @DEBUG
-def export(db: str, out: str, batch: int, as_json: bool, quiet: bool) -> None:
+def export(db: str, out: str, batch: int, force: bool, as_json: bool, quiet: bool) -> None:
     """Write every live document of DB to OUT.npy with OUT.lengths.npy, OUT.ids.npy and (when any
     document has metadata) OUT.metadata.jsonl: the packed format `mvdb ingest` reads back
     (`mvdb ingest NEW OUT.npy --metadata OUT.metadata.jsonl`). fp16 stores export fp16; int8
@@ -87,8 +92,7 @@ def export(db: str, out: str, batch: int, as_json: bool, quiet: bool) -> None:
     from mvdb.storage import Store
 
     require_database(db, "export")
-    if not out.endswith(".npy"):
-        raise InvalidInputError(f"{out}: expected a path ending in .npy (the side files go beside it)")
+    _check_out(out, force)
     if batch < 1:
         raise InvalidInputError(f"--batch: expected 1 or more documents, got {batch}")
     with contextlib.ExitStack() as stack:
@@ -125,9 +129,18 @@ def export(db: str, out: str, batch: int, as_json: bool, quiet: bool) -> None:
         click.echo(f"exported {n} documents ({t:,} tokens) to {out}" + (" with metadata" if with_meta else ""))
 
 
-def _write_packed(out: str, ids: list, docs: list, meta: list) -> None:
+def _check_out(out: str, force: bool) -> None:
+    """OUT (X.npy) is a path ending in .npy, and neither it nor a side file exists unless ``force``."""
     if not out.endswith(".npy"):
         raise InvalidInputError(f"{out}: expected a path ending in .npy (the side files go beside it)")
+    there = [p for p in (out, *(out[:-4] + s for s in (".lengths.npy", ".ids.npy", ".metadata.jsonl")))
+             if os.path.lexists(p)]
+    if there and not force:
+        raise InvalidInputError(f"{there[0]}: already exists; --force overwrites it"
+                                + (f" (and {len(there) - 1} more side file(s))" if len(there) > 1 else ""))
+
+
+def _write_packed(out: str, ids: list, docs: list, meta: list) -> None:
     np.save(out, np.concatenate(docs) if docs else np.zeros((0, 0), np.float32))
     _write_side_files(out, ids, np.array([len(x) for x in docs], dtype=np.int64), meta)
 
@@ -139,6 +152,8 @@ def _write_side_files(out: str, ids: list, lengths: np.ndarray, meta: list) -> b
     np.save(base + ".lengths.npy", lengths)
     np.save(base + ".ids.npy", np.array(ids) if ids and isinstance(ids[0], str) else np.asarray(ids, dtype=np.int64))
     if not any(m is not None for m in meta):
+        if os.path.lexists(base + ".metadata.jsonl"):  # an earlier export's (--force): not these documents'
+            os.unlink(base + ".metadata.jsonl")
         return False
     with open(base + ".metadata.jsonl", "w", encoding="utf-8") as f:
         f.writelines(json.dumps(m) + "\n" for m in meta)

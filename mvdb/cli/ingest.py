@@ -162,6 +162,9 @@ def _read_metadata(path: str, n: int) -> list:
                     value = json.loads(line)
                 except ValueError as e:
                     raise InvalidInputError(f"{path}, line {i}: not JSON ({e})") from None
+                except RecursionError:
+                    raise InvalidInputError(f"{path}, line {i}: JSON nested too deeply to read (more than Python's recursion limit "
+                                            f"of {sys.getrecursionlimit()} levels)") from None
                 if value is not None and not isinstance(value, dict):
                     raise InvalidInputError(f"{path}, line {i}: expected a JSON object or null, got "
                                             f"{type(value).__name__}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import click
 
@@ -56,6 +57,9 @@ def search(db: str, queries: str | None, texts: tuple[str, ...], model: str | No
             filt = json.loads(where)
         except ValueError as e:
             raise InvalidInputError(f"--where: expected a JSON object, got {where!r} ({e})") from None
+        except RecursionError:
+            raise InvalidInputError(f"--where: JSON nested too deeply to read (more than Python's recursion limit "
+                                    f"of {sys.getrecursionlimit()} levels)") from None
     options = {"where": filt, "nprobe": nprobe, "n_candidates": n_candidates, "exact": exact}
     if text is not None:
         enc = load_model(model, device, batch_size)

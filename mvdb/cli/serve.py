@@ -22,6 +22,9 @@ from mvdb.errors import InvalidInputError
               help="Text model for /search_text, text queries of /explain and the /ui page: 'minilm', a model "
                    "folder or name, or module:attr; loaded on --device. The model the texts were added with.")
 @click.option("--max-body-mb", default=256.0, show_default=True, help="Largest request body accepted (413 above).")
+@click.option("--max-queries", default=4096, show_default=True,
+              help="Most queries (texts or embeddings) one request may send (413 above; the Python client "
+                   "splits larger batches).")
 @click.option("--batch-queries", default=256, show_default=True,
               help="Most queries of concurrent requests searched as one batch.")
 @click.option("--batch-window-ms", default=0.0, show_default=True,
@@ -50,7 +53,7 @@ from mvdb.errors import InvalidInputError
 @DEVICE
 @DEBUG
 def serve(db: str, host: str, port: int, read_only: bool, api_key_file: str | None, create: bool, model: str | None,
-          max_body_mb: float, batch_queries: int, batch_window_ms: float, workers: int | None,
+          max_body_mb: float, max_queries: int, batch_queries: int, batch_window_ms: float, workers: int | None,
           search_threads: int | None, gil_switch_us: float, header_timeout: float, body_timeout: float,
           allowed_host: tuple, warm: bool, device: str) -> None:
     """Serve DB over HTTP until SIGTERM / Ctrl-C (graceful: requests in flight finish). Clients:
@@ -66,9 +69,10 @@ def serve(db: str, host: str, port: int, read_only: bool, api_key_file: str | No
         require_database(db, "serve (without --create)")
     if port < 0 or port > 65535:
         raise InvalidInputError(f"--port: expected 0 to 65535, got {port}")
-    if max_body_mb <= 0 or batch_queries < 1 or batch_window_ms < 0:
-        raise InvalidInputError("--max-body-mb and --batch-queries: expected positive values, --batch-window-ms "
-                                f"0 or more; got {max_body_mb}, {batch_queries}, {batch_window_ms}")
+    if max_body_mb <= 0 or batch_queries < 1 or max_queries < 1 or batch_window_ms < 0:
+        raise InvalidInputError("--max-body-mb, --max-queries and --batch-queries: expected positive values, "
+                                f"--batch-window-ms 0 or more; got {max_body_mb}, {max_queries}, {batch_queries}, "
+                                f"{batch_window_ms}")
     key = read_key(api_key_file) if api_key_file else None
     if workers is not None and workers < 1:
         raise InvalidInputError(f"--workers: expected 1 or more, got {workers}")
@@ -80,6 +84,7 @@ def serve(db: str, host: str, port: int, read_only: bool, api_key_file: str | No
         raise InvalidInputError(f"--header-timeout and --body-timeout: expected seconds above 0, got {header_timeout}, "
                                 f"{body_timeout}")
     run(db, host=host, port=port, read_only=read_only, api_key=key, device=device, max_body_mb=max_body_mb,
+        max_queries=max_queries,
         batch_queries=batch_queries, batch_window_ms=batch_window_ms, workers=workers,
         search_threads=search_threads, gil_switch_us=gil_switch_us, header_timeout_s=header_timeout,
         body_timeout_s=body_timeout, on_ready=main_ready, warm=warm, on_warm=main_warm, allowed_host=allowed_host,

@@ -8,6 +8,7 @@ import torch
 from mvdb.engine.search import Hit, check_k, hits, prepare
 from mvdb.errors import InvalidInputError, InvalidTypeError
 from mvdb.kernels import maxsim_varlen
+from mvdb.storage.packed import torch_ready
 from mvdb.storage.validate import INT8_VALUE_MAX
 
 __all__ = ["rerank"]
@@ -28,7 +29,7 @@ def _inline_tensor(x, where: str) -> torch.Tensor:
             raise InvalidTypeError(f"{where}: expected a real-valued (float or int) array, got dtype {a.dtype}")
         if a.dtype.kind != "f":
             a = a.astype(np.float64)  # torch lacks some numpy int dtypes (uint64); exact for any int32
-        return torch.from_numpy(np.ascontiguousarray(a))
+        return torch.from_numpy(torch_ready(a))
     raise InvalidTypeError(f"{where}: expected a numpy array or torch tensor, got {type(x).__name__}")
 
 

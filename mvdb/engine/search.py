@@ -21,6 +21,7 @@ from mvdb.engine.flat import approximate_candidates
 from mvdb.engine.sparse import query_sparse, sparse_candidates
 from mvdb.kernels.host import upload_all
 from mvdb.storage import validate
+from mvdb.storage.packed import torch_ready
 from mvdb.errors import InvalidInputError, InvalidTypeError
 
 # Defaults chosen so that nobody needs to tune them (docs/scale.md, docs/benchmarks.md).
@@ -74,11 +75,17 @@ class Queries(NamedTuple):
         return max((b - a for a, b in zip(self.cu_host, self.cu_host[1:])), default=0)
 
 
+K_MAX = 2**63 - 1  # the largest k (and candidate / token / list count) a search takes: int64
+
+
 def check_k(k, name: str = "k") -> None:
+    """``k`` (or another count of a search) a positive int up to :data:`K_MAX`; hits are capped
+    by the number of live documents anyway."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise InvalidTypeError(f"{name}: expected a positive int, got {type(k).__name__}")
-    if k <= 0:
-        raise InvalidInputError(f"{name}: expected a positive int, got {k}")
+    if k <= 0 or k > K_MAX:
+        raise InvalidInputError(f"{name}: expected a positive int up to {K_MAX:,} (hits are capped by the number of "
+                                f"documents), got {k}")
 
 
 def is_batch(queries) -> bool:
@@ -103,7 +110,7 @@ def prepare(queries, dim: int, device: torch.device) -> Queries:
         if isinstance(x, np.ndarray):
             if x.dtype.kind not in "fiu":
                 raise InvalidTypeError(f"{where}: expected a numeric array, got dtype {x.dtype}")
-            return torch.from_numpy(np.ascontiguousarray(x))
+            return torch.from_numpy(torch_ready(x))
         if isinstance(x, torch.Tensor):
             validate.dense_tensor(x, where)
             if x.is_complex() or x.dtype == torch.bool:

@@ -27,6 +27,7 @@ import gzip
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +131,9 @@ def _jsonl(path: str, text_field: str, id_field: str, hasher=None) -> Iterator[t
             obj = json.loads(line, parse_constant=_constant)
         except ValueError as e:
             raise InvalidInputError(f"{where}: not JSON ({e})") from None
+        except RecursionError:
+            raise InvalidInputError(f"{where}: JSON nested too deeply to read (more than Python's recursion limit "
+                                    f"of {sys.getrecursionlimit()} levels)") from None
         if not isinstance(obj, dict):
             raise InvalidInputError(f"{where}: expected a JSON object, got {_json_type(obj)}")
         if text_field not in obj:

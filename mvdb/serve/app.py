@@ -1,7 +1,7 @@
 """The HTTP API of ``mvdb serve``: a FastAPI application over one open database.
 
 Every route takes a MessagePack or JSON body (mvdb.serve.codec) and answers in the format the
-request asked for (``Accept: application/json``, else MessagePack). Errors answer with a 4xx/5xx
+request asked for (``Accept: application/msgpack``, else JSON). Errors answer with a 4xx/5xx
 status and ``{"error": <mvdb exception class>, "message": <the library's text>}``, which the
 Python client raises again as the same exception. No route takes a path: the server serves the
 one database it was started on.
@@ -48,10 +48,19 @@ STATUS = [  # most specific first
 ]
 SEARCH_OPTIONS = ("k", "where", "n_candidates", "k_tokens", "nprobe", "n_sparse", "exact")
 BIG_BODY = 1 << 20  # bodies larger than this are decoded off the event loop
+MAX_QUERIES = 4096  # queries (texts or embeddings) one request may send, by default (mvdb serve --max-queries)
 
 
 class BodyTooLarge(errors.InvalidInputError):
     pass
+
+
+def n_queries(queries) -> int:
+    """How many queries a request's ``queries`` holds: a batch (a list, or [Nq, Lq, dim]) its
+    length, anything else one."""
+    if isinstance(queries, (list, tuple)) or getattr(queries, "ndim", 2) == 3:
+        return len(queries)
+    return 1
 
 
 class ForeignOrigin(errors.AuthenticationError):
@@ -104,6 +113,14 @@ def error_response(e: BaseException, accept_json: bool) -> Response:
     return _respond({"error": name, "message": text}, accept_json, status)
 
 
+def wants_json(accept: str) -> bool:
+    """JSON unless the ``Accept`` header asks for MessagePack before (or without) JSON: a plain
+    ``curl`` or ``*/*`` gets text; the Python client asks for MessagePack."""
+    accept = accept.lower()
+    at = accept.find("msgpack")
+    return at < 0 or 0 <= accept.find(codec.JSON) < at
+
+
 def _respond(obj, accept_json: bool, status: int = 200) -> Response:
     if accept_json:
         return Response(codec.to_json(obj), status_code=status, media_type=codec.JSON)
@@ -136,8 +153,9 @@ class Served:
     """What the routes serve: the database, its batcher and the server's settings."""
 
     def __init__(self, db, batcher: Batcher, *, read_only: bool, key: bytes | None, limit: int, readiness=None,
-                 hosts: frozenset | None = None):
+                 hosts: frozenset | None = None, max_queries: int = MAX_QUERIES):
         self.db, self.batcher, self.read_only, self.key, self.limit = db, batcher, read_only, key, limit
+        self.max_queries = max_queries
         self.hosts = hosts  # the names it answers to without a key (None: any)
         # ``readiness``: what /ready reports, ``state() -> dict`` (mvdb.serve.readiness); a worker
         # process asks the database's process, whose warm-up it is
@@ -186,6 +204,15 @@ class Served:
             return _dict(await run_in_threadpool(codec.decode, raw, ctype), route)
         return _dict(codec.decode(raw, ctype), route)
 
+    def count(self, queries, route: str):
+        """``queries``, after checking that there are at most ``max_queries`` of them (413)."""
+        n = n_queries(queries)
+        if n > self.max_queries:
+            raise BodyTooLarge(f"{route}: {n} queries in one request, more than the server's limit of "
+                               f"{self.max_queries} (mvdb serve --max-queries; the Python client splits "
+                               f"larger batches itself)")
+        return queries
+
     def writable(self, name: str) -> None:
         if self.read_only:
             raise errors.ReadOnlyError(f"{name}: the server was started with --read-only")
@@ -202,10 +229,10 @@ SEARCH = {"queries": ARR, "k": {"type": "integer"}, "where": {"type": "object"},
 
 
 async def health(s: Served, args):
-    """Whether the server is up, with the number of documents and its text model (``model``: its
-    name; None without ``--model``)."""
+    """Whether the server is up, with the number of documents, its text model (``model``: its
+    name; None without ``--model``) and the most queries one request may send (``max_queries``)."""
     return {"ok": True, "documents": len(s.db), "read_only": s.refuses_writes, "uptime_s": time.time() - s.started,
-            "model": s.model}
+            "model": s.model, "max_queries": s.max_queries}
 
 
 class Status(NamedTuple):
@@ -238,7 +265,7 @@ async def length(s: Served, args):
 async def search(s: Served, args):
     """Top-k by exact MaxSim among the candidates: one query ([Lq, dim]) gives a list of
     [id, score]; a batch (a list, or [Nq, Lq, dim]) one list per query."""
-    queries = codec.embeddings(args.get("queries"), "queries")
+    queries = s.count(codec.embeddings(args.get("queries"), "queries"), "search")
     options = {k: args[k] for k in SEARCH_OPTIONS if k in args}
     return _hits(await asyncio.wrap_future(s.batcher.search(queries, args.get("sparse"), options)))
 
@@ -248,7 +275,7 @@ async def search_text(s: Served, args):
     gives a list of [id, score], a list of str one list per text. Options as /search's."""
     if s.model is None:
         raise texts.no_model("search_text")
-    queries, single = texts_arg(args.get("queries"), "queries", single=True)
+    queries, single = texts_arg(s.count(args.get("queries"), "search_text"), "queries", single=True, queries=True)
     vecs = await run_in_threadpool(texts.run, s.db, "encode_queries", queries)
     options = {k: args[k] for k in SEARCH_OPTIONS if k in args}
     return _hits(await asyncio.wrap_future(s.batcher.search(vecs[0] if single else vecs, args.get("sparse"), options)))
@@ -273,13 +300,13 @@ async def explain(s: Served, args):
 
 async def candidates(s: Served, args):
     """The ids the exact stage of search would rerank, per query."""
-    queries = codec.embeddings(args.pop("queries", None), "queries")
+    queries = s.count(codec.embeddings(args.pop("queries", None), "queries"), "candidates")
     return await run_in_threadpool(lambda: s.db.candidates(queries, **args))
 
 
 async def rerank(s: Served, args):
     """Exact MaxSim of each query against its own candidate ids."""
-    queries = codec.embeddings(args.get("queries"), "queries")
+    queries = s.count(codec.embeddings(args.get("queries"), "queries"), "rerank")
     return _hits(await run_in_threadpool(lambda: s.db.rerank(queries, args.get("candidate_ids"), args.get("k"))))
 
 
@@ -380,7 +407,7 @@ def endpoint(served: Served, r: Route):
     """The request handler of route ``r``: checks the key and size, decodes the body (checking its
     arguments), runs the route, encodes the result; every error becomes an error response."""
     async def handle(request: Request):
-        accept_json = codec.JSON in request.headers.get("accept", "")
+        accept_json = wants_json(request.headers.get("accept", ""))
         try:
             served.guard(request)
             args = await served.body_of(request, r.path) if r.method == "POST" else {}
@@ -400,17 +427,18 @@ def endpoint(served: Served, r: Route):
 def create_app(db, *, read_only: bool = False, api_key: str | None = None, max_body_mb: float = 256,
                batch_queries: int = 256, batch_window_ms: float = 0.0, search_threads: int = 1,
                header_timeout_s: float = 10.0, body_timeout_s: float = 60.0, readiness=None,
-               hosts: frozenset | None = None) -> FastAPI:
+               hosts: frozenset | None = None, max_queries: int = MAX_QUERIES) -> FastAPI:
     """The application serving ``db`` (an open ``Database`` or ``ShardedDatabase``); the caller
     owns ``db``. ``read_only`` refuses writes (403, ReadOnlyError) even on a writable handle.
     ``header_timeout_s`` / ``body_timeout_s``: the read timeouts of its connections
     (mvdb.serve.protocol), applied by :func:`uvicorn_config`. ``readiness``: what ``/ready``
     reports (a :class:`mvdb.serve.readiness.Readiness`; None: ready). ``hosts``: without an API
     key, the names (``Host`` headers) it answers to, others refused with 403 (:func:`allowed_hosts`;
-    None: any, for callers that check them themselves)."""
+    None: any, for callers that check them themselves). ``max_queries``: the most queries (texts or
+    embeddings) one request may send; more is a 413."""
     batcher = Batcher(db, max_queries=batch_queries, window_s=batch_window_ms / 1e3, threads=search_threads)
     served = Served(db, batcher, read_only=read_only, key=api_key.encode() if api_key else None,
-                    limit=int(max_body_mb * (1 << 20)), readiness=readiness, hosts=hosts)
+                    limit=int(max_body_mb * (1 << 20)), readiness=readiness, hosts=hosts, max_queries=max_queries)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -62,6 +62,7 @@ class Client(TextMethods, ExplainMethods, DatabaseAPI):
                                                  timeout=urllib3.Timeout(connect=timeout, read=timeout), retries=False)
         self._closed = False
         self._dim = None
+        self._max_queries = None  # the server's limit per request, asked once a batch could pass it
 
     # ---- transport
 
@@ -93,6 +94,28 @@ class Client(TextMethods, ExplainMethods, DatabaseAPI):
                 raise _ERRORS.get(out["error"], errors.MvdbError)(out.get("message", ""))
             raise errors.ServerError(f"{self.url}{path}: HTTP {r.status}: {out!r}")
         return out
+
+    def _batched(self, path: str, body: dict, per_query=("queries", "sparse"), hits: bool = True):
+        """``_call`` of a route taking queries; a batch of more queries than the server takes in one
+        request (``/health``'s ``max_queries``) is sent in parts, each argument of ``per_query``
+        split alike, and the answers joined."""
+        q = body["queries"]
+        n = len(q) if isinstance(q, (list, tuple)) or getattr(q, "ndim", 2) == 3 else 1
+        if n > _FEW_QUERIES and self._max_queries is None:
+            self._max_queries = int(self.health().get("max_queries") or n)
+        step = self._max_queries or n
+        if n <= step:
+            return self._call(path, body)
+        outs = []
+        for a in range(0, n, step):
+            part = dict(body)
+            for key in per_query:
+                if isinstance(part.get(key), (list, tuple)) or getattr(part.get(key), "ndim", 0) >= 1:
+                    part[key] = part[key][a : a + step]
+            outs.append(self._call(path, part))
+        if hits:
+            return {"batch": True, "hits": [row for o in outs for row in o["hits"]]}
+        return [row for o in outs for row in o]
 
     @staticmethod
     def _hits(out):
@@ -158,7 +181,7 @@ class Client(TextMethods, ExplainMethods, DatabaseAPI):
         if encoder is not None or self.encoder is not None:
             return super().search_text(queries, k, where, encoder=encoder, **options)
         body = _options(queries=queries, k=k, where=where, **options)
-        return self._hits(self._call("/search_text", body))
+        return self._hits(self._batched("/search_text", body))
 
     def explain(self, query, doc_id) -> Explanation:
         """As ``Database.explain``: computed here with this client's encoder where it has one,
@@ -198,17 +221,17 @@ class Client(TextMethods, ExplainMethods, DatabaseAPI):
                n_sparse=None, exact: bool = False):
         body = _options(queries=queries, k=k, where=where, n_candidates=n_candidates, k_tokens=k_tokens,
                         nprobe=nprobe, sparse=sparse, n_sparse=n_sparse, exact=exact)
-        return self._hits(self._call("/search", body))
+        return self._hits(self._batched("/search", body))
 
     def candidates(self, queries, k: int = 10, where=None, *, n_candidates=None, k_tokens=None, nprobe=None,
                    sparse=None, n_sparse=None):
         body = _options(queries=queries, k=k, where=where, n_candidates=n_candidates, k_tokens=k_tokens,
                         nprobe=nprobe, sparse=sparse, n_sparse=n_sparse)
-        return self._call("/candidates", body)
+        return self._batched("/candidates", body, hits=False)
 
     def rerank(self, queries, candidate_ids, k: int | None = None):
         body = {"queries": queries, "candidate_ids": _ids(candidate_ids), "k": k}
-        return self._hits(self._call("/rerank", body))
+        return self._hits(self._batched("/rerank", body, per_query=("queries", "candidate_ids")))
 
     def close(self) -> None:
         if not self._closed:
@@ -223,6 +246,9 @@ class Client(TextMethods, ExplainMethods, DatabaseAPI):
 
     def __repr__(self) -> str:
         return f"mvdb.Client({self.url!r}{', closed' if self._closed else ''})"
+
+
+_FEW_QUERIES = 256  # batches up to this size are sent whole without asking the server's limit
 
 
 def _options(**kw) -> dict:

@@ -22,7 +22,7 @@ import uvicorn
 from mvdb.errors import InvalidInputError
 
 GIL_SWITCH_US = 100.0
-from mvdb.serve.app import allowed_hosts, create_app, uvicorn_config
+from mvdb.serve.app import MAX_QUERIES, allowed_hosts, create_app, uvicorn_config
 from mvdb.serve.readiness import Readiness
 
 
@@ -68,7 +68,8 @@ def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = 
           device: str = "auto", workers: int | None = None, max_body_mb: float = 256, batch_queries: int = 256,
           batch_window_ms: float = 0.0, search_threads: int | None = None, graceful_s: float = 30.0, log_level: str = "warning",
           on_ready=None, gil_switch_us: float = GIL_SWITCH_US, header_timeout_s: float = 10.0,
-          body_timeout_s: float = 60.0, model=None, warm: bool = True, on_warm=None, allowed_host=()) -> None:
+          body_timeout_s: float = 60.0, model=None, warm: bool = True, on_warm=None, allowed_host=(),
+          max_queries: int = MAX_QUERIES) -> None:
     """Open the database at ``path`` and serve it until SIGTERM or Ctrl-C. ``port=0`` picks a free
     port; ``on_ready(url)`` is called once it answers (the CLI prints the URL).
 
@@ -87,6 +88,7 @@ def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = 
     ``on_warm(state)`` is called then (the CLI prints it). False: ready at once.
     ``allowed_host``: names besides localhost, the loopback addresses and ``host`` that requests
     may address the server by (their ``Host`` header) when it has no API key; others get 403.
+    ``max_queries``: the most queries (texts or embeddings) one request may send (413 above).
     """
     import mvdb
 
@@ -109,7 +111,7 @@ def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = 
         raise
     options = dict(api_key=api_key, max_body_mb=max_body_mb, batch_queries=batch_queries,
                    batch_window_ms=batch_window_ms, search_threads=search_threads, header_timeout_s=header_timeout_s,
-                   body_timeout_s=body_timeout_s, hosts=allowed_hosts(host, allowed_host))
+                   body_timeout_s=body_timeout_s, hosts=allowed_hosts(host, allowed_host), max_queries=max_queries)
     readiness = Readiness()
     if warm:
         readiness.start(db, on_done=on_warm)

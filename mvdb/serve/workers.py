@@ -262,8 +262,11 @@ class RemoteDatabase:
 
 
 def _die_with_parent() -> None:
+    """End with the database's process: a worker without it cannot answer anything, so a
+    SIGKILL at once (a graceful SIGTERM would hold the port while uvicorn waits on requests
+    that can no longer finish). The server's own shutdown stops its workers gracefully first."""
     with contextlib.suppress(Exception):  # Linux only; elsewhere the parent's shutdown stops them
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() == 1:  # the parent is already gone
         os._exit(1)
 
