@@ -84,6 +84,8 @@ def main():
               f"ingest {res['ingest_s']:.1f} s", flush=True)
         for v in variants(args.train):
             shutil.rmtree(Path(args.path) / "index", ignore_errors=True)
+            for record in (Path(args.path) / "segments").glob("commit-*.json"):  # the last variant's settings
+                record.unlink()
             (Path(args.path) / "MANIFEST.json").write_bytes(bare)
             ivf.TRAIN_PER_LIST, ivf.KMEANS_NITER, ivf.KMEANS_GPU = v["per_list"], v["niter"], v["kmeans"]
             ivf.TRAIN_PER_LIST_GPU, ivf.TRAIN_MAX = v["per_list"], v["train_max"]

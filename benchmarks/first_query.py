@@ -375,10 +375,16 @@ def serve(args, env: dict) -> dict:
 
 
 def warm(args, env: dict) -> dict:
-    """``mvdb warmup DB`` in a process of its own (timed whole)."""
+    """``mvdb warmup DB`` in a process of its own (timed whole), told the longest query the runs
+    send (as a user whose queries pass the default 64 tokens tells it; a database whose texts
+    were added with an encoder knows its query limit itself)."""
+    import numpy as np
+
+    path = Path(args.path)
+    longest = int(np.load(path.parent / (path.name + ".ql.npy")).max())
     t0 = time.time()
-    p = subprocess.run([sys.executable, "-m", "mvdb", "warmup", args.path], env={**os.environ, **env}, text=True,
-                       capture_output=True)
+    p = subprocess.run([sys.executable, "-m", "mvdb", "warmup", args.path, "--max-query-tokens", str(max(64, longest))],
+                       env={**os.environ, **env}, text=True, capture_output=True)
     return {"seconds": time.time() - t0, "rc": p.returncode, "stderr": p.stderr[-3000:], "stdout": p.stdout[-2000:]}
 
 
@@ -397,6 +403,7 @@ def main():
     p.add_argument("--data", default=".data/manpages", help="manpages: the known-item set's folder")
     p.add_argument("--path", default=None)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--reuse", action="store_true", help="keep the database an earlier run built at --path")
     p.add_argument("--stages", action="store_true", help="time the stages of each pass (each synchronised)")
     p.add_argument("--keep-winners", action="store_true", help="copy the stored autotune winners to --out")
     p.add_argument("--json", default=None, help="(run) where the run writes its JSON")
@@ -415,7 +422,12 @@ def main():
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
            "torch": torch.__version__, "triton": __import__("triton").__version__}
-    res["build"] = build(args)
+    built = Path(args.path + ".build.json")
+    if args.reuse and built.exists():
+        res["build"] = json.loads(built.read_text())
+    else:
+        res["build"] = build(args)
+        built.write_text(json.dumps(res["build"]))
     print("build", json.dumps(res["build"]), flush=True)
     if args.phase == "build":
         return

@@ -129,6 +129,9 @@ SUITES: tuple[Suite, ...] = (
           "a new process's first hit and first batched pass (queries of 4-64 tokens) next to the warm pass, "
           "with empty caches, warm caches and after mvdb warmup", "optional",
           ("--docs", "300", "--queries", "10", "--singles", "1", "--path", "{tmp}/first-query.mvdb")),
+    Suite("import-floor", "import_floor.py", ("--rounds", "3"),
+          "the floor under a new process's first hit: whole processes that import torch, make the CUDA "
+          "context, and import mvdb", "optional", ("--rounds", "1")),
     Suite("cpu-pool", "cpu_pool.py", ("--docs", "120000", "--nlist", "0", "--probes", "16", "--pools", "1024",
                                       "--search", "default", "--queries", "200"),
           "CPU: searches at the defaults (recall@10, ms a query in batches of 20), the IVF pool's recall "

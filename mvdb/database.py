@@ -18,6 +18,8 @@ new state when done, so a search never sees half a write (mvdb.engine.published)
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import torch
 
@@ -64,6 +66,11 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
             self.store.discard_new()  # a new database this open created: no trace left
             raise
         self._pub = Published(self._engine, self.store)
+        if self.device.type == "cuda":
+            # The full collection of the heap that a process's imports (torch, triton, faiss) have
+            # made due: run here, at open, it does not fall on the first large batch of hits, where
+            # it costs a GPU search pass a large share of its time (benchmarks/first_query.py).
+            gc.collect()
 
     @property
     def dim(self) -> int | None:
@@ -163,11 +170,12 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
     def warmup(self, max_query_tokens: int | None = None, *, progress: bool | None = None) -> dict:
         """Compile, and autotune or load the stored winners of, every kernel variant this
         database's searches launch for queries of up to ``max_query_tokens`` tokens (default: its
-        encoder's query limit, at least 64), in batches of any size, so that the first real query
+        encoder's query limit, or that of the encoder its texts were added with; at least 64), in batches of any size, so that the first real query
         runs at the warm speed (mvdb.warm). Searches only: nothing is written. Returns
         {"seconds", "searches", "query_lengths", "batch_sizes"}; progress on stderr past a second
         (``progress``: as ``mvdb.open``'s)."""
-        n = default_query_tokens(self.encoder) if max_query_tokens is None else check_query_tokens(max_query_tokens)
+        n = default_query_tokens(self.encoder, self.store.config.get("encoder")) if max_query_tokens is None \
+            else check_query_tokens(max_query_tokens)
         with self._pub.read() as st:
             rows = None if st.tokens is None else torch.nonzero(st.live).flatten().cpu().numpy()
             if rows is None or not rows.size:

@@ -32,11 +32,15 @@ def query_lengths(max_query_tokens: int) -> list[int]:
     return sorted(set(out))
 
 
-def default_query_tokens(encoder) -> int:
+def default_query_tokens(encoder, recorded: dict | None = None) -> int:
     """The longest query a database's searches are expected to send: its encoder's query limit
-    where it has one above the default, else DEFAULT_QUERY_TOKENS."""
+    (the open encoder's, else the one its texts were added with, ``recorded``) where it has one
+    above the default, else DEFAULT_QUERY_TOKENS."""
     limit = getattr(encoder, "query_max_tokens", None)
-    return max(DEFAULT_QUERY_TOKENS, int(limit)) if isinstance(limit, int) and limit > 0 else DEFAULT_QUERY_TOKENS
+    if limit is None and isinstance(recorded, dict):
+        limit = recorded.get("query_max_tokens")
+    ok = isinstance(limit, int) and not isinstance(limit, bool) and limit > 0
+    return max(DEFAULT_QUERY_TOKENS, min(int(limit), 1 << 16)) if ok else DEFAULT_QUERY_TOKENS
 
 
 def check_query_tokens(value) -> int:

@@ -298,6 +298,10 @@ def _first_query(r):
     assert r["runs"][2]["warmup"]["rc"] == 0
 
 
+def _import_floor(r):
+    assert len(r["seconds"]) == 1 and all(_positive(r["seconds"][0][k]) for k in ("python", "torch", "torch_mvdb"))
+
+
 def _cpu_pool(r):
     assert len(r["runs"]) == 2 and r["runs"][0]["nlist"] > 0 and r["runs"][1]["nlist"] == 128  # 0: the default
     assert len(r["gemm_probe_ms"]) == 2 and all(_positive(t) for t in r["gemm_probe_ms"])
@@ -323,7 +327,7 @@ CHECKS = {"kernels": _kernels, "kernel-floor": _kernel_floor, "codes-kernel": _c
           "fastplaid": _fastplaid, "tiers": _tiers, "large": _large, "grow": _grow, "multigpu": _multigpu,
           "ray-ingest": _ray_ingest, "serve": _serve, "training": _training, "sparton": _sparton, "hybrid": _hybrid,
           "quality": _quality, "text-api": _text_api, "text-ingest": _text_ingest, "storage": _storage, "open-checksums": _open_checksums,
-          "first-open": _first_open, "cpu": _cpu, "first-query": _first_query, "cpu-pool": _cpu_pool, "install": _install}
+          "first-open": _first_open, "cpu": _cpu, "first-query": _first_query, "import-floor": _import_floor, "cpu-pool": _cpu_pool, "install": _install}
 CHECK_FILES = {"defaults": _defaults}  # suites whose script writes several files: checked together
 
 

@@ -275,6 +275,20 @@ def test_warmup_searches_and_changes_nothing(tmp_path):
         assert db.warmup()["searches"] == 0
 
 
+def test_warmup_covers_the_query_limit_of_the_encoder_texts_were_added_with(tmp_path):
+    from mvdb.testing.words import encode as words
+    from mvdb.warm import default_query_tokens
+
+    assert default_query_tokens(None) == 64 and default_query_tokens(None, {"query_max_tokens": 32}) == 64
+    assert default_query_tokens(None, {"query_max_tokens": 256}) == 256
+    assert default_query_tokens(None, {"query_max_tokens": "x"}) == 64
+    path = tmp_path / "t.mvdb"
+    with mvdb.open(path, progress=False, encoder=mvdb.Encoder(words, query_max_tokens=100)) as db:
+        db.add_texts(["free disk space", "copy files"])
+    with mvdb.open(path, progress=False) as db:  # no encoder open: the recorded one's limit
+        assert db.warmup()["query_lengths"] == [32, 64, 100]
+
+
 @pytest.mark.parametrize("bad, err", [("64", mvdb.InvalidTypeError), (True, mvdb.InvalidTypeError),
                                       (0, mvdb.InvalidInputError), (1 << 20, mvdb.InvalidInputError)],
                          ids=["str", "bool", "zero", "huge"])

@@ -275,7 +275,8 @@ class ShardedDatabase(TextMethods, ExplainMethods, DatabaseAPI):
     def warmup(self, max_query_tokens: int | None = None, *, progress: bool | None = None) -> dict:
         """``Database.warmup`` on every shard at once -> the slowest shard's seconds and every
         shard's figures under ``shards``."""
-        n = default_query_tokens(self.encoder) if max_query_tokens is None else check_query_tokens(max_query_tokens)
+        n = default_query_tokens(self.encoder, recorded_encoder(self._text_stores())) if max_query_tokens is None \
+            else check_query_tokens(max_query_tokens)
         per = self._each(lambda s: s.warmup(n, progress=progress))
         return {"seconds": max(p["seconds"] for p in per), "searches": sum(p["searches"] for p in per), "shards": per}
 
