@@ -1,0 +1,985 @@
+"""Every published figure traceable to the file that measured it (issue #59).
+
+Each entry of ``FIGURES`` is one figure as a page prints it, and where it comes from: the page, a
+place in the page (a literal phrase, or a table cell), the results file(s) under
+``benchmarks/results/`` and a function of the file's JSON. The page's figure must equal the
+file's value rounded to the precision the page shows (``0.982`` for 0.9821, ``7,589`` for
+7589.11, ``95%`` for 0.9502); ``not run`` where the file records no time. A phrase must occur
+exactly once in its page and a table row key must pick exactly one row, so an edit that rewords
+or drops a figure fails here as well as one that changes it: update the entry with the page.
+
+Phrases are literal text where ``#`` is a number (one figure each), ``~`` a word (a
+machine name) and a space any whitespace (the pages wrap lines). Cells (``Cell``) name the table
+by text of its header row, the row by the start of its leading cells (a blank cell takes the one
+above) and the column by its header; ``pick`` takes part of a cell, else the cell's leading
+figure or range (``0.949-0.950``, ``1,424 / 69``) is the figure.
+
+The generic checks: every ``*.json`` a page cites in backticks exists under benchmarks/results/
+(or, as a pattern, matches one), and every "N B a token" figure is one the capacity plan takes
+from a results file.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading pages and results
+
+@functools.cache
+def read_page(root: Path, page: str) -> str:
+    return (root / page).read_text()
+
+
+@functools.cache
+def result(name: str) -> Any:
+    return json.loads((RESULTS / name).read_text())
+
+
+NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+NUM_RE = re.compile(NUM)
+UNITS = {"k": 1e3, "M": 1e6, "B": 1e9, "T": 1e12, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+QTY_RE = re.compile(rf"({NUM})\s*(MB|GB|TB|[kMBT])(?![A-Za-z])")
+
+
+def lit(text: str) -> str:
+    """A literal phrase as a regex: ``#`` a number, ``~`` a word, a space any whitespace."""
+    out = []
+    for ch in text:
+        if ch == "#":
+            out.append(f"({NUM})")
+        elif ch == "~":
+            out.append(r"([A-Za-z0-9]+)")
+        elif ch == " ":
+            out.append(r"\s+")
+        else:
+            out.append(re.escape(ch))
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class Cell:
+    table: str                 # text in the table's header row
+    row: tuple[str, ...]       # starts of the row's leading cells
+    col: str | int             # header text (exact, else a unique prefix) or index
+    after: tuple[str, ...] = ()  # for rows keyed alike ("same: ..."): the first such row after this one
+
+
+@dataclass(frozen=True)
+class Qty:
+    """A figure printed with a unit or scale suffix: ``468 GB``, ``4.7 TB``, ``1.8B``."""
+    value: float
+
+
+@dataclass(frozen=True)
+class Fig:
+    page: str
+    at: str | Cell             # a phrase (see lit), or a table cell
+    file: str | tuple[str, ...]
+    value: Callable[[Any], Any]
+    pick: str | None = None    # a phrase inside the cell
+
+    def id(self) -> str:
+        where = f"{'/'.join(self.at.after + self.at.row)}:{self.at.col}" if isinstance(self.at, Cell) else self.at
+        return f"{self.page}:{where}{'' if self.pick is None else ':' + self.pick}"[:120]
+
+
+def table(text: str, header: str) -> list[list[str]]:
+    """The rows of the table whose header row contains ``header``: header first, blanks filled."""
+    lines = text.splitlines()
+    starts = [i for i, (line, below) in enumerate(pairwise(lines))
+              if line.startswith("|") and below.startswith("|-") and header in line]
+    if len(starts) != 1:
+        raise LookupError(f"{len(starts)} tables with {header!r} in the header")
+    rows, i = [], starts[0]
+    while i < len(lines) and lines[i].startswith("|"):
+        if i != starts[0] + 1:  # the |---| line
+            rows.append([c.strip().replace("**", "") for c in lines[i].strip().strip("|").split("|")])
+        i += 1
+    for prev, row in pairwise(rows[1:]):
+        for j, c in enumerate(row):
+            if c:
+                break
+            row[j] = prev[j]
+    return rows
+
+
+def cell_text(text: str, at: Cell) -> str:
+    rows = table(text, at.table)
+    head, body = rows[0], rows[1:]
+    if isinstance(at.col, int):
+        col = at.col
+    else:
+        cols = [j for j, h in enumerate(head) if h == at.col] or [j for j, h in enumerate(head) if h.startswith(at.col)]
+        if len(cols) != 1:
+            raise LookupError(f"{len(cols)} columns {at.col!r} in {head}")
+        col = cols[0]
+    if at.after:
+        first = _rows(body, at.after, at.table)[0]
+        hits = _rows(body[body.index(first) + 1:], at.row, at.table, unique=False)[:1]
+    else:
+        hits = _rows(body, at.row, at.table)
+    if not hits:
+        raise LookupError(f"no row {at.row} in the table with {at.table!r}")
+    return hits[0][col]
+
+
+def _starts(cell: str, key: str) -> bool:
+    """The cell is the key, or starts with it and then a word ends: 'grow20' is not 'grow200'."""
+    cell, key = cell.replace("`", ""), key.replace("`", "")
+    return cell == key or (cell.startswith(key) and not (cell[len(key)].isalnum() and key[-1].isalnum()))
+
+
+def _rows(body: list[list[str]], key: tuple[str, ...], name: str, unique: bool = True) -> list[list[str]]:
+    hits = [r for r in body if all(_starts(r[j], k) for j, k in enumerate(key))]
+    if unique and len(hits) != 1:
+        raise LookupError(f"{len(hits)} rows {key} in the table with {name!r}")
+    return hits
+
+
+def number(s: str) -> tuple[float, int]:
+    s = s.replace(",", "")
+    return float(s), len(s.split(".")[1]) if "." in s else 0
+
+
+def compare(shown: str, want: Any) -> str | None:
+    """None if ``shown`` (the page's text) prints ``want`` (the file's value); else why not."""
+    if want is None:
+        return None if shown == "not run" else f"page {shown!r}, file: not run (null)"
+    if isinstance(want, str):
+        return None if shown == want else f"page {shown!r}, file {want!r}"
+    wants = want if isinstance(want, tuple) else (want,)
+    if all(isinstance(w, Qty) for w in wants):
+        found = [(number(n), UNITS[u]) for n, u in QTY_RE.findall(shown)]
+        wants = tuple(w.value / scale for w, (_, scale) in zip(wants, found))
+        nums = [n for n, _ in found]
+    else:
+        nums = [number(n) for n in NUM_RE.findall(shown)]
+    if len(nums) != len(wants) or any(w is None for w in wants):
+        return f"page {shown!r} shows {len(nums)} figures, file gives {want!r}"
+    for (p, places), w in zip(nums, wants):
+        if abs(p - w) > 0.5 * 10 ** -places + 1e-9 * max(1.0, abs(w)):
+            return f"page {shown!r}, file {want!r} (to {places} decimal places: {round(w, places)})"
+    return None
+
+
+DEFAULT_PICK = re.compile(rf"^(not run|(?:{NUM})(?:\s*[-/]\s*(?:{NUM}))*)")
+LEADING_QTY = re.compile(rf"^{QTY_RE.pattern}(?:\s*(?:/|vs)\s*{QTY_RE.pattern})*")
+
+
+def check(fig: Fig, root: Path = ROOT) -> str | None:
+    """None if the page at ``root`` prints the figure as its file records it; else the error."""
+    where = fig.id()
+    try:
+        text = read_page(root, fig.page)
+        data = [result(f) for f in fig.file] if isinstance(fig.file, tuple) else result(fig.file)
+        want = fig.value(data)
+        if isinstance(fig.at, Cell):
+            cell = cell_text(text, fig.at)
+            if fig.pick is None and any(isinstance(w, Qty) for w in (want if isinstance(want, tuple) else (want,))):
+                m = LEADING_QTY.match(cell)
+                shown = [m.group(0)] if m else []
+            elif fig.pick is None and isinstance(want, str):
+                shown = [cell]
+            elif fig.pick is None:
+                m = DEFAULT_PICK.match(cell)
+                shown = [m.group(1)] if m else []
+            else:
+                ms = re.findall(lit(fig.pick), cell)
+                shown = list(ms[0]) if len(ms) == 1 and isinstance(ms[0], tuple) else ms
+                if len(ms) != 1:
+                    shown = []
+            if not shown:
+                return f"{where}: no figure in the cell {cell!r}"
+        else:
+            ms = re.findall(lit(fig.at), text)
+            if len(ms) != 1:
+                return f"{where}: the phrase occurs {len(ms)} times in the page (expected once)"
+            shown = list(ms[0]) if isinstance(ms[0], tuple) else [ms[0]]
+    except (LookupError, OSError, ValueError) as e:
+        return f"{where}: {type(e).__name__}: {e}"
+    if len(shown) > 1:
+        if not isinstance(want, tuple) or len(want) != len(shown):
+            return f"{where}: {len(shown)} figures on the page, value {want!r}"
+        errors = [compare(s, w) for s, w in zip(shown, want)]
+    else:
+        errors = [compare(shown[0], want)]
+    errors = [e for e in errors if e]
+    return f"{where}: {'; '.join(errors)} [{fig.file}]" if errors else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Values: key paths into a results file
+
+def at(*path: Any, times: float = 1) -> Callable[[Any], Any]:
+    """A key path; a dict step picks the one list element whose items match it."""
+    def get(d: Any) -> Any:
+        for step in path:
+            if isinstance(step, dict):
+                hits = [x for x in d if all(x.get(k) == v for k, v in step.items())]
+                if len(hits) != 1:
+                    raise LookupError(f"{len(hits)} entries match {step}")
+                d = hits[0]
+            else:
+                d = d[step]
+        return d if d is None else d * times if times != 1 else d
+    return get
+
+
+def both(*gets: Callable) -> Callable[[Any], tuple]:
+    return lambda d: tuple(g(d) for g in gets)
+
+
+def ratio(num: Callable, den: Callable, times: float = 1) -> Callable[[Any], float]:
+    return lambda d: num(d) / den(d) * times
+
+
+def gpu(d: Any) -> str:
+    """The GPU model a file ran on: 'H100', 'H200'."""
+    return re.search(r"H\d00", d["device"]).group()
+
+
+def median(get: Callable) -> Callable[[list], float]:
+    return lambda ds: statistics.median(get(d) for d in ds)
+
+
+def same(values: Any) -> Any:
+    """The one value that all of ``values`` are (a figure the page gives once for several)."""
+    values = set(values)
+    if len(values) != 1:
+        raise ValueError(f"the page gives one figure for differing values {sorted(values)}")
+    return values.pop()
+
+
+def before_after(d: dict) -> tuple[dict, dict]:
+    """The two runs of serve-1000000-H200-before-after.json."""
+    before = [k for k in d if k.startswith("before")]
+    after = [k for k in d if k.startswith("after")]
+    if len(before) != 1 or len(after) != 1:
+        raise LookupError(f"before/after runs: {sorted(d)}")
+    return d[before[0]], d[after[0]]
+
+
+# ---------------------------------------------------------------------------------------------
+# The figures
+
+BENCH = "docs/benchmarks.md"
+SCALE = "docs/scale.md"
+README = "README.md"
+
+# Kernels: (a), (b) rows from kernels-H100-abc.json, (c) rows from its re-run kernels-H100-c.json.
+ABC, KC = "kernels-H100-abc.json", "kernels-H100-c.json"
+KT = "| case | mvdb default call |"
+
+
+def kern(case: str, impl: str, key: str = "ms") -> Callable:
+    """A row's field; a row without it (the peers' "not run" row has no ms) gives None."""
+    return lambda d: at("rows", {"case": case, "impl": impl})(d).get(key)
+
+
+def kernel_row(row: str, file: str, case: str, mvdb: str, peers: dict[str, str | None], hbm: str | None) -> list[Fig]:
+    figs = [Fig(BENCH, Cell(KT, (row,), "mvdb default call"), file, kern(case, mvdb))]
+    if hbm:
+        figs.append(Fig(BENCH, Cell(KT, (row,), "mvdb default call"), file, kern(case, mvdb, "pct_of_roofline"), pick=hbm))
+    for col, impl in peers.items():
+        figs.append(Fig(BENCH, Cell(KT, (row,), col), file, kern(case, impl)))
+    return figs
+
+
+KERNELS = [
+    *kernel_row("(a) 1 query", ABC, "a-10k", "mvdb varlen (default call)",
+                {"flash-maxsim": "flash-maxsim packed", "late-interaction-kernels": "late-interaction-kernels",
+                 "naive torch": "naive torch (padded)"}, "(#% of HBM)"),
+    *kernel_row("(a) same, int8", ABC, "a-10k-int8", "mvdb varlen int8 (default call)",
+                {"flash-maxsim": "flash-maxsim int8x8 (padded)"}, None),
+    *kernel_row("(b) ColPali", ABC, "b-colpali", "mvdb maxsim",
+                {"flash-maxsim": "flash-maxsim", "late-interaction-kernels": "late-interaction-kernels",
+                 "naive torch": "naive torch (einsum)"}, "(#% of tensor-core peak)"),
+    *kernel_row("(b) same, int8", ABC, "b-colpali-int8", "mvdb maxsim int8",
+                {"flash-maxsim": "flash-maxsim int8x8", "late-interaction-kernels": "late-interaction-kernels fp8"}, None),
+    *kernel_row("(c) 32 queries", KC, "c-150k", "mvdb candidates (default call)",
+                {"flash-maxsim": "flash-maxsim rerank_direct", "late-interaction-kernels": "late-interaction-kernels pairs",
+                 "naive torch": "naive torch (gather+einsum)"}, "(#% of HBM)"),
+    # The peers' (c) 1M row: the file records one "peers" row with ms null (not run).
+    *kernel_row("(c) same from a 1M", KC, "c-1M", "mvdb candidates (default call)",
+                {"flash-maxsim": "peers", "late-interaction-kernels": "peers",
+                 "naive torch": "naive torch (gather+einsum)"}, "(#%)"),
+    *kernel_row("(c) 1M-doc store, int8", KC, "c-1M-int8", "mvdb candidates int8 (default call)", {}, "(#%)"),
+    Fig(BENCH, "the store has # elements (> 2^31)", KC,
+        lambda d: float(number(re.search(r"([\d,]+) elements", kern("c-1M", "peers", "note")(d)).group(1))[0])),
+    Fig(BENCH, "The int8 (c) call reaches #% of the rate", "kernel-floor-H100.json",
+        lambda d: 100 * min(d["cases"]["c-1M int8"]["read_kernel_ms"].values()) / d["cases"]["c-1M int8"]["mvdb_default_ms"]),
+]
+
+# Search at 1M documents (docs/benchmarks.md) and the headline rows that cite it.
+DH = "tiers-dups-1000000-float16-device-host.json"
+ST = "| tier | recall@10 | batched QPS | single-query p50 ms |"
+
+
+def tier_row(tier: str, key: str) -> Callable:
+    return at("runs", {"tier": tier}, "rows", 0, key)
+
+
+SEARCH_1M = [
+    Fig(BENCH, "--queries 1000` on one ~ (2026-11-28)", DH, gpu),
+    Fig(BENCH, "1M documents of 16-200 tokens (#M tokens", DH, at("tokens", times=1e-6)),
+    *[Fig(BENCH, Cell(ST, (row,), col), DH, get)
+      for row, tier in (("device", "device"), ("codes+host", "host"))
+      for col, get in (("recall@10", tier_row(tier, "recall10")), ("batched QPS", tier_row(tier, "batch_qps")),
+                       ("single-query p50 ms", tier_row(tier, "single_p50_ms")),
+                       ("GPU memory held", at("runs", {"tier": tier}, "gpu_allocated_gb")))],
+    Fig(BENCH, "fast-plaid 1.7 at its defaults reached recall@10 # at # queries/s, built in # s",
+        "e2e-fastplaid-1M-H100.json",
+        both(at("sweep", {"setting": "default"}, "recall10_vs_exhaustive"), at("sweep", {"setting": "default"}, "batch_qps"),
+             at("build_s"))),
+]
+
+# The 5.6M database (docs/benchmarks.md, docs/scale.md, README).
+LARGE = "large-dups-5600000-H200.json"
+AUTO, DISK = {"open": "auto"}, {"open": "disk"}
+LT = "| | `auto` | `residency=\"disk\"` |"
+LARGE_FIGS = [
+    Fig(BENCH, "**Larger than the GPU**: #M documents, # GB of fp16, on one ~ capped at an H100's # GB", LARGE,
+        both(at("docs", times=1e-6), at("fp16_gb"), gpu, at("runs", AUTO, "options", "max_gpu_bytes", times=1e-9))),
+    Fig(BENCH, "in the codes+host tier: recall@10 # at # QPS, p50 # ms", LARGE,
+        both(at("runs", AUTO, "search", "recall10"), at("runs", AUTO, "search", "batch_qps"),
+             at("runs", AUTO, "search", "single_p50_ms"))),
+    Fig(SCALE, "80 GB of GPU memory, an H100's (`max_gpu_bytes`): # `dups` documents, #M tokens, # GB of fp16", LARGE,
+        both(at("docs"), at("tokens", times=1e-6), at("fp16_gb"))),
+    Fig(SCALE, Cell(LT, ("tier",), "`auto`"), LARGE, ratio(at("fp16_gb"), at("runs", AUTO, "options", "max_gpu_bytes", times=1e-9)),
+        pick="(the tokens are #x the cap)"),
+    *[Fig(SCALE, Cell(LT, (row,), col), LARGE, get)
+      for col, run in (("`auto`", AUTO), ('`residency="disk"`', DISK))
+      for row, get in (("recall@10", at("runs", run, "search", "recall10")),
+                       ("batched QPS", at("runs", run, "search", "batch_qps")),
+                       ("single-query p50", both(at("runs", run, "search", "single_p50_ms"), at("runs", run, "search", "single_p99_ms"))),
+                       ("open", at("runs", run, "open_s")),
+                       ("host memory", at("runs", run, "host_rss_gb")))],
+    Fig(SCALE, Cell(LT, ("GPU memory the database holds",), "`auto`"), LARGE,
+        both(at("runs", AUTO, "gpu_allocated_gb"), at("runs", AUTO, "stats", "codes_bytes", times=1e-9)),
+        pick="# GB (the codes # GB of it)"),
+    Fig(SCALE, Cell(LT, ("GPU memory the database holds",), "`auto`"), LARGE,
+        ratio(at("runs", AUTO, "gpu_allocated_gb"), at("fp16_gb"), 100), pick="#% of the fp16 tokens"),
+    Fig(SCALE, Cell(LT, ("GPU memory the database holds",), "`auto`"), LARGE, at("runs", AUTO, "gpu_peak_gb"),
+        pick="peak over the process # GB"),
+    Fig(SCALE, "Build: generating # s, the reference # s, ingest # s.", LARGE,
+        both(at("generate_s"), at("reference_s"), at("ingest_s"))),
+    Fig(SCALE, Cell("| documents | tokens | tier | candidates |", ("5,600,000",), "batched QPS"), LARGE,
+        at("runs", AUTO, "search", "batch_qps")),
+    Fig(SCALE, Cell("| documents | tokens | tier | candidates |", ("5,600,000",), "recall@10"), LARGE,
+        at("runs", AUTO, "search", "recall10")),
+    Fig(SCALE, Cell("| documents | tokens | tier | candidates |", ("5,600,000",), "p50 ms"), LARGE,
+        at("runs", AUTO, "search", "single_p50_ms")),
+]
+
+# The first query (docs/benchmarks.md table and prose).
+FQD, FQM = "first-query-dups-1000000-H200.json", "first-query-manpages-58000-H200.json"
+FT = "| corpus | state | first pass QPS |"
+
+
+def fq(state: str, *path: Any, times: float = 1) -> Callable:
+    return at("runs", {"state": state}, *path, times=times)
+
+
+def fq_row(corpus: str, file: str, state: str) -> list[Fig]:
+    key = (corpus, state)
+    return [
+        Fig(BENCH, Cell(FT, key, "first pass QPS"), file, fq(state, "first_pass", "qps")),
+        Fig(BENCH, Cell(FT, key, "warm pass QPS"), file, fq(state, "second_pass", "qps")),
+        Fig(BENCH, Cell(FT, key, "first / warm"), file,
+            ratio(fq(state, "first_pass", "qps"), fq(state, "second_pass", "qps"), 100)),
+        Fig(BENCH, Cell(FT, key, "slowest first single query"), file, fq(state, "singles_summary", "slowest_first_ms")),
+    ]
+
+
+FIRST_QUERY = [
+    *[f for state in ("cold", "second", "warmed") for f in fq_row("dups 1M", FQD, state)],
+    *[f for state in ("cold", "second", "warmed") for f in fq_row("man pages", FQM, state)],
+    Fig(BENCH, Cell(FT, ("dups 1M", "warmed"), "state"), FQD, fq("warmed", "warmup", "seconds"), pick=": # s)"),
+    Fig(BENCH, Cell(FT, ("man pages", "warmed"), "state"), FQM, fq("warmed", "warmup", "seconds"), pick=": # s)"),
+    Fig(BENCH, Cell(FT, ("dups 1M", "cold"), "corpus"), FQD, at("build", "stats", "tokens", times=1e-6), pick="(#M tokens"),
+    Fig(BENCH, Cell(FT, ("man pages", "cold"), "corpus"), FQM, at("build", "stats", "tokens", times=1e-6), pick="(#M tokens"),
+    Fig(BENCH, "the man pages' one-line summaries through all-MiniLM-L6-v2, #-# tokens)", FQM,
+        both(at("build", "query_lengths", "min"), at("build", "query_lengths", "max"))),
+    Fig(BENCH, ("before bucketing, stored winners and the collection at open (# QPS on the "
+                "first pass, #-# s for the first single query of lengths 16, 32 and 64)"),
+        "first-query-dups-200000-H200-before.json",
+        lambda d: (d["runs"][0]["first_pass"]["qps"],
+                   min(d["runs"][0]["singles"][n]["first_ms"] for n in ("16", "32", "64")) / 1000,
+                   max(d["runs"][0]["singles"][n]["first_ms"] for n in ("16", "32", "64")) / 1000)),
+    Fig(BENCH, "Recall@10 is the same in every pass (# on dups, # on the man pages)", (FQD, FQM),
+        lambda ds: tuple(same(r[p]["recall10"] for r in d["runs"] for p in ("first_pass", "second_pass")) for d in ds)),
+    Fig(BENCH, ("Time to the first hit in a new process (man pages, second run): # s, of which imports "
+                "# s (torch # s, mvdb # s), CUDA context # s, `mvdb.open` # s, the first search # s."),
+        FQM, lambda d: first_hit_parts(at("runs", {"state": "second"})(d))),
+    Fig(BENCH, ("listening after # s, ready (warmed up) after # s; 16 clients sending the 2,000 queries one search at "
+                "a time then completed # searches/s in the first 10 s after ready against # in the last 10 s of 30 (#%;"),
+        "first-query-dups-200000-H200-serve.json",
+        both(at("runs", 0, "listening_s"), at("runs", 0, "ready_s"), at("runs", 0, "first_10s_qps"),
+             at("runs", 0, "last_10s_qps"), at("runs", 0, "first_over_steady", times=100))),
+]
+
+
+def first_hit_parts(r: dict) -> tuple:
+    """A run's time to the first hit and its parts, from the times since launch it records."""
+    return (r["first_hit_s"], r["import_mvdb_s"], r["import_torch_s"] - r["import_numpy_s"],
+            r["import_mvdb_s"] - r["import_torch_s"], r["cuda_context_s"] - r["import_mvdb_s"],
+            r["open_s"] - r["load_queries_s"], r["first_hit_s"] - r["open_s"])
+
+
+# Several GPUs (docs/benchmarks.md table, docs/guides/scale-out.md prose).
+MG = "multigpu-2M-2xH200.json"
+MT = "| settings | one GPU:"
+MATCHED_ONE = {"nprobe": 8, "n_candidates": 4096}
+MATCHED_TWO = ({"nprobe": 4, "n_candidates": 1024}, {"nprobe": 2, "n_candidates": 2048})
+
+
+def matched(key: str, agg: Callable = min) -> Callable:
+    return lambda d: agg(at("sharded_sweep", m, key)(d) for m in MATCHED_TWO)
+
+
+def setup(part: str) -> Callable:
+    return both(at(part, "recall10_vs_exhaustive"), at(part, "batch_qps"), at(part, "single_p50_ms"))
+
+
+MULTIGPU = [
+    Fig(BENCH, Cell(MT, ("defaults",), 1), MG, setup("one_gpu"), pick="#, #, # ms"),
+    Fig(BENCH, Cell(MT, ("defaults",), 2), MG, setup("sharded"), pick="#, #, # ms"),
+    Fig(BENCH, Cell(MT, ("defaults",), 3), MG, at("speedup_batch_qps"), pick="#x"),
+    Fig(BENCH, Cell(MT, ("matched recall",), 1), MG,
+        both(at("one_gpu_sweep", MATCHED_ONE, "recall10_vs_exhaustive"), at("one_gpu_sweep", MATCHED_ONE, "batch_qps"),
+             at("one_gpu_sweep", MATCHED_ONE, "single_p50_ms")), pick="#, #, # ms"),
+    Fig(BENCH, Cell(MT, ("matched recall",), 2), MG,
+        both(matched("recall10_vs_exhaustive", min), matched("batch_qps", min), matched("batch_qps", max),
+             matched("single_p50_ms", min), matched("single_p50_ms", max)),
+        pick="#, #-#, #-# ms"),
+    Fig(BENCH, Cell(MT, ("matched recall",), 3), MG,
+        lambda d: tuple(matched("batch_qps", f)(d) / at("one_gpu_sweep", MATCHED_ONE, "batch_qps")(d) for f in (min, max)),
+        pick="#-#x"),
+    Fig(BENCH, "on two H200s of one host (`multigpu-2M-2xH200.json`; #M documents, #M tokens)", MG,
+        both(at("docs", times=1e-6), at("tokens", times=1e-6))),
+    Fig("docs/guides/scale-out.md", "two H200s give #x the batched QPS of one (# against #, at recall@10 # against #:", MG,
+        both(at("speedup_batch_qps"), at("sharded", "batch_qps"), at("one_gpu", "batch_qps"),
+             at("sharded", "recall10_vs_exhaustive"), at("one_gpu", "recall10_vs_exhaustive"))),
+    Fig("docs/guides/scale-out.md", "at matched recall@10 (#-#),", MG,
+        both(matched("recall10_vs_exhaustive", min), at("one_gpu_sweep", MATCHED_ONE, "recall10_vs_exhaustive"))),
+    Fig("docs/guides/scale-out.md", "one GPU, #-#x.", MG,
+        lambda d: tuple(matched("batch_qps", f)(d) / at("one_gpu_sweep", MATCHED_ONE, "batch_qps")(d) for f in (min, max))),
+    Fig("docs/guides/scale-out.md", "Single-query p50 is # ms against # at the defaults", MG,
+        both(at("sharded", "single_p50_ms"), at("one_gpu", "single_p50_ms"))),
+]
+
+# Serving: medians of three runs (docs/benchmarks.md table, serving guide, README).
+SERVE = ("serve-1000000-H100-threads8-1.json", "serve-1000000-H100-threads8-2.json", "serve-1000000-H100-threads8-3.json")
+SVT = "| | clients | QPS | p50 ms |"
+
+
+def load(clients: int, key: str, times: float = 1) -> Callable:
+    return median(at("servers", 0, "load", {"clients": clients}, key, times=times))
+
+
+SERVING = [
+    Fig(BENCH, Cell(SVT, ("in process",), "QPS"), SERVE, median(at("in_process_batched_qps"))),
+    *[Fig(BENCH, Cell(SVT, ("served", str(c)), col), SERVE, load(c, key, times))
+      for c in (1, 4, 16, 64)
+      for col, key, times in (("QPS", "qps", 1), ("p50 ms", "p50_ms", 1), ("p99 ms", "p99_ms", 1),
+                              ("share of in-process batched QPS", "share_of_in_process_batched", 100))],
+    Fig("docs/guides/serving.md", ("64 client threads reach # searches/s, #% of the in-process "
+                                   "batched rate, and 16 clients see a median latency of # ms."),
+        SERVE, both(load(64, "qps"), load(64, "share_of_in_process_batched", 100), load(16, "p50_ms"))),
+    Fig(BENCH, ("in process # against # QPS; served # / # / # QPS before and # / "
+                "# / # after at 1 / 16 / 64 clients, p99 at 64 clients # and # ms"),
+        "serve-1000000-H200-before-after.json",
+        lambda d: serve_before_after(*before_after(d))),
+]
+
+
+def serve_before_after(b: dict, a: dict) -> tuple:
+    served = [at("servers", 0, "load", {"clients": c}, "qps")(run) for run in (b, a) for c in (1, 16, 64)]
+    p99 = [at("servers", 0, "load", {"clients": 64}, "p99_ms")(run) for run in (b, a)]
+    return (b["in_process_batched_qps"], a["in_process_batched_qps"], *served, *p99)
+
+
+# Training (docs/benchmarks.md from training-H100-colbert.json; the guide's table from -direct).
+TC, TD = "training-H100-colbert.json", "training-H100-direct.json"
+
+
+def lik_best(case: str, key: str = "ms") -> Callable:
+    """late-interaction-kernels with its faster backward."""
+    def get(d: Any) -> float:
+        runs = [d["cases"][case][k] for k in ("lik-unified", "lik-lowmem")]
+        return min(runs, key=lambda r: r["ms"])[key]
+    return get
+
+
+TT = "| case | naive (einsum + max) |"
+TRAINING = [
+    Fig(BENCH, ("ColBERT in-batch B=256 # ms per step (#x faster than "
+                "late-interaction-kernels' faster backward, # MB of extra memory against # MB)"),
+        TC, both(at("cases", "colbert", "mvdb-auto", "ms"),
+                 ratio(lik_best("colbert"), at("cases", "colbert", "mvdb-auto", "ms")),
+                 # a bucket's later steps run lowmem: auto's own peak includes the first step's trial of both
+                 at("cases", "colbert", "mvdb-lowmem", "peak_extra_gb", times=1000),
+                 lambda d: lik_best("colbert", "peak_extra_gb")(d) * 1000)),
+    *[Fig("docs/guides/training.md", Cell(TT, (row,), col), TD, get)
+      for row, case in (("ColBERT", "colbert"), ("B=256 x 16", "hardneg"), ("ColPali", "colpali"))
+      for col, get in (("naive", at("cases", case, "naive", "ms")), ("mvdb `auto`", at("cases", case, "mvdb-auto", "ms")),
+                       ("LIK", lik_best(case)))],
+    *[Fig("docs/guides/training.md", Cell(TT, ("same: peak",), col, after=(row,)), TD, get)
+      for row, case, mvdb in (("ColBERT", "colbert", "mvdb-lowmem"),  # later steps run lowmem; auto's first step below
+                              ("B=256 x 16", "hardneg", "mvdb-auto"), ("ColPali", "colpali", "mvdb-auto"))
+      for col, get in (("naive", lambda d, c=case: Qty(d["cases"][c]["naive"]["peak_extra_gb"] * 1e9)),
+                       ("mvdb `auto`", lambda d, c=case, m=mvdb: Qty(d["cases"][c][m]["peak_extra_gb"] * 1e9)),
+                       ("LIK", lambda d, c=case: Qty(lik_best(c, "peak_extra_gb")(d) * 1e9)))],
+    Fig("docs/guides/training.md", Cell(TT, ("same: peak",), "mvdb `auto`", after=("ColBERT",)), TD,
+        at("cases", "colbert", "mvdb-auto", "peak_extra_gb", times=1000), pick="(# MB on a bucket's first step)"),
+]
+
+# Sparton, hybrid, grow, text ingest (docs/benchmarks.md, guides).
+SP = "sparton-H100.json"
+SPT = "| V | PyTorch eager fwd / fwd+bwd |"
+SPARTON = [
+    f for i, v in enumerate(("30,522", "250,002")) for f in (
+        Fig(BENCH, Cell(SPT, (v,), 1), SP, both(at("cases", i, "eager", "fwd_ms"), at("cases", i, "eager", "fwd_bwd_ms"))),
+        Fig(BENCH, Cell(SPT, (v,), 2), SP, both(at("cases", i, "sparton", "fwd_ms"), at("cases", i, "sparton", "fwd_bwd_ms"))),
+        Fig(BENCH, Cell(SPT, (v,), 3), SP,
+            lambda d, i=i: (Qty(d["cases"][i]["eager"]["fwd_bwd_peak_gb"] * 1e9), Qty(d["cases"][i]["sparton"]["fwd_bwd_peak_gb"] * 1e9))),
+        Fig(BENCH, Cell(SPT, (v,), "V"), SP, at("cases", i, "V")),
+    )
+]
+
+HY = "hybrid-manpages-dev-cpu.json"
+HT = "| token index, candidates | candidate recall, tokens only |"
+IVF20 = {"name": "ivf, 20 candidates"}
+HYBRID = [
+    *[Fig(BENCH, Cell(HT, (row,), col), HY, at("settings", {"name": name}, channel, key))
+      for row, name in (("flat, 100", "flat, 100 candidates"), ("flat, 20", "flat, 20 candidates"),
+                        ("IVF, 100", "ivf, 100 candidates"), ("IVF, 20", "ivf, 20 candidates"))
+      for col, channel, key in (("candidate recall, tokens only", "tokens", "candidate_recall"),
+                                (2, "tokens+bm25", "candidate_recall"), ("MRR@10, tokens only", "tokens", "mrr10"),
+                                (4, "tokens+bm25", "mrr10"))],
+    Fig(BENCH, "BM25 alone: MRR@10 #; exhaustive MaxSim: #.", HY, both(at("bm25_alone_mrr10"), at("exhaustive_maxsim_mrr10"))),
+    Fig(BENCH, "the sparse channel adds # documents", HY, at("n_sparse")),
+    Fig("docs/guides/hybrid.md", "On the #-page man-page dev set", HY, at("pages")),
+    Fig("docs/guides/hybrid.md", "raises candidate recall from # to # and MRR@10 from # to #, exhaustive MaxSim's", HY,
+        both(at("settings", IVF20, "tokens", "candidate_recall"), at("settings", IVF20, "tokens+bm25", "candidate_recall"),
+             at("settings", IVF20, "tokens", "mrr10"), at("settings", IVF20, "tokens+bm25", "mrr10"))),
+    Fig("docs/guides/hybrid.md", ("the search time over the set rises #x, from # to "
+                                  "# s (# documents reranked a query instead of #,"), HY,
+        both(ratio(at("settings", IVF20, "tokens+bm25", "search_s"), at("settings", IVF20, "tokens", "search_s")),
+             at("settings", IVF20, "tokens", "search_s"), at("settings", IVF20, "tokens+bm25", "search_s"),
+             at("settings", IVF20, "tokens+bm25", "candidates_mean"), at("settings", IVF20, "tokens", "candidates_mean"))),
+]
+
+GR = "grow-dups-1000000-H100-growth4.json"
+GT = "| mode | recall@10 | batched QPS |"
+GROW = [
+    Fig(BENCH, Cell(GT, (mode,), col), GR, at("modes", {"mode": mode}, *path))
+    for mode in ("bulk", "grow20", "grow200")
+    for col, path in (("recall@10", ("search", 0, "recall10")),
+                      # bulk: "(after reopen)"
+                      ("batched QPS", ("after_reopen", "search", "batch_qps") if mode == "bulk" else ("search", 0, "batch_qps")),
+                      ("p50 ms", ("search", 0, "single_p50_ms")), ("peak GPU GB", ("peak_gb",)), ("build s", ("build_s",)))
+]
+
+TI = "text-ingest-H200.json"
+TEXT = [
+    Fig(BENCH, ("mvdb's pipeline # documents/s against the bare Sentence "
+                "Transformers `encode` call's # in the same process (#x)"), TI,
+        both(at("mvdb", "docs_per_s"), at("bare", "docs_per_s"), at("speedup"))),
+    Fig(BENCH, "`add_texts` end to end #.", TI, at("add_texts_of_the_previous_run", "add_texts", "docs_per_s")),
+    Fig(BENCH, "On the 2-core CPU # against # (#x, `text-ingest-cpu.json`)", "text-ingest-cpu.json",
+        both(at("mvdb", "docs_per_s"), at("bare", "docs_per_s"), at("speedup"))),
+    Fig("docs/guides/text.md", Cell("| path | documents/s |", ("bare",), "documents/s"), TI, at("bare", "docs_per_s")),
+    Fig("docs/guides/text.md", Cell("| path | documents/s |", ("`Encoder(",), "documents/s"), TI,
+        both(at("mvdb", "docs_per_s"), at("speedup"), at("mvdb_first_call", "docs_per_s")), pick="# (#x; the first call #)"),
+    Fig("docs/guides/text.md", Cell("| path | documents/s |", ("`db.add_texts",), "documents/s"), TI,
+        at("add_texts_of_the_previous_run", "add_texts", "docs_per_s")),
+    Fig("docs/guides/text.md", "60,000 man-page passages of # tokens on average", TI, at("mvdb", "tokens_per_doc")),
+]
+
+# The README's headline table: each row's figures from the file its linked page cites.
+RT = "| what | figure |"
+HEADLINES = [
+    Fig(README, Cell(RT, ("[Search, 1M",), "what"), DH, gpu, pick="on one ~]"),
+    Fig(README, Cell(RT, ("[Search, 1M",), "figure"), DH,
+        both(tier_row("device", "recall10"), tier_row("device", "batch_qps"), tier_row("device", "single_p50_ms")),
+        pick="recall@10 # against exhaustive MaxSim at # queries/s batched, p50 # ms"),
+    Fig(README, Cell(RT, ("[Larger than the GPU",), "figure"), LARGE,
+        both(at("docs", times=1e-6), at("fp16_gb"), gpu, at("runs", AUTO, "options", "max_gpu_bytes", times=1e-9),
+             at("runs", AUTO, "search", "recall10"), at("runs", AUTO, "search", "batch_qps")),
+        pick="#M documents (# GB of fp16) on one ~ capped at # GB of GPU memory (an H100's): recall@10 # at # queries/s"),
+    Fig(README, Cell(RT, ("[The first query",), "figure"), FQD,
+        both(at("build", "query_lengths", "min"), at("build", "query_lengths", "max"),
+             ratio(fq("second", "first_pass", "qps"), fq("second", "second_pass", "qps"), 100),
+             at("build", "docs", times=1e-6), gpu, fq("second", "singles_summary", "slowest_first_ms")),
+        pick="queries of #-# tokens at #% of the warm pass's speed (#M documents, ~), every query length's first single call within # ms"),
+    Fig(README, Cell(RT, ("[Kernels",), "figure"), (KC, TC),
+        lambda ds: (kern("c-1M", "mvdb candidates (default call)")(ds[0]),
+                    kern("c-1M", "mvdb candidates (default call)", "pct_of_roofline")(ds[0]),
+                    ratio(lik_best("colbert"), at("cases", "colbert", "mvdb-auto", "ms"))(ds[1])),
+        pick="in # ms (#% of HBM bandwidth); a ColBERT training step #x faster"),
+    Fig(README, Cell(RT, ("[Serving over HTTP",), "figure"), SERVE, both(load(64, "qps"), load(16, "p50_ms")),
+        pick="# searches/s from 64 clients at 1M documents, p50 # ms at 16 clients"),
+    Fig(README, Cell(RT, ("[Text ingest",), "figure"), TI,
+        both(at("mvdb", "docs_per_s"), gpu, at("speedup")),
+        pick="# man-page passages/s through all-MiniLM-L6-v2 on one ~, #x its own"),
+]
+
+# docs/scale.md: the measured table (H100 runs), the codes' rate table (H200) and the capacity plan.
+MT1 = "| corpus | store | tier | recall@10 | batched QPS | p50 ms | GPU memory held |"
+DEV, HOST = {"tier": "device"}, {"tier": "host"}
+WARM, COLD = {"tier": "disk"}, {"tier": "disk-cold"}
+# (corpus, store, tier): file, run, row of the run (None: the codes+disk row, warm / cold).
+MEASURED = [
+    (("`dups`", "fp16", "device"), DH, DEV, 0),  # the latest run of the fp16 dups device and host rows
+    (("`dups`", "fp16", "codes+host"), DH, HOST, 0),
+    (("`dups`", "fp16", "codes+disk"), "tiers-dups-1000000-float16.json", None, None),
+    (("`dups`", "int8", "device"), "tiers-dups-1000000-int8-cand.json", DEV, {"cand": 8192}),  # today's default
+    (("`dups`", "int8", "codes+host"), "tiers-dups-1000000-int8.json", HOST, 0),
+    (("`dups`", "int8", "codes+disk"), "tiers-dups-1000000-int8.json", None, None),
+    (("`topics`", "fp16", "device"), "tiers-topics-1000000-float16.json", DEV, 0),
+    (("`topics`", "fp16", "codes+host"), "tiers-topics-1000000-float16.json", HOST, 0),
+    (("`topics`", "fp16", "codes+disk"), "tiers-topics-1000000-float16.json", None, None),
+    (("`topics`", "int8", "device"), "tiers-topics-1000000-int8.json", DEV, 0),
+    (("`topics`", "int8", "codes+host"), "tiers-topics-1000000-int8.json", HOST, 0),
+    (("`topics`", "int8", "codes+disk"), "tiers-topics-1000000-int8.json", None, None),
+]
+
+
+def measured_rows() -> list[Fig]:
+    figs = []
+    for key, file, run, row in MEASURED:
+        if run is None:
+            figs += [
+                Fig(SCALE, Cell(MT1, key, "recall@10"), file, at("runs", WARM, "rows", 0, "recall10")),
+                Fig(SCALE, Cell(MT1, key, "batched QPS"), file,
+                    both(at("runs", WARM, "rows", 0, "batch_qps"), at("runs", COLD, "cold", "batch_qps"))),
+                Fig(SCALE, Cell(MT1, key, "p50 ms"), file,
+                    both(at("runs", WARM, "rows", 0, "single_p50_ms"), at("runs", COLD, "cold", "single_ms"))),
+                Fig(SCALE, Cell(MT1, key, "GPU memory held"), file, at("runs", WARM, "gpu_allocated_gb")),
+            ]
+            continue
+        figs += [Fig(SCALE, Cell(MT1, key, col), file, at("runs", run, "rows", row, k))
+                 for col, k in (("recall@10", "recall10"), ("batched QPS", "batch_qps"), ("p50 ms", "single_p50_ms"))]
+        figs.append(Fig(SCALE, Cell(MT1, key, "GPU memory held"), file, at("runs", run, "gpu_allocated_gb")))
+        if run is HOST:  # and its share of the same file's device tier
+            figs.append(Fig(SCALE, Cell(MT1, key, "GPU memory held"), file,
+                            ratio(at("runs", HOST, "gpu_allocated_gb"), at("runs", DEV, "gpu_allocated_gb"), 100), pick="(#%)"))
+    return figs
+
+
+# The codes' rate (docs/scale.md, H200): rows of the int8 files, then the fp16 rates file.
+RATES = "tiers-dups-1000000-float16-H200-rates.json"
+RT2 = "| corpus | store | tier | recall@10 | batched QPS | GPU memory held | share"
+D8, T8 = "tiers-dups-1000000-int8-H200.json", "tiers-topics-1000000-int8-H200.json"
+B2, B1, B_DEFAULT = {"tier": "host", "code_bits": 2}, {"tier": "host", "code_bits": 1}, {"tier": "host", "code_bits": None}
+# (corpus, store, tier): file, run, row of the run (the exact-stage width where the run has several),
+# and the file of the device tier the share is of (the fp16 rows: the H100 run's 18.9 GB).
+RATE_ROWS = [
+    (("`dups` 1M", "int8", "device"), D8, DEV, 0, None),
+    (("`dups` 1M", "int8", "codes+host, 2 bits"), D8, B2, {"exact": 128}, D8),
+    (("`dups` 1M", "int8", "codes+host, 1 bit (default)"), D8, B1, {"exact": 128}, D8),
+    (("`dups` 1M", "int8", "codes+host, 1 bit, 512"), D8, B1, {"exact": 512}, D8),
+    (("`topics` 1M", "int8", "device"), T8, DEV, 0, None),
+    (("`topics` 1M", "int8", "codes+host, 2 bits"), T8, B2, {"exact": 128}, T8),
+    (("`topics` 1M", "int8", "codes+host, 1 bit (default)"), T8, B1, {"exact": 128}, T8),
+    (("`dups` 1M", "fp16", "codes+host, 2 bits (default)"), RATES, B_DEFAULT, 0, DH),
+    (("`dups` 1M", "fp16", "codes+host, 1 bit"), RATES, B1, 0, DH),
+]
+
+
+def rate_rows() -> list[Fig]:
+    figs = []
+    for key, file, run, row, device in RATE_ROWS:
+        figs += [Fig(SCALE, Cell(RT2, key, "recall@10"), file, at("runs", run, "rows", row, "recall10")),
+                 Fig(SCALE, Cell(RT2, key, "batched QPS"), file, at("runs", run, "rows", row, "batch_qps")),
+                 Fig(SCALE, Cell(RT2, key, "GPU memory held"), file, at("runs", run, "gpu_allocated_gb"))]
+        if device:
+            figs.append(Fig(SCALE, Cell(RT2, key, "share"), (file, device),
+                            lambda ds, r=run: 100 * at("runs", r, "gpu_allocated_gb")(ds[0]) / at("runs", DEV, "gpu_allocated_gb")(ds[1]),
+                            pick="#%"))
+    return figs
+
+
+INT8 = D8
+CODES2 = at("runs", B_DEFAULT, "gpu_bytes_per_token")
+CODES1 = at("runs", B1, "gpu_bytes_per_token")
+DEVICE_B = ratio(at("runs", DEV, "gpu_allocated_gb"), at("tokens"), 1e9)
+
+
+def bytes_a_token(ds: list) -> dict[str, float]:
+    """The capacity plan's bytes a token at dim 128, from (DH, RATES, INT8)."""
+    dh, rates, int8 = ds
+    return {"device": DEVICE_B(dh), "codes2": CODES2(rates), "codes1": CODES1(rates),
+            "device_int8": at("runs", DEV, "gpu_bytes_per_token")(int8),
+            "fp16": at("runs", DEV, "stats", "resident_bytes")(dh) / dh["tokens"],
+            "int8": at("runs", DEV, "stats", "resident_bytes")(int8) / int8["tokens"]}
+
+
+CAP_FILES = (DH, RATES, INT8)
+CT = "| model | documents | tokens | GPU memory, device tier fp16 |"
+# Page constants of the plan: an H200's 141 GB counted at 80%; ColBERT 180 tokens, ColPali 1,030.
+H200_BYTES = 141e9 * 0.8
+DOC_TOKENS = {"ColBERT": 180, "ColPali": 1030}
+CAP_ROWS = [(m, n) for m in ("ColBERT", "ColPali") for n in ("10M", "100M", "1B")]
+
+
+def test_capacity_plan_states_its_parameters():
+    text = read_page(ROOT, SCALE)
+    for phrase in ("over an H200's 141 GB counted at 80% (112.8 GB)", "ColBERT passages of 180 tokens and ColPali pages of 1,030"):
+        assert re.search(lit(phrase), text), f"{SCALE}: {phrase!r} changed: update H200_BYTES / DOC_TOKENS here"
+
+
+def gpu_bytes(ds: list, tokens: float, which: str) -> float:
+    """The plan's arithmetic: tokens x the bytes a token as the page prints them (260, 38, 22)."""
+    return tokens * round(bytes_a_token(ds)[which])
+
+
+def capacity_rows() -> list[Fig]:
+    figs = []
+    for model, docs in CAP_ROWS:
+        n = {"10M": 1e7, "100M": 1e8, "1B": 1e9}[docs] * DOC_TOKENS[model]
+        key = (model, docs)
+        figs.append(Fig(SCALE, Cell(CT, key, "tokens"), CAP_FILES, lambda ds, n=n: Qty(n)))
+        for col, which in ((3, "device"), (5, "codes2"), (7, "codes1")):
+            # the GPU memory, then the H200s it takes, rounded up
+            figs.append(Fig(SCALE, Cell(CT, key, col), CAP_FILES, lambda ds, n=n, w=which: Qty(gpu_bytes(ds, n, w))))
+            figs.append(Fig(SCALE, Cell(CT, key, col + 1), CAP_FILES,
+                            lambda ds, n=n, w=which: math.ceil(gpu_bytes(ds, n, w) / H200_BYTES)))
+        figs.append(Fig(SCALE, Cell(CT, key, 9), CAP_FILES,
+                        lambda ds, n=n: tuple(Qty(n * round(bytes_a_token(ds)[w])) for w in ("fp16", "int8"))))
+    return figs
+
+
+SCALE_FIGS = [
+    *measured_rows(),
+    *rate_rows(),
+    Fig(SCALE, "`dups`: 1M docs, #M tokens", DH, at("tokens", times=1e-6)),
+    Fig(SCALE, "`topics`: 1M docs, #M tokens", "tiers-topics-1000000-float16.json", at("tokens", times=1e-6)),
+    Fig(SCALE, "`--device-sweep cand=4096,6144,8192`: recall # / # / # at # / # / # QPS", "tiers-dups-1000000-int8-cand.json",
+        lambda d: tuple(at("runs", 0, "rows", {"cand": c}, k)(d) for k in ("recall10", "batch_qps") for c in (4096, 6144, 8192))),
+    # The capacity plan's bytes a token, and the table computed from them.
+    Fig(SCALE, "1M `dups` documents): # B in the device tier, fp16 (on an H100: # GB, `gpu_allocated_gb`", DH,
+        both(DEVICE_B, at("runs", {"tier": "device"}, "gpu_allocated_gb"))),
+    Fig(SCALE, "in the codes tiers # B with 2-bit codes (fp16 stores' default) and # B with 1-bit codes", RATES,
+        both(CODES2, CODES1)),
+    Fig(SCALE, "(on an H200: `gpu_bytes_per_token` # and # in `tiers-dups-1000000-float16-H200-rates.json`", RATES,
+        both(CODES2, CODES1)),
+    Fig(SCALE, "The exact tokens take # (fp16) or # (int8) B a token in host memory", CAP_FILES,
+        lambda ds: (bytes_a_token(ds)["fp16"], bytes_a_token(ds)["int8"])),
+    Fig(SCALE, "(fp16: # B a token at dim 128, int8: # B)", CAP_FILES,
+        lambda ds: (bytes_a_token(ds)["fp16"], bytes_a_token(ds)["int8"])),
+    *capacity_rows(),
+    Fig("docs/guides/scale-out.md", ("10M ColBERT passages (#B tokens) need # H200s with the tokens "
+                                     "on the GPU, or one with the codes tier; 100M need #, or #."),
+        CAP_FILES, lambda ds: (1e7 * 180 / 1e9,
+                               *(math.ceil(n * round(bytes_a_token(ds)[w]) / H200_BYTES)
+                                 for n, w in ((1.8e9, "device"), (1.8e10, "device"), (1.8e10, "codes2"))))),
+    Fig(SCALE, "(its build took # s at 1M documents, #M tokens,", "e2e-fastplaid-1M-H100.json",
+        both(at("build_s"), at("tokens", times=1e-6))),
+]
+
+# The CPU (docs/benchmarks.md): where `index="auto"` switches, one file a corpus.
+XT = "| corpus | documents (tokens) | lists, ms |"
+CROSSOVER = [
+    Fig(BENCH, Cell(XT, (corpus, f"{docs:,}"), col), f"cpu-crossover-{corpus}.json", at("sizes", {"docs": docs}, key, times=times),
+        pick=pick)
+    for corpus in ("uniform96", "dups", "mixed96")
+    for docs in (1000, 2000, 4000, 8000, 16000, 30000, 60000, 120000)
+    for col, key, times, pick in (("documents (tokens)", "tokens", 1e-6, "(#M)"), ("lists, ms", "ivf_per_query_s", 1000, None),
+                                  ("lists recall@10", "ivf_recall10", 1, None), ("exhaustive, ms", "exhaustive_per_query_s", 1000, None),
+                                  ("auto picks", "auto_index", 1, None), ("auto / best", "auto_over_best", 1, None),
+                                  ("lists' first open", "ivf_open_s", 1, "# s"))
+] + [
+    Fig(BENCH, ("The issue's case, 30,000 documents of 40-160 tokens at dim 96 (#M tokens): "
+                "# ms a query at the defaults against # ms exhaustive (#x), at recall@10 #."),
+        "cpu-crossover-uniform96.json",
+        lambda d: issue_case(at("sizes", {"docs": 30000})(d))),
+    Fig(BENCH, ("(4.4M tokens, dim 128; `python benchmarks/first_open.py "
+                "--docs 40000`, `first-open-40000-cpu-auto.json`): # s"),
+        "first-open-40000-cpu-auto.json", at("first", "open_s")),
+    Fig(BENCH, "then persisted), first search # s; every later open # s.", "first-open-40000-cpu-auto.json",
+        both(at("first", "first_search_s"), at("reopen", "open_s"))),
+    Fig(BENCH, ("--search default --queries 200`): # ms a query at recall@10 "
+                "# on `topics`, # ms at # on `dups`, # ms at # on `mixed96`"),
+        tuple(f"cpu-pool-{g}-120000.json" for g in ("topics", "dups", "mixed96")),
+        lambda ds: tuple(v for d in ds for v in (at("runs", 0, "searches", {"search": "default"}, "ms_per_query")(d),
+                                                 at("runs", 0, "searches", {"search": "default"}, "recall10")(d)))),
+]
+
+def issue_case(s: dict) -> tuple:
+    return (s["tokens"] / 1e6, s["auto_per_query_s"] * 1000, s["exhaustive_per_query_s"] * 1000,
+            s["auto_per_query_s"] / s["exhaustive_per_query_s"], s["auto_recall10"])
+
+
+# The same runs in docs/scale.md's CPU table.
+PT = "| corpus | tokens | lists | build (k-means + assignment) |"
+CPU_POOL = [
+    Fig(SCALE, Cell(PT, (f"`{g}`",), col), f"cpu-pool-{g}-120000.json", get, pick=pick)
+    for g in ("topics", "dups", "mixed96")
+    for col, get, pick in (("tokens", lambda d: Qty(d["tokens"]), None), ("lists", at("runs", 0, "nlist"), None),
+                           ("build", at("runs", 0, "build_s"), "# s"),
+                           ("ms a query", at("runs", 0, "searches", {"search": "default"}, "ms_per_query"), None),
+                           ("recall@10", at("runs", 0, "searches", {"search": "default"}, "recall10"), None),
+                           ("the lists' 1,024 alone", at("runs", 0, "pools", {"pool": 1024}, "pool_recall"), None))
+]
+
+# docs/scale.md: corpus size at the defaults.
+CS = "| documents | tokens | tier | candidates |"
+SIZES = [
+    (("250,000",), "tiers-dups-250000-float16.json", {"tier": "auto"}),
+    (("1,000,000", "72.6M", "device"), DH, DEV),
+    (("1,000,000", "72.6M", "codes+host"), DH, HOST),
+    (("2,000,000", "145.2M", "device"), "tiers-dups-2000000-float16.json", {"tier": "auto"}),
+    (("2,000,000", "145.2M", "codes+host"), "tiers-dups-2000000-float16-host-H200.json", HOST),
+    (("4,000,000", "290.4M", "device"), "tiers-dups-4000000-float16-auto-H200.json", {"tier": "auto"}),
+    (("4,000,000", "290.4M", "codes+host"), "tiers-dups-4000000-float16-host-H200.json", HOST),
+]
+CORPUS_SIZE = [
+    *[Fig(SCALE, Cell(CS, key, col), file, get)
+      for key, file, run in SIZES
+      for col, get in (("tokens", lambda d: Qty(d["tokens"])), ("recall@10", at("runs", run, "rows", 0, "recall10")),
+                       ("batched QPS", at("runs", run, "rows", 0, "batch_qps")),
+                       ("p50 ms", at("runs", run, "rows", 0, "single_p50_ms")))],
+    Fig(SCALE, "`tiers-dups-2000000-float16-host-H200.json`: # GB on the GPU, #% of the device tier's #.",
+        ("tiers-dups-2000000-float16-host-H200.json", "tiers-dups-2000000-float16.json"),
+        lambda ds: (ds[0]["runs"][0]["gpu_allocated_gb"], 100 * ds[0]["runs"][0]["gpu_allocated_gb"] / ds[1]["runs"][0]["gpu_allocated_gb"],
+                    ds[1]["runs"][0]["gpu_allocated_gb"])),
+    Fig(SCALE, ("`tiers-dups-4000000-float16-host-H200.json`; # GB on the "
+                "GPU in the codes+host tier, #% of the device tier's #."),
+        ("tiers-dups-4000000-float16-host-H200.json", "tiers-dups-4000000-float16-auto-H200.json"),
+        lambda ds: (ds[0]["runs"][0]["gpu_allocated_gb"], 100 * ds[0]["runs"][0]["gpu_allocated_gb"] / ds[1]["runs"][0]["gpu_allocated_gb"],
+                    ds[1]["runs"][0]["gpu_allocated_gb"])),
+    Fig(SCALE, "`large-dups-5600000.json`): codes+host, recall #, # QPS, p50 # ms.",
+        "large-dups-5600000.json",
+        both(at("runs", 0, "search", "recall10"), at("runs", 0, "search", "batch_qps"), at("runs", 0, "search", "single_p50_ms"))),
+    Fig(SCALE, ("20 adds of 10,000 documents into the codes+host tier reach "
+                "recall@10 # at # QPS against # at # for one bulk build"),
+        "grow-dups-200000-host-H100.json",
+        both(at("modes", {"mode": "grow20"}, "search", 0, "recall10"), at("modes", {"mode": "grow20"}, "search", 0, "batch_qps"),
+             at("modes", {"mode": "bulk"}, "search", 0, "recall10"), at("modes", {"mode": "bulk"}, "search", 0, "batch_qps"))),
+    Fig(SCALE, ("8 candidates a program with a float16 decode and 32-token tiles, # ms "
+                "a query, against # for one candidate a program with a float32 decode"),
+        "codes-kernel-8192.json",
+        lambda d: (at("rows", {"group": 8, "half": True, "block_d": 32, "warps": 2})(d)["ms_per_query"],
+                   at("rows", {"group": 1, "half": False, "block_d": 16, "stages": 2, "warps": 2})(d)["ms_per_query"])),
+    Fig(SCALE, "At 1M, 128 documents reranked exactly give the same recall as 160 (# both,", "tiers-dups-1000000-float16-exact.json",
+        lambda d: same(r["recall10"] for r in d["runs"][0]["rows"])),
+]
+
+# Quality, storage, checksums, Ray (docs/benchmarks.md).
+OTHER = [
+    Fig(BENCH, "default settings: MRR@10 #, Recall@10 #, Recall@100 #, identical to exhaustive MaxSim", "quality-manpages-dev-cpu.json",
+        lambda d: same(tuple(d[run][k] for k in ("mrr10", "recall10", "recall100")) for run in ("mvdb_k100", "exhaustive"))),
+    Fig(BENCH, "ingest # GB/s, open # ms, gather of 1,000 random documents # ms median, `load_all` to the GPU # GB/s.",
+        "storage-1M-H100-machine.json",
+        both(at("ingest_gbps"), at("open_seconds_median", times=1000), at("gather_1000_ms_median"), at("load_all_gbps"))),
+    Fig(BENCH, "costs #% of the reopen time (# s against # s for # GB)", "open-checksums-40000-cpu.json",
+        lambda d: (100 * d["overhead"], min(d["open_s_checksums_True"]), min(d["open_s_checksums_False"]), d["bytes"] / 1e9)),
+    Fig(BENCH, "documents, 768k tokens): # docs/s with one worker", "ray-ingest-cpu2.json", at("runs", {"workers": 1}, "docs_per_s")),
+]
+
+FIGURES: list[Fig] = [*KERNELS, *SEARCH_1M, *LARGE_FIGS, *FIRST_QUERY, *MULTIGPU, *SERVING, *TRAINING,
+                      *SPARTON, *HYBRID, *GROW, *TEXT, *HEADLINES, *SCALE_FIGS, *CROSSOVER, *CPU_POOL, *CORPUS_SIZE,
+                      *OTHER]
+
+
+@pytest.mark.parametrize("fig", FIGURES, ids=[f.id() for f in FIGURES])
+def test_figure_matches_its_results_file(fig):
+    error = check(fig)
+    assert error is None, error
+
+
+def test_figure_ids_are_unique():
+    ids = [f.id() for f in FIGURES]
+    assert len(ids) == len(set(ids)), sorted({i for i in ids if ids.count(i) > 1})
+
+
+# ---------------------------------------------------------------------------------------------
+# Generic checks over every page
+
+def pages(root: Path = ROOT) -> list[str]:
+    return ["README.md", *sorted(str(p.relative_to(root)) for p in (root / "docs").rglob("*.md"))]
+
+
+# Backticked *.json names that are not results files: the database's own files, the API's
+# schema, the shipped kernel winners, and the naming scheme of `python -m benchmarks run`.
+NOT_RESULTS = {"shards.json", "MANIFEST.json", "modules.json", "/openapi.json", "kernels/winners.json",
+               "segments/commit-<generation>-<random>.json",
+               "benchmarks/results/<suite>-<machine>.json", "<suite>-<machine>-smoke.json"}
+PLACEHOLDER = re.compile(r"\*|GEN|\bN\b")
+
+
+def missing_results_files(root: Path = ROOT) -> list[str]:
+    names = {p.name for p in RESULTS.glob("*.json")}
+    missing = []
+    for page in pages(root):
+        for cited in re.findall(r"`([^`\s]+\.json)`", read_page(root, page)):
+            if cited in NOT_RESULTS:
+                continue
+            name = cited.removeprefix("benchmarks/results/")
+            if PLACEHOLDER.search(name):
+                pattern = re.compile("^" + ".*".join(map(re.escape, PLACEHOLDER.split(name))) + "$")
+                if any(pattern.match(n) for n in names):
+                    continue
+            elif name in names:
+                continue
+            missing.append(f"{page}: `{cited}`")
+    return missing
+
+
+def test_cited_results_files_exist():
+    missing = missing_results_files()
+    assert not missing, "pages cite results files that benchmarks/results/ does not hold:\n" + "\n".join(missing)
+
+
+BYTES_PHRASE = re.compile(rf"(?<!/ )((?:{NUM})(?:(?:,\s+|\s+or\s+|-)(?:{NUM}))*)\s+B\s+a\s+token")
+BYTES_HEADER = re.compile(r"\b(?:[Bb]ytes|B) a token")
+
+
+def bytes_a_token_figures(root: Path = ROOT) -> list[str]:
+    """Every "N B a token" figure, and every figure of a "bytes a token" table column (all columns
+    where the first header cell says it), that is not one the capacity plan takes from its files."""
+    plan = bytes_a_token([result(f) for f in CAP_FILES])
+    allowed = {round(v) for v in plan.values()} | {round(v, 1) for v in plan.values()}
+
+    def off(s: str) -> bool:
+        return any(number(n)[0] not in allowed for n in NUM_RE.findall(s))
+
+    wrong = []
+    for page in pages(root):
+        text = read_page(root, page)
+        wrong += [f"{page}: {m.group(0)!r}" for m in BYTES_PHRASE.finditer(text) if off(m.group(1))]
+        lines = text.splitlines()
+        for line, below in pairwise(lines):
+            if not (line.startswith("|") and below.startswith("|-") and BYTES_HEADER.search(line)):
+                continue
+            rows = table(text, line)
+            cols = [j for j, h in enumerate(rows[0]) if BYTES_HEADER.search(h)]
+            if cols == [0]:  # the table's own unit: every other column
+                cols = list(range(1, len(rows[0])))
+            wrong += [f"{page}: column {rows[0][j]!r}: {row[j]!r}"
+                      for row in rows[1:] for j in cols if j < len(row) and off(row[j])]
+    return wrong
+
+
+def test_bytes_a_token_are_the_capacity_plans():
+    wrong = bytes_a_token_figures()
+    assert not wrong, ("bytes a token the capacity plan in docs/scale.md does not take from its results files "
+                       "(link to the plan instead):\n" + "\n".join(wrong))
