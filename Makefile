@@ -21,13 +21,14 @@ install-demo: install
 demo: install-demo
 	$(PYTHON) -m mvdb demo
 
+# two worker processes (pytest-xdist): both cores of the CI machine
 test: install
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n 2
 
 # The inner loop: every test module, less the tests marked heavy (seconds or more each on the 2-core
 # CI machine) and the crash test at 3 kills instead of 25; under 3 minutes there. No install step.
 test-fast:
-	MVDB_CRASH_KILLS=3 $(PYTHON) -m pytest -q -m "not slow and not heavy"
+	MVDB_CRASH_KILLS=3 $(PYTHON) -m pytest -q -n 2 -m "not slow and not heavy"
 
 test-gpu:
 	$(PYTHON) -m pytest -q -m gpu
