@@ -109,6 +109,7 @@ def cmd_run(name: str, extra: list[str], results: Path) -> int:
         if smoke:
             env.update((k, v.replace("{tmp}", scratch)) for k, v in suite.smoke_env)
         if suite.script.endswith(".sh"):
+            env.setdefault("PY", sys.executable)  # a script's venvs come from this interpreter, not the PATH's
             argv = ["bash", str(suite.path), *args, *extra]
         else:
             argv = [sys.executable, str(suite.path), *args, *extra, "--out", tmp]

@@ -24,7 +24,7 @@ if [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then
     exit 0
 fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PY=${PY:-python3.11}
+PY=${PY:-python3}  # the interpreter the venvs come from (python -m benchmarks passes its own)
 RAW=${RAW:-/tmp/mvdb-installs}
 mkdir -p "$RAW"
 export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -82,6 +82,7 @@ EOF
     cat "$RAW/$1.json"
 }
 
+failed=0  # a case that fails is said and fails the run (after the others), never left out silently
 for c in "$@"; do
     v=${VENVS:-/tmp}/venv-$c
     if [ "${SMOKE_ONLY:-0}" = 1 ]; then
@@ -92,15 +93,17 @@ json.dump(d, open(p, 'w'))" "$RAW/$c.json" "$s"
     fi
     if [ "$c" = local ]; then
         # no pip of its own: the venv's bundled setuptools (no bdist_wheel) would hide this Python's
-        rm -rf "$v" "$RAW/src" && "$PY" -m venv --system-site-packages --without-pip "$v" || continue
+        rm -rf "$v" "$RAW/src" && "$PY" -m venv --system-site-packages --without-pip "$v" \
+            || { echo "$c: $PY -m venv failed" >&2; failed=1; continue; }
         mkdir "$RAW/src" && cp -r "$ROOT"/{pyproject.toml,README.md,LICENSE,mvdb,kernels,storage} "$RAW/src/" \
-            || continue
+            || { echo "$c: copying the checkout failed" >&2; failed=1; continue; }
     else
         rm -rf "$v" && "$PY" -m venv "$v" && "$v/bin/python" -m pip install -q --upgrade pip >/dev/null
     fi
     # shellcheck disable=SC2046
     t0=$(date +%s.%N)
-    "$v/bin/python" -m pip install -q $(spec "$c") > "$RAW/$c.log" 2>&1 || { echo "$c: install failed"; tail "$RAW/$c.log"; continue; }
+    "$v/bin/python" -m pip install -q $(spec "$c") > "$RAW/$c.log" 2>&1 \
+        || { echo "$c: install failed"; tail "$RAW/$c.log"; failed=1; continue; }
     secs=$(echo "$(date +%s.%N) - $t0" | bc)
     upg=null
     if [ "$c" = gpu ]; then  # the same command again, upgrading: faiss-gpu stays, faiss-cpu does not come
@@ -119,12 +122,13 @@ print(json.dumps({'seconds': $u, 'faiss-gpu': v('faiss-gpu'), 'faiss-cpu': v('fa
 done
 
 # every case recorded so far, one JSON file
-python3 - "$RAW" "${OUT:-$ROOT/benchmarks/results}/installs-cpu.json" <<'EOF'
+"$PY" - "$RAW" "${OUT:-$ROOT/benchmarks/results}/installs-cpu.json" <<'EOF'
 import datetime, glob, json, os, platform, sys
 raw, out = sys.argv[1:]
 cases = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(raw, "*.json")))]
 json.dump({"date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-           "python": "3.11", "source": "local checkout (pip install /work/main[...]); pip.conf find-links /opt/wheels",
+           "python": platform.python_version(), "source": "local checkout (pip install /work/main[...]); pip.conf find-links /opt/wheels",
            "cases": cases}, open(out, "w"), indent=1)
 print("wrote", out)
 EOF
+exit $failed

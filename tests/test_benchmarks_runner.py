@@ -319,8 +319,11 @@ def _text_ingest(r):
 
 
 def _install(r):
+    import platform
+
     (case,) = r["cases"]
     assert case["case"] == "local" and case["smoke"]["ok"] and case["packages"]["torch"]
+    assert r["python"] == platform.python_version()  # the venv came from the interpreter running the tests
 
 
 CHECKS = {"kernels": _kernels, "kernel-floor": _kernel_floor, "codes-kernel": _codes_kernel, "e2e": _e2e,
