@@ -372,7 +372,15 @@ _THREADS_SCRIPT = textwrap.dedent('''
                 db.compact()
             n_ops[0] += 1
 
-    threads = [threading.Thread(target=searcher, args=(s,)) for s in range(4)] + [threading.Thread(target=writer)]
+    def guarded(fn, *args):  # an exception in a thread (the writer's own asserts too) is an error of the run
+        def run():
+            try:
+                fn(*args)
+            except BaseException as e:
+                errors.append(f"{fn.__name__} raised {type(e).__name__}: {e}")
+        return run
+
+    threads = [threading.Thread(target=guarded(searcher, s)) for s in range(4)] + [threading.Thread(target=guarded(writer))]
     for t in threads: t.start()
     for t in threads: t.join()
     final = len(db)
