@@ -299,12 +299,17 @@ def test_metadata_with_lone_surrogates_is_refused(tmp_path):
 
 # ---- 9. the server: structural limits, no per-request types, read timeouts
 
-pytest.importorskip("fastapi")
-pytest.importorskip("uvicorn")
+
+def _needs_server() -> None:
+    """Skip where the serve extra is not installed (only the tests that need it: a module-level
+    skip here would skip every test above too)."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    _needs_server()
     from mvdb.serve import Server
 
     path = tmp_path_factory.mktemp("srv") / "db"
@@ -380,6 +385,7 @@ def test_headers_that_never_finish_are_408(server):
 
 
 def test_legacy_metadata_with_lone_surrogates_is_served(tmp_path):
+    _needs_server()
     """Text stored before mvdb refused lone surrogates still reads back over HTTP (no 500)."""
     from mvdb.serve import Server, connect
 

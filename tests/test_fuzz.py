@@ -175,9 +175,6 @@ def _reference(where: dict, m: dict) -> bool:
 
 # ---- HTTP payloads
 
-pytest.importorskip("fastapi")
-pytest.importorskip("uvicorn")
-urllib3 = pytest.importorskip("urllib3")
 
 ROUTES = ["/search", "/candidates", "/rerank", "/add", "/delete", "/get", "/metadata", "/contains", "/compact",
           "/refresh"]
@@ -190,8 +187,17 @@ nested = st.recursive(scalars.filter(lambda v: not isinstance(v, float) or np.is
                       max_leaves=30)
 
 
+def _http():
+    """The serve extra and an HTTP client, or a skip (of the tests that need them only: a
+    module-level skip would skip the API's tests above too)."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    return pytest.importorskip("urllib3")
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    urllib3 = _http()
     from mvdb.serve import Server
 
     path = tmp_path_factory.mktemp("fuzz-http") / "db"
@@ -277,6 +283,7 @@ GETS = ["/health", "/ready", "/stats", "/len", "/verify"]
 
 @pytest.fixture(scope="module")
 def text_server(tmp_path_factory):
+    urllib3 = _http()
     from mvdb.serve import Server
     from mvdb.testing.words import encode as words
 
