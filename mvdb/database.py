@@ -170,11 +170,11 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
     def warmup(self, max_query_tokens: int | None = None, *, progress: bool | None = None) -> dict:
         """Compile, and autotune or load the stored winners of, every kernel variant this
         database's searches launch for queries of up to ``max_query_tokens`` tokens (default: its
-        encoder's query limit, or that of the encoder its texts were added with; at least 64), in batches of any size, so that the first real query
-        runs at the warm speed (mvdb.warm). Searches only: nothing is written. Returns
-        {"seconds", "searches", "query_lengths", "batch_sizes"}; progress on stderr past a second
-        (``progress``: as ``mvdb.open``'s)."""
-        n = default_query_tokens(self.encoder, self.store.config.get("encoder")) if max_query_tokens is None \
+        encoder's query limit, or that of the encoder its texts were added with; at least 64), in
+        batches of any size, so that the first real query runs at the warm speed (mvdb.warm).
+        Searches only: nothing is written. Returns {"seconds", "searches", "query_lengths",
+        "batch_sizes"}; progress on stderr past a second (``progress``: as ``mvdb.open``'s)."""
+        n = default_query_tokens(self.encoder, recorded_encoder([self.store])) if max_query_tokens is None \
             else check_query_tokens(max_query_tokens)
         with self._pub.read() as st:
             rows = None if st.tokens is None else torch.nonzero(st.live).flatten().cpu().numpy()

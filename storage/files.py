@@ -116,6 +116,11 @@ class Census:
     newer_records: list[str] = field(default_factory=list)  # commit records of a later generation
     old_records: list[str] = field(default_factory=list)  # records a later commit replaced: garbage
 
+    @property
+    def outdated(self) -> bool:
+        """Committed state beside the manifest that it does not account for: writers refuse."""
+        return bool(self.unexplained or self.newer_records)
+
 
 def census(db_path: str, manifest: dict) -> Census:
     """Classify the files of segments/ against ``manifest`` (reads names only)."""
@@ -173,7 +178,7 @@ def tidy(db_path: str, manifest: dict) -> None:
     seg_dir = os.path.join(db_path, SEGMENTS)
     os.makedirs(seg_dir, exist_ok=True)
     found = census(db_path, manifest)
-    if found.unexplained or found.newer_records:
+    if found.outdated:
         raise CorruptionError(unexplained_message(db_path, manifest, found))
     changed = False
     for name in found.unfinished:

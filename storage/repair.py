@@ -168,10 +168,10 @@ def _intact(seg_dir: str, name: str, left_out: list[str]):
         r.close()
 
 
-def _newest_record(seg_dir: str, path: str, left_out: list[str]) -> dict | None:
-    """The newest commit record under segments/ whose checksum holds (None when there is none)."""
-    names = sorted((n for n in os.listdir(seg_dir) if record_generation(n) is not None), key=record_generation)
-    for name in reversed(names):
+def _newest_record(seg_dir: str, path: str, records: list[str], left_out: list[str]) -> dict | None:
+    """The newest of the commit records ``records`` (names under segments/) whose checksum holds
+    (None when there is none)."""
+    for name in sorted(records, key=record_generation, reverse=True):
         try:
             with open(os.path.join(seg_dir, name), "rb") as f:
                 return parse_manifest(f.read(), os.path.join(seg_dir, name), path)
@@ -212,13 +212,14 @@ def recover(path, *, force: bool = False) -> VerifyReport:
                 missing = [g["name"] for g in old["segments"]
                            if not os.path.exists(segment_path(path, g["name"]))]
                 found = census(path, old)
-                if not force and not found.unexplained and not found.newer_records and not missing:
+                if not force and not found.outdated and not missing:
                     raise InvalidInputError(f"{path}: its {MANIFEST} is intact; nothing to recover "
                                             f"(force=True rebuilds it anyway)")
-                for name in census(path, old).unfinished:  # committed: give them their final names first
+                for name in found.unfinished:  # committed: give them their final names first
                     os.replace(os.path.join(seg_dir, TMP_PREFIX + name), os.path.join(seg_dir, name))
         left_out, kept, bad = [], {}, []
-        newest = _newest_record(seg_dir, path, left_out)
+        records = [n for n in os.listdir(seg_dir) if record_generation(n) is not None]
+        newest = _newest_record(seg_dir, path, records, left_out)
         if newest is not None and (old is None or newest["generation"] > old["generation"]):
             old = newest  # the manifest is lost or older than the latest commit: its record has the deletes
         names = sorted(n for n in os.listdir(seg_dir) if n.endswith(".h5") and not n.startswith(TMP_PREFIX))
@@ -254,7 +255,9 @@ def recover(path, *, force: bool = False) -> VerifyReport:
         dim, dtype, id_type = layout or (None, None, None)
         m = new_manifest(dim, dtype or (old or {}).get("dtype", "float16"))
         ints = [k for k in seen if isinstance(k, int)]
-        generation = max([(old or {}).get("generation", 0)] + [kept[n][5] for n in kept])
+        # past every commit seen: the manifest's (or record's), the segments', and any record's name
+        generation = max([(old or {}).get("generation", 0)] + [kept[n][5] for n in kept]
+                         + [record_generation(n) for n in records])
         m.update(id_type=id_type, segments=segments, generation=generation,
                  next_id=max([(old or {}).get("next_id", 0)] + [k + 1 for k in ints]),
                  segment_counter=max([name_counter(n) for n in names] + [(old or {}).get("segment_counter", 0)]))
@@ -264,7 +267,6 @@ def recover(path, *, force: bool = False) -> VerifyReport:
         for name in bad:  # kept for inspection, under a name no reader or writer takes for a segment
             os.replace(os.path.join(seg_dir, name), os.path.join(seg_dir, name + ".left-out"))
         # the rebuilt manifest's own record: the deletes it keeps stay kept if an older manifest is put back again
-        m["generation"] = max([m["generation"]] + [record_generation(n) or 0 for n in os.listdir(seg_dir)])
         m["record"] = record_name(m["generation"] + 1)
         atomic_write(os.path.join(seg_dir, m["record"]), next_manifest(m)[1])
         write_manifest(path, m)

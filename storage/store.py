@@ -156,7 +156,7 @@ class Store(StoreReader):
     def _warn_if_outdated(self, manifest: dict) -> None:
         """A reader of a manifest older than the data (put back) is warned: it sees that state."""
         found = census(self.path, manifest)
-        if (found.unexplained or found.newer_records) and read_manifest(self.path)["generation"] == manifest["generation"]:
+        if found.outdated and read_manifest(self.path)["generation"] == manifest["generation"]:
             warnings.warn(unexplained_message(self.path, manifest, found, reader=True), stacklevel=3)
 
     def _prepare_directory(self, read_only: bool) -> None:
@@ -378,12 +378,12 @@ class Store(StoreReader):
         # the segments this commit drops: if a crash keeps them on disk, the next writer removes them
         new["retired"] = list(removed)
         previous = new.get("record")
-        if record:
+        if added:
+            fsync_dir(seg_dir)  # the temp files' entries are durable before a manifest names them
+        if record:  # (atomic_write fsyncs the directory too)
             new["record"] = record_name(new["generation"] + 1)
             atomic_write(os.path.join(seg_dir, TMP_PREFIX + new["record"]), next_manifest(new)[1])
             added = [*added, new["record"]]
-        if added:
-            fsync_dir(seg_dir)  # the temp files' entries are durable before a manifest names them
         try:
             committed = write_manifest(self.path, new)
         except BaseException:

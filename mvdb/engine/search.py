@@ -173,7 +173,7 @@ def prepare(queries, dim: int, device: torch.device) -> Queries:
 # Query values at most this large in magnitude (float16's largest): the GPU kernels compute the
 # query tokens in float16, and with stored values in the same range (float16 stores; int8 stores
 # at most mvdb.storage.validate.INT8_VALUE_MAX) no score can overflow float32.
-QUERY_MAX = 65504.0
+QUERY_MAX = validate.FP16_MAX
 
 
 def out_of_range(row: np.ndarray, where: str) -> str:

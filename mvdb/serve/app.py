@@ -55,14 +55,6 @@ class BodyTooLarge(errors.InvalidInputError):
     pass
 
 
-def n_queries(queries) -> int:
-    """How many queries a request's ``queries`` holds: a batch (a list, or [Nq, Lq, dim]) its
-    length, anything else one."""
-    if isinstance(queries, (list, tuple)) or getattr(queries, "ndim", 2) == 3:
-        return len(queries)
-    return 1
-
-
 class ForeignOrigin(errors.AuthenticationError):
     """A browser request sent by a page of another origin (another site must not drive the
     database through the user's browser), or a request addressed to a name that is not the
@@ -206,7 +198,7 @@ class Served:
 
     def count(self, queries, route: str):
         """``queries``, after checking that there are at most ``max_queries`` of them (413)."""
-        n = n_queries(queries)
+        n = codec.n_queries(queries)
         if n > self.max_queries:
             raise BodyTooLarge(f"{route}: {n} queries in one request, more than the server's limit of "
                                f"{self.max_queries} (mvdb serve --max-queries; the Python client splits "

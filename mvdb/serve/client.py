@@ -99,8 +99,7 @@ class Client(TextMethods, ExplainMethods, DatabaseAPI):
         """``_call`` of a route taking queries; a batch of more queries than the server takes in one
         request (``/health``'s ``max_queries``) is sent in parts, each argument of ``per_query``
         split alike, and the answers joined."""
-        q = body["queries"]
-        n = len(q) if isinstance(q, (list, tuple)) or getattr(q, "ndim", 2) == 3 else 1
+        n = codec.n_queries(body["queries"])
         if n > _FEW_QUERIES and self._max_queries is None:
             self._max_queries = int(self.health().get("max_queries") or n)
         step = self._max_queries or n

@@ -246,6 +246,14 @@ def decode(body: bytes, content_type: str | None):
     return unpack(body)
 
 
+def n_queries(queries) -> int:
+    """How many queries a request's ``queries`` holds: a batch (a list, or [Nq, Lq, dim]) its
+    length, anything else one (the server's limit per request counts them; the client splits by it)."""
+    if isinstance(queries, (list, tuple)) or getattr(queries, "ndim", 2) == 3:
+        return len(queries)
+    return 1
+
+
 def embeddings(x, name: str):
     """A field holding embeddings, as the library takes them: arrays stay; JSON's nested lists of
     numbers become float32 arrays (depth 2: one [L, dim] array; depth 3: a list of them). Anything
