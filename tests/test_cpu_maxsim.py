@@ -35,7 +35,9 @@ def _case(seed: int, n_docs: int = 60, dim: int = 16, dtype=torch.float16):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int8])
 @pytest.mark.parametrize("block", [16, 1 << 14])
-def test_equals_reference(dtype, block):
+@pytest.mark.parametrize("narrow", [0, 1000])  # every GEMM one way round, then the other
+def test_equals_reference(dtype, block, narrow, monkeypatch):
+    monkeypatch.setattr(cpu, "NARROW_QUERY", narrow)
     q, cu, tok, off, cand, sc = _case(1, dtype=dtype)
     ref = naive.maxsim_csr(q.double(), cu, tok if dtype == torch.int8 else tok.double(), off, cand, sc,
                            dtype=torch.float64)

@@ -329,3 +329,40 @@ def test_cpu_candidates_rank_a_wider_pool_by_interaction():
     everything = lists.candidates(q, cu, live, 77, 2, ordered=False, pool=10**6)
     for row in everything:
         assert sorted(row.tolist()) == [r for r in range(80) if live[r]]
+
+
+def test_cpu_candidates_take_each_querys_own_width():
+    """Lists.candidates(widths=) on a CPU: query i gets its best widths[i] rows by interaction
+    (the same rows as a search of that width alone), -1 past them."""
+    empty, codes, off, g = _cpu_lists(n_rows=80)
+    lists = empty.with_rows(codes, off)
+    q = torch.nn.functional.normalize(torch.randn(7, 8, generator=g), dim=1)
+    cu = [0, 3, 7]
+    live = torch.ones(80, dtype=torch.bool)
+    got = lists.candidates(q, cu, live, 20, 4, ordered=True, pool=80, widths=[20, 6])
+    assert got.shape == (2, 20)
+    assert (got[0] >= 0).all() and (got[1, :6] >= 0).all() and (got[1, 6:] == -1).all()
+    for i, w in enumerate([20, 6]):
+        alone = lists.candidates(q[cu[i] : cu[i + 1]], [0, cu[i + 1] - cu[i]], live, w, 4, ordered=True, pool=80 * w // 20)
+        assert got[i, :w].tolist() == alone[0].tolist()
+
+
+def test_cpu_default_width_follows_the_query_length(tmp_path, monkeypatch):
+    """At the defaults a CPU hands a short query more candidates than a long one (cpu_widths);
+    an explicit n_candidates is the same for every query."""
+    import mvdb
+    from mvdb.engine import search
+
+    assert search.cpu_widths(1024, [0, 32]) == [1024]
+    w = search.cpu_widths(1024, [0, 1, 5, 13, 45, 109, 1109])
+    assert w == sorted(w, reverse=True) and w[0] == 4096 and w[-1] == 512 and all(x % 64 == 0 for x in w)
+    monkeypatch.setattr(search, "CPU_LISTS_CANDIDATES", 64)
+    g = torch.Generator().manual_seed(3)
+    docs = [torch.randn(int(n), 16, generator=g) for n in torch.randint(2, 12, (400,), generator=g)]
+    short, long = torch.randn(4, 16, generator=g), torch.randn(64, 16, generator=g)
+    with mvdb.open(tmp_path / "db", device="cpu", index="ivf", nlist=16, progress=False) as db:
+        db.add(docs)
+        got = db.candidates([short, long], k=2)
+        assert [len(c) for c in got] == search.cpu_widths(64, [0, 4, 68])
+        assert len(got[0]) > len(got[1])
+        assert [len(c) for c in db.candidates([short, long], k=2, n_candidates=100)] == [100, 100]

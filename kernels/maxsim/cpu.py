@@ -14,7 +14,11 @@ import torch
 from mvdb.kernels.maxsim.naive import _queries_for, distinct_candidates, query_groups
 from mvdb.kernels.quant import dequantize_int8
 
-BLOCK_TOKENS = 1 << 14  # padded document tokens a GEMM: the block's tokens stay in the caches
+BLOCK_TOKENS = 1 << 13  # padded document tokens a GEMM: the block's tokens stay in the caches
+# up to this many query tokens a GEMM, it runs as [query tokens, dim] x [dim, document tokens] and
+# the maximum over a document runs along the contiguous axis: a CPU's GEMM with so few columns is
+# slower than the other way round (benchmarks/cpu_crossover.py, queries of 4-64 tokens)
+NARROW_QUERY = 16
 # queries share a GEMM while their candidates' union costs at most this much more than each alone: a
 # CPU's GEMM is no faster per flop with more query tokens, so only shared candidates pay for it
 GROUP_SLACK = 1.25
@@ -35,6 +39,8 @@ def _best(qt: torch.Tensor, tokens, scales, first, lens, block_tokens: int) -> t
     out = torch.empty((lens.numel(), qt.shape[1]), dtype=torch.float32)
     lens_l = lens.tolist()
     words = _words(tokens)
+    narrow = qt.shape[1] <= NARROW_QUERY
+    q = qt.T.contiguous() if narrow else None
     a = 0
     while a < len(lens_l):
         b = min(len(lens_l), a + max(1, block_tokens // lens_l[a]))
@@ -45,7 +51,10 @@ def _best(qt: torch.Tensor, tokens, scales, first, lens, block_tokens: int) -> t
         d = words.index_select(0, idx)
         d = d.view(tokens.dtype) if words is not tokens else d
         d = dequantize_int8(d, scales.index_select(0, idx)) if scales is not None else d.float()
-        out[a:b] = (d @ qt).view(b - a, longest, -1).amax(dim=1)
+        if narrow:
+            out[a:b] = (q @ d.T).view(-1, b - a, longest).amax(dim=2).T
+        else:
+            out[a:b] = (d @ qt).view(b - a, longest, -1).amax(dim=1)
         a = b
     return out
 

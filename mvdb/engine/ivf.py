@@ -71,7 +71,7 @@ CPU_LISTS_PER_SQRT = 8
 # centroid). The crediting sees only the probed lists, so a long document whose matches fell in
 # other lists ranks low there; the interaction sees every token, at a small part of an exact
 # score's cost (a table lookup per token instead of a dot product).
-CPU_POOL_PER_CANDIDATE = 8
+CPU_POOL_PER_CANDIDATE = 4
 # The interaction's maximum over a document's tokens is a soft one (a sum of exponentials, one
 # embedding_bag: a hard maximum over gathered rows is about four times slower in torch on a CPU), this
 # sharp (a softer one credits a document for every near match, which favours long ones); a
@@ -347,7 +347,8 @@ class Lists:
 
     def candidates(self, q: torch.Tensor, cu: list[int], live: torch.Tensor, n_candidates: int, nprobe: int,
                    scratch_bytes: int = 1 << 30, backend: str = "auto", cu_dev: torch.Tensor | None = None,
-                   qid: torch.Tensor | None = None, ordered: bool = True, pool: int | None = None) -> torch.Tensor:
+                   qid: torch.Tensor | None = None, ordered: bool = True, pool: int | None = None,
+                   widths: list[int] | None = None) -> torch.Tensor:
         """Per query, the ``n_candidates`` live rows with the best approximate scores, batched.
 
         q [Tq, dim] packed query tokens, ``cu`` their offsets (host ints). Every query token is
@@ -360,7 +361,8 @@ class Lists:
         its selection). ``cu_dev`` / ``qid``: the offsets and each token's query already on the
         device (mvdb.engine.search.Queries), else made here. ``pool`` (a CPU's index): the best
         ``pool`` rows by that score are ranked again by :func:`interaction`, and its best
-        ``n_candidates`` returned.
+        ``n_candidates`` returned. ``widths`` (with ``pool``): query i's own number of candidates
+        (at most ``n_candidates``; its pool shrinks in proportion), -1 past it.
         """
         nq, dev = len(cu) - 1, q.device
         out = torch.full((nq, n_candidates), -1, dtype=torch.int64, device=dev)
@@ -369,7 +371,8 @@ class Lists:
         p = max(1, min(nprobe, self.nlist))
         n = min(n_candidates, self.n_rows)
         if not (backend == "triton" or (backend == "auto" and dev.type == "cuda")):
-            return self._candidates_torch(q, cu, ~live, out, n, p, ordered, min(scratch_bytes, CPU_SCRATCH), pool)
+            return self._candidates_torch(q, cu, ~live, out, n, p, ordered, min(scratch_bytes, CPU_SCRATCH), pool,
+                                          widths)
         # the Triton path: fixed-point scores (int32), every token its own program
         sim = q.to(self.centroids.dtype) @ self.centroids.T  # [Tq, nlist]
         sv, probes = sim.topk(p, dim=1)
@@ -393,7 +396,7 @@ class Lists:
             del score
         return out
 
-    def _candidates_torch(self, q, cu, dead, out, n, nprobe, ordered, scratch_bytes, pool):
+    def _candidates_torch(self, q, cu, dead, out, n, nprobe, ordered, scratch_bytes, pool, widths=None):
         """:meth:`candidates` in torch (a CPU): a chunk of queries at a time (their score table
         stays in the caches), each chunk's centroid scores kept for :func:`interaction`."""
         nq = len(cu) - 1
@@ -411,16 +414,22 @@ class Lists:
             score = credit_lists(self.list_offsets, self.list_rows, self.n_rows, probes, gains, cu_chunk,
                                  backend="torch")
             score.masked_fill_(dead[None], float("-inf"))  # dead rows rank last
-            top = score.topk(wide if again else n, dim=1, sorted=ordered and not again)
-            rows = top.indices.masked_fill(top.values == float("-inf"), -1)
-            del score
+            if widths is None or not again:
+                top = score.topk(wide if again else n, dim=1, sorted=ordered and not again)
+                rows = top.indices.masked_fill(top.values == float("-inf"), -1)
             if not again:
                 out[a:b, :n] = rows
                 continue
             for i in range(b - a):
-                ci = interaction(sim_t[:, cu[a + i] - cu[a] : cu[a + i + 1] - cu[a]], rows[i], *token_lists)
-                best = ci.topk(n, sorted=ordered)
-                out[a + i, :n] = rows[i, best.indices].masked_fill(best.values == float("-inf"), -1)
+                n_i, rows_i = n, (rows[i] if widths is None else None)
+                if widths is not None:  # this query's own width, and a pool in proportion
+                    n_i = max(1, min(n, widths[a + i]))
+                    top = score[i].topk(min(self.n_rows, max(n_i, wide * n_i // n)), sorted=False)
+                    rows_i = top.indices.masked_fill(top.values == float("-inf"), -1)
+                ci = interaction(sim_t[:, cu[a + i] - cu[a] : cu[a + i + 1] - cu[a]], rows_i, *token_lists)
+                best = ci.topk(n_i, sorted=ordered)
+                out[a + i, :n_i] = rows_i[best.indices].masked_fill(best.values == float("-inf"), -1)
+            del score
         return out
 
 

@@ -34,6 +34,12 @@ DEFAULT_LISTS_CANDIDATES = 4096  # IVF: documents reranked exactly per query, up
 # go to the exact rerank, which costs a CPU most of a search: a quarter of a GPU's (up to 1M documents).
 CPU_LISTS_PROBE = 16
 CPU_LISTS_CANDIDATES = 1024
+# ... for a query of CPU_WIDTH_TOKENS tokens. A short query's few tokens rank the candidates less
+# surely (and its exact rerank costs less), a long one's more surely: at the defaults each CPU
+# query takes CPU_LISTS_CANDIDATES * (CPU_WIDTH_TOKENS / its tokens) ** CPU_WIDTH_POWER, within
+# [1/2, 4] times CPU_LISTS_CANDIDATES (cpu_widths; benchmarks/cpu_crossover.py)
+CPU_WIDTH_TOKENS = 32
+CPU_WIDTH_POWER = 0.5
 # ... past 1M the pool grows with the square root of the corpus (a fixed pool covers a shrinking
 # share of a growing one), at most LISTS_CANDIDATES_MAX; an int8 store reranks twice as many (its
 # tokens are half the bytes, and its rounded scores need the wider pool to keep recall: docs/scale.md)
@@ -45,6 +51,16 @@ def default_lists_candidates(n_live: int, int8: bool = False, cpu: bool = False)
     per = 2 if int8 else 1
     share = CPU_LISTS_CANDIDATES / DEFAULT_LISTS_CANDIDATES if cpu else 1
     return int(min(LISTS_CANDIDATES_MAX, per * share * max(DEFAULT_LISTS_CANDIDATES, 4.096 * max(1, n_live) ** 0.5)))
+
+
+def cpu_widths(n_cand: int, cu: list[int]) -> list[int]:
+    """Each query's number of candidates on a CPU at the defaults (see CPU_WIDTH_POWER), from
+    ``n_cand`` for a query of CPU_WIDTH_TOKENS tokens, in steps of 64."""
+    out = []
+    for a, b in zip(cu, cu[1:]):
+        w = n_cand * (CPU_WIDTH_TOKENS / max(1, b - a)) ** CPU_WIDTH_POWER
+        out.append(int(min(4 * n_cand, max(n_cand // 2, -(-w // 64) * 64))))
+    return out
 
 
 def default_probe(device: torch.device) -> int:
@@ -276,9 +292,15 @@ def candidates(state, qs: Queries, k: int, live: torch.Tensor, *, n_candidates=N
         top = approx.topk(n_exact, dim=1, sorted=ordered)
         cand = cand.gather(1, top.indices).masked_fill(top.values == float("-inf"), -1)
     elif is_ivf:
-        # (a CPU's lists hand a wider pool to the centroid interaction, which picks what is reranked)
+        # (a CPU's lists hand a wider pool to the centroid interaction, which picks what is
+        # reranked; at the defaults each query as many as its length asks for)
+        widths = None
+        if on_cpu and n_candidates is None:
+            widths = [min(w, cap) for w in cpu_widths(n_cand, qs.cu_host)]
+            n_cand = max(widths)
         cand = index.candidates(qs.q, qs.cu_host, live, n_cand, nprobe or default_probe(qs.q.device), cu_dev=qs.cu,
-                                qid=qs.qid, ordered=ordered, pool=ivf.CPU_POOL_PER_CANDIDATE * n_cand if on_cpu else None)
+                                qid=qs.qid, ordered=ordered, pool=ivf.CPU_POOL_PER_CANDIDATE * n_cand if on_cpu else None,
+                                widths=widths)
     else:
         kk = min(k_tokens or DEFAULT_K_TOKENS, index.ntotal)
         sims, pos = index.search(qs.q, kk)
