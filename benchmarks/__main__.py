@@ -7,7 +7,9 @@
 ``run`` executes the suite's script with its JSON going to a scratch folder, then writes
 ``benchmarks/results/<suite>-<machine>.json`` (the latest run per suite and machine): the suite,
 the command, the date (UTC), the machine, the versions and every JSON file the script wrote.
-``--results DIR`` (before NAME) writes it elsewhere. ``--smoke`` runs the script with the suite's
+``--results DIR`` (before NAME) writes it elsewhere; ``--label LABEL`` (before NAME) names it
+``<suite>-<LABEL>-<machine>.json``, for runs of one suite with different arguments. Where the
+tree is not a git checkout (a copy on another machine), ``MVDB_GIT_COMMIT`` names its commit. ``--smoke`` runs the script with the suite's
 smoke arguments and environment (benchmarks/registry.py) in place of its default arguments, and
 names the file ``<suite>-<machine>-smoke.json`` (git-ignored): a check that the script runs end to
 end, not a measurement.
@@ -88,13 +90,18 @@ def versions() -> dict:
                                     text=True, timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         out["git"] = None
+    out["git"] = out["git"] or os.environ.get("MVDB_GIT_COMMIT") or None
     return out
 
 
-def cmd_run(name: str, extra: list[str], results: Path) -> int:
+def cmd_run(name: str, extra: list[str], results: Path, label: str | None = None) -> int:
     suite = BY_NAME.get(name)
     if suite is None:
         print(f"unknown suite {name!r}; expected one of: {', '.join(BY_NAME)}", file=sys.stderr)
+        return 2
+    if label is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", label):
+        print(f"--label: expected letters, digits, '.', '_' or '-' (a file name part), got {label!r}",
+              file=sys.stderr)
         return 2
     if any(a == "--out" or a.startswith("--out=") for a in extra):
         print("the runner chooses --out; use --results DIR before the suite's name", file=sys.stderr)
@@ -133,11 +140,12 @@ def cmd_run(name: str, extra: list[str], results: Path) -> int:
     mach = machine(suite)
     command = suite.smoke_command if smoke else suite.command
     res = {"suite": suite.name, "command": " ".join([command, *extra]), "date": date,
+           **({"label": label} if label is not None else {}),
            "seconds": round(seconds, 1), "machine": mach, "versions": versions(), "results": files}
     if smoke:
         res["smoke"] = True
     results.mkdir(parents=True, exist_ok=True)
-    path = results / f"{suite.name}-{mach['tag']}{'-smoke' if smoke else ''}.json"
+    path = results / f"{suite.name}{'' if label is None else '-' + label}-{mach['tag']}{'-smoke' if smoke else ''}.json"
     path.write_text(json.dumps(res, indent=1, default=str) + "\n")
     print("wrote", path)
     return 0
@@ -147,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0],
                                 epilog="example: python -m benchmarks run e2e --docs 100000")
     p.add_argument("--results", type=Path, default=HERE / "results", help="folder of the results files")
+    p.add_argument("--label", default=None, help="a name part of the results file: <suite>-<LABEL>-<machine>.json")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="the suites: name, what it measures, command, GPU")
     r = sub.add_parser("run", help="run a suite; arguments after NAME go to its script (--smoke first: its "
@@ -156,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.cmd == "list":
         return cmd_list()
-    return cmd_run(a.name, a.extra, a.results)
+    return cmd_run(a.name, a.extra, a.results, a.label)
 
 
 if __name__ == "__main__":

@@ -113,11 +113,12 @@ def exhaustive_reference(db, q: torch.Tensor, k: int = 10, batch: int = 64) -> t
     return ref, q.shape[0] / (time.perf_counter() - t0)
 
 
-def measure(db, q: torch.Tensor, ref: list, kw: dict, latency_queries: int = 100, passes: int = 3,
+def measure(db, q, ref: list, kw: dict, latency_queries: int = 100, passes: int = 3,
             batch: int | None = None) -> dict:
     """Batched QPS (median of ``passes`` over all queries, in batches of ``batch``: all at once
-    where None), single-query p50/p99 and recall@k against ``ref`` for one search setting."""
-    n, dev = q.shape[0], q.device
+    where None), single-query p50/p99 and recall@k against ``ref`` for one search setting. ``q``:
+    a list of [Lq_i, dim] queries, or one [n, Lq, dim] tensor."""
+    n, dev = len(q), q[0].device
     db.search(q[:8], **kw)  # warm-up: compile, autotune
     sync(dev)
     step = batch or n

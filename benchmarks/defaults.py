@@ -62,6 +62,7 @@ def main():
     p.add_argument("--train", default="40x10,160x10,160x25")
     p.add_argument("--settings", default="default,8:2048,8:4096,16:4096,16:8192")
     p.add_argument("--queries", type=int, default=1000)
+    p.add_argument("--qlen", default="4-64", help='query tokens: "4-64" (log-uniform lengths) or one number')
     p.add_argument("--latency-queries", type=int, default=50)
     p.add_argument("--seed", type=int, default=41)
     p.add_argument("--path", default="/tmp/mvdb-defaults.mvdb")
@@ -75,7 +76,9 @@ def main():
                "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "faiss_gpu": mvdb.engine.gpu_available(), "variants": []}
-        q, ref, tokens, lengths, res["exhaustive_qps"] = structured_case(gen, args.docs, args.queries, args.seed, dev)
+        sets, tokens, lengths = structured_case(gen, args.docs, args.queries, args.seed, dev, (args.qlen,))
+        q, ref, res["exhaustive_qps"] = sets[args.qlen]
+        res["qlen"] = args.qlen
         res["tokens"] = int(lengths.sum())
         res["ingest_s"] = bulk_ingest(args.path, tokens, lengths)
         del tokens

@@ -31,38 +31,55 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bulk_ingest, device_used_gb, measure, sync  # noqa: E402
-from mvdb.testing.synthetic import GENERATORS, make_queries, make_structured  # noqa: E402
+from mvdb.testing.synthetic import GENERATORS, make_queries, make_structured, varlen_queries  # noqa: E402
 
 import mvdb  # noqa: E402
 from mvdb.kernels import maxsim_varlen  # noqa: E402
 
 
-def reference(tokens: torch.Tensor, offsets: torch.Tensor, q: torch.Tensor) -> tuple[list, float]:
-    """Exhaustive fused MaxSim over every generated document, one query at a time -> (top-10
-    sets of document numbers, which are the ids every mode stores them under; QPS)."""
+def reference(tokens: torch.Tensor, offsets: torch.Tensor, q) -> tuple[list, float]:
+    """Exhaustive fused MaxSim over every generated document, one query at a time (``q``: a list
+    of [Lq_i, dim] queries, or one [n, Lq, dim] tensor) -> (top-10 sets of document numbers,
+    which are the ids every mode stores them under; QPS)."""
     cu_d = offsets.int()
-    cu1 = torch.tensor([0, q.shape[1]], dtype=torch.int32, device=q.device)
-    maxsim_varlen(q[0], cu1, tokens, cu_d, max_seqlen_q=q.shape[1], check=False)
-    sync(q.device)
+
+    def top10(x):
+        cu1 = torch.tensor([0, x.shape[0]], dtype=torch.int32, device=x.device)
+        return maxsim_varlen(x, cu1, tokens, cu_d, max_seqlen_q=x.shape[0], check=False)[0].topk(10).indices
+
+    top10(q[0])
+    sync(tokens.device)
     t0 = time.perf_counter()
-    top = [maxsim_varlen(q[i], cu1, tokens, cu_d, max_seqlen_q=q.shape[1], check=False)[0].topk(10).indices
-           for i in range(q.shape[0])]
-    sync(q.device)
-    qps = q.shape[0] / (time.perf_counter() - t0)
+    top = [top10(x) for x in q]
+    sync(tokens.device)
+    qps = len(q) / (time.perf_counter() - t0)
     return [set(t.tolist()) for t in top], qps
 
 
-def structured_case(gen: str, docs: int, n_queries: int, seed: int, dev: str):
-    """A seeded corpus of generator ``gen``, its queries and their exhaustive top-10 -> (queries,
-    reference sets, host tokens, host lengths, exhaustive QPS); the corpus leaves the device."""
+def make_query_set(corpus, n_queries: int, qlen: str, seed: int) -> list:
+    """``n_queries`` queries drawn from stored documents: ``qlen`` "32" (that many tokens each)
+    or "4-64" (lengths log-uniform over the range, as real queries run) -> [Lq_i, dim] tensors."""
+    if "-" in qlen:
+        lo, hi = (int(x) for x in qlen.split("-"))
+        return varlen_queries(corpus, n_queries, lo, hi, seed=seed)
+    return list(make_queries(corpus, n_queries, int(qlen), seed=seed)[0])
+
+
+def structured_case(gen: str, docs: int, n_queries: int, seed: int, dev: str, qlens: tuple[str, ...] = ("32",)):
+    """A seeded corpus of generator ``gen``, a query set per ``qlens`` entry (make_query_set) and
+    its exhaustive top-10 -> ({qlen: (queries, reference sets, exhaustive QPS)}, host tokens,
+    host lengths); the corpus leaves the device."""
     corpus = make_structured(gen, docs, device=dev, seed=seed)
-    q, _ = make_queries(corpus, n_queries, 32, seed=seed + 1)
-    ref, qps = reference(corpus.tokens, corpus.offsets, q)
+    sets = {}
+    for qlen in qlens:
+        q = make_query_set(corpus, n_queries, qlen, seed + 1)
+        ref, qps = reference(corpus.tokens, corpus.offsets, q)
+        sets[qlen] = (q, ref, qps)
     tokens, lengths = corpus.tokens.cpu().numpy(), corpus.lengths.cpu().numpy()
     del corpus
     if dev == "cuda":
         torch.cuda.empty_cache()
-    return q, ref, tokens, lengths, qps
+    return sets, tokens, lengths
 
 
 def settings(spec: str) -> list[dict]:
@@ -172,6 +189,7 @@ def main():
     p.add_argument("--modes", default="bulk,grow20,grow200")
     p.add_argument("--settings", default="default,8:4096", help="search settings: default, or nprobe:n_candidates")
     p.add_argument("--queries", type=int, default=1000)
+    p.add_argument("--qlen", default="4-64", help='query tokens: "4-64" (log-uniform lengths) or one number')
     p.add_argument("--latency-queries", type=int, default=100)
     p.add_argument("--int8", action="store_true", help="also time a bulk ingest stored as int8")
     p.add_argument("--no-compact", action="store_true")
@@ -187,7 +205,8 @@ def main():
            "faiss_gpu": mvdb.engine.gpu_available(), "torch": torch.__version__}
     t0 = time.perf_counter()
     corpus = make_structured(args.generator, args.docs, device=dev, seed=args.seed)
-    q, _ = make_queries(corpus, args.queries, 32, seed=args.seed + 1)
+    q = make_query_set(corpus, args.queries, args.qlen, args.seed + 1)
+    res["qlen"] = args.qlen
     res["tokens"] = int(corpus.offsets[-1])
     res["generate_s"] = time.perf_counter() - t0
     ref, res["exhaustive_qps"] = reference(corpus.tokens, corpus.offsets, q)

@@ -1,5 +1,7 @@
 """Each tier forced in turn on one corpus, same queries: recall@10 against exhaustive MaxSim over
-every document, batched QPS, single-query p50, GPU memory in use, open time (issue #45).
+every document, batched QPS, single-query p50, GPU memory in use, open time (issue #45), for
+each query set of ``--qlen``: by default queries of 4-64 tokens (log-uniform, as real ones run),
+then the fixed 32 tokens of earlier figures.
 
     python benchmarks/tiers.py --docs 1000000 --gen dups --tiers device,host
     python benchmarks/tiers.py --docs 20000 --sweep "pool=4096,8192;exact=256,512"   # defaults study
@@ -62,12 +64,12 @@ def search_kw(setting: dict) -> dict:
             **({"n_candidates": setting["cand"]} if "cand" in setting else {})}
 
 
-def parts(db, q: torch.Tensor, setting: dict) -> dict:
+def parts(db, q: list, setting: dict) -> dict:
     """Milliseconds per query of each stage of a codes-tier search over the batch ``q``: the lists'
     pool, the codes' approximate ranking of it, and the exact rerank (where the tokens are)."""
     from mvdb.engine import search as S
 
-    dev = q.device
+    dev = q[0].device
     with db._pub.read() as st:
         qs = S.prepare(q, st.dim, dev)
         k = 10
@@ -122,19 +124,19 @@ def evict(path: str) -> int:
     return n
 
 
-def cold_pass(db, path: str, q: torch.Tensor, ref: list) -> dict:
+def cold_pass(db, path: str, q: list, ref: list) -> dict:
     """One batched pass over every query right after the segments left the page cache (the disk
     tier's cold figure: nothing warmed first), then one single query, again cold."""
     out = {"evicted_gb": evict(path) / 1e9}
     t0 = time.perf_counter()
     hits = db.search(q, k=10)
-    sync(q.device)
-    out["batch_qps"] = q.shape[0] / (time.perf_counter() - t0)
+    sync(q[0].device)
+    out["batch_qps"] = len(q) / (time.perf_counter() - t0)
     out["recall10"] = float(sum(len({h.id for h in g} & r) for g, r in zip(hits, ref)) / (10 * len(ref)))
     evict(path)
     t0 = time.perf_counter()
     db.search(q[0], k=10)
-    sync(q.device)
+    sync(q[0].device)
     out["single_ms"] = (time.perf_counter() - t0) * 1e3
     return out
 
@@ -157,6 +159,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--docs", type=int, default=100_000)
     p.add_argument("--queries", type=int, default=1000)
+    p.add_argument("--qlen", default="4-64,32",
+                   help='query sets, each measured: "4-64" (log-uniform lengths, as real queries) or a fixed length')
     p.add_argument("--gen", default="dups", choices=sorted(GENERATORS))
     p.add_argument("--dtype", default="float16", choices=["float16", "int8"])
     p.add_argument("--tiers", default="device,host")
@@ -174,11 +178,16 @@ def main():
     p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
     args = p.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    res = {"docs": args.docs, "gen": args.gen, "dtype": args.dtype, "queries": args.queries,
+    res = {"command": "python benchmarks/tiers.py " + " ".join(sys.argv[1:]),
+           "docs": args.docs, "gen": args.gen, "dtype": args.dtype, "queries": args.queries, "qlen": args.qlen,
            "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": [],
            "kernel": set_kernel(args.kernel), "code_bits": args.code_bits}
-    q, ref, tokens, lengths, res["exhaustive_qps"] = structured_case(args.gen, args.docs, args.queries, args.seed, dev)
+    qlens = tuple(args.qlen.split(","))
+    sets, tokens, lengths = structured_case(args.gen, args.docs, args.queries, args.seed, dev, qlens)
+    sets = {k: ([x.to(dev) for x in q], ref, qps) for k, (q, ref, qps) in sets.items()}
+    q, ref, res["exhaustive_qps"] = sets[qlens[0]]  # the first set's: the cold pass, the parts
+    res["exhaustive_qps_by_qlen"] = {k: v[2] for k, v in sets.items()}
     res["tokens"] = int(lengths.sum())
     print(f"corpus: {args.docs:,} docs, {res['tokens']:,} tokens; exhaustive {res['exhaustive_qps']:.1f} QPS", flush=True)
     res["ingest_s"] = bulk_ingest(args.path, tokens, lengths, dtype=args.dtype)
@@ -199,21 +208,23 @@ def main():
               f"{run['gpu_allocated_gb']} GB allocated, "
               f"codes {run['stats']['codes_bytes'] / 1e9:.2f} GB", flush=True)
         if tier == "disk-cold":
-            run["cold"] = cold_pass(db, args.path, q.to(dev), ref)
+            run["cold"] = cold_pass(db, args.path, q, ref)
             print(f"  cold: {json.dumps(run['cold'])}", flush=True)
         for setting in sweep_settings(args.device_sweep if tier == "device" else args.sweep):
             saved = (codes_tier.POOL_MIN, codes_tier.POOL_MAX, codes_tier.EXACT_MIN)
             apply(setting)
             try:
-                row = measure(db, q.to(dev), ref, search_kw(setting), latency_queries=args.latency_queries,
-                              passes=args.passes, batch=args.batch)
-                if tier != "device" and args.parts:
-                    row["parts"] = parts(db, q[: args.parts].to(dev), setting)
+                for qlen, (qs, refs, _) in sets.items():
+                    row = {"qlen": qlen, **measure(db, qs, refs, search_kw(setting),
+                                                   latency_queries=args.latency_queries, passes=args.passes,
+                                                   batch=args.batch)}
+                    if tier != "device" and args.parts and qlen == qlens[0]:
+                        row["parts"] = parts(db, q[: args.parts], setting)
+                    row.update(setting, peak_gb=torch.cuda.max_memory_allocated() / 1e9 if dev == "cuda" else None)
+                    run["rows"].append(row)
+                    print(f"  {json.dumps(row)}", flush=True)
             finally:
                 codes_tier.POOL_MIN, codes_tier.POOL_MAX, codes_tier.EXACT_MIN = saved
-            row.update(setting, peak_gb=torch.cuda.max_memory_allocated() / 1e9 if dev == "cuda" else None)
-            run["rows"].append(row)
-            print(f"  {json.dumps(row)}", flush=True)
         db.close()
         del db
         if dev == "cuda":

@@ -89,14 +89,20 @@ def test_run_refuses_out():
     assert r.stderr.strip() == "the runner chooses --out; use --results DIR before the suite's name"
 
 
+def test_run_refuses_a_label_that_is_not_a_file_name_part():
+    r = _runner("--label", "../x", "run", "e2e")
+    assert r.returncode == 2
+    assert r.stderr.strip() == "--label: expected letters, digits, '.', '_' or '-' (a file name part), got '../x'"
+
+
 @pytest.mark.heavy
 def test_run_writes_latest_results_with_machine_versions_and_date(tmp_path):
-    r = _runner("--results", str(tmp_path), "run", "first-open", "--docs", "200", timeout=300)
+    r = _runner("--results", str(tmp_path), "--label", "small", "run", "first-open", "--docs", "200", timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    path = tmp_path / "first-open-cpu.json"
+    path = tmp_path / "first-open-small-cpu.json"
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
     res = json.loads(path.read_text())
-    assert res["suite"] == "first-open"
+    assert res["suite"] == "first-open" and res["label"] == "small"
     assert res["command"] == "python benchmarks/first_open.py --docs 40000 --docs 200"
     assert res["machine"]["tag"] == "cpu" and res["machine"]["cpu_count"] >= 1
     assert {"python", "torch", "numpy"} <= set(res["versions"])
@@ -181,9 +187,11 @@ def _tiers(r):
     assert [(run["tier"], run["stats"]["tier"]) for run in r["runs"]] == [
         ("device", "device"), ("host", "codes+host"), ("disk", "codes+disk"), ("disk-cold", "codes+disk")]
     for run in r["runs"]:
+        assert [row["qlen"] for row in run["rows"]] == ["4-64", "32"]  # real lengths, then the fixed row
         assert all(_unit(row["recall10"]) and row["recall10"] >= 0.9 and _positive(row["batch_qps"])
                    for row in run["rows"])
     assert _unit(r["runs"][-1]["cold"]["recall10"])
+    assert r["command"].startswith("python benchmarks/tiers.py ")
 
 
 def _large(r):
