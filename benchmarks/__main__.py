@@ -9,7 +9,7 @@
 the command, the date (UTC), the machine, the versions and every JSON file the script wrote.
 ``--results DIR`` (before NAME) writes it elsewhere; ``--label LABEL`` (before NAME) names it
 ``<suite>-<LABEL>-<machine>.json``, for runs of one suite with different arguments. Where the
-tree is not a git checkout (a copy on another machine), ``MVDB_GIT_COMMIT`` names its commit. ``--smoke`` runs the script with the suite's
+tree is a copy on another machine (whose git, if any, may be stale), ``MVDB_GIT_COMMIT`` names its commit. ``--smoke`` runs the script with the suite's
 smoke arguments and environment (benchmarks/registry.py) in place of its default arguments, and
 names the file ``<suite>-<machine>-smoke.json`` (git-ignored): a check that the script runs end to
 end, not a measurement.
@@ -85,12 +85,13 @@ def versions() -> dict:
         v = _version(dist)
         if v:
             out[dist] = v
-    try:
-        out["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
-                                    text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        out["git"] = None
-    out["git"] = out["git"] or os.environ.get("MVDB_GIT_COMMIT") or None
+    out["git"] = os.environ.get("MVDB_GIT_COMMIT") or None  # a copy of the tree: its git may be stale
+    if out["git"] is None:
+        try:
+            out["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
+                                        text=True, timeout=10).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            pass
     return out
 
 

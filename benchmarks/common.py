@@ -116,19 +116,25 @@ def exhaustive_reference(db, q: torch.Tensor, k: int = 10, batch: int = 64) -> t
 def measure(db, q, ref: list, kw: dict, latency_queries: int = 100, passes: int = 3,
             batch: int | None = None) -> dict:
     """Batched QPS (median of ``passes`` over all queries, in batches of ``batch``: all at once
-    where None), single-query p50/p99 and recall@k against ``ref`` for one search setting. ``q``:
+    where None, after a first pass timed on its own: ``first_pass_qps``, what the process's first
+    searches of this setting get), single-query p50/p99 and recall@k against ``ref`` for one
+    search setting. ``q``:
     a list of [Lq_i, dim] queries, or one [n, Lq, dim] tensor."""
     n, dev = len(q), q[0].device
-    db.search(q[:8], **kw)  # warm-up: compile, autotune
-    sync(dev)
     step = batch or n
+    t0 = time.perf_counter()  # the first pass, before anything warms this setting
+    for a in range(0, n, step):
+        db.search(q[a : a + step], **kw)
+    sync(dev)
+    first = n / (time.perf_counter() - t0)
     times = []
     for _ in range(passes):
         t0 = time.perf_counter()
         hits = [h for a in range(0, n, step) for h in db.search(q[a : a + step], **kw)]
         sync(dev)
         times.append(time.perf_counter() - t0)
-    row = {**kw, "batch_qps": n / statistics.median(times), **({"batch": batch} if batch else {})}
+    row = {**kw, "batch_qps": n / statistics.median(times), "first_pass_qps": first,
+           **({"batch": batch} if batch else {})}
     lat = []
     for i in range(min(latency_queries, n)):
         t0 = time.perf_counter()
