@@ -187,8 +187,12 @@ def finite(tokens: np.ndarray, lengths: np.ndarray, chunk: int = 1 << 15) -> Non
 def _within(tokens: np.ndarray, lengths: np.ndarray, r0: int, part: np.ndarray, limit: float, beyond: str) -> None:
     """InvalidInputError naming the first document of rows ``part`` (from row ``r0`` of ``tokens``)
     holding a value beyond +-``limit``: its value, its token, then ``beyond``."""
-    # max and min, not abs: abs overflows on the most negative int (int64 -2^63 stays negative)
-    big = (part.max(axis=1) > limit) | (part.min(axis=1) < -limit) if part.size else np.zeros(0, bool)
+    # max and min, not abs: abs overflows on the most negative int (int64 -2^63 stays negative);
+    # compared in float64: a limit past the rows' dtype (2^64 against float16) must not be cast to it
+    if part.size:
+        big = (part.max(axis=1).astype(np.float64) > limit) | (part.min(axis=1).astype(np.float64) < -limit)
+    else:
+        big = np.zeros(0, bool)
     if big.any():
         row = r0 + int(np.argmax(big))
         doc, tok = _doc_of_row(lengths, row)

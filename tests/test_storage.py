@@ -216,6 +216,16 @@ class TestInt8Store(StoreConformance):
         q, s = quantize_int8(torch.from_numpy(doc))
         assert np.array_equal(p.tokens, q.numpy()) and np.array_equal(p.scales, s.numpy())
 
+    def test_float16_input_checks_its_range_without_a_warning(self, st):
+        """The int8 range check (2^64) against float16 rows: no overflow warning from casting it."""
+        import warnings
+
+        doc = np.random.default_rng(17).standard_normal((7, DIM)).astype(np.float16)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            st.add([doc])
+        assert st.gather([0]).tokens.shape == (7, DIM)
+
 
 # Bad input: a clear error, and nothing written.
 
