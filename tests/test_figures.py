@@ -48,7 +48,12 @@ def read_page(root: Path, page: str) -> str:
 
 @functools.cache
 def result(name: str) -> Any:
-    return json.loads((RESULTS / name).read_text())
+    """A results file's JSON; of a file the benchmark runner wrote around one script's file
+    (suite, command, machine, versions, results), that script's file."""
+    d = json.loads((RESULTS / name).read_text())
+    if isinstance(d, dict) and {"suite", "command", "machine", "results"} <= set(d) and len(d["results"]) == 1:
+        return next(iter(d["results"].values()))
+    return d
 
 
 NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
@@ -327,21 +332,28 @@ KERNELS = [
 ]
 
 # Search at 1M documents (docs/benchmarks.md) and the headline rows that cite it.
-DH = "tiers-dups-1000000-float16-device-host.json"
-ST = "| tier | recall@10 | batched QPS | single-query p50 ms |"
+DH = "tiers-dups-1000000-float16-H200.json"
+ST = "| tier | recall@10, 4-64 / 32 tokens |"
+Q64, Q32 = {"qlen": "4-64"}, {"qlen": "32"}  # the tiers runs' query sets
 
 
-def tier_row(tier: str, key: str) -> Callable:
-    return at("runs", {"tier": tier}, "rows", 0, key)
+def tier_row(tier: str, key: str, qlen: dict = Q64) -> Callable:
+    return at("runs", {"tier": tier}, "rows", qlen, key)
+
+
+def both_qlens(tier: str, key: str) -> Callable:
+    """A "4-64 / 32" cell: the tier's figure for each query set."""
+    return both(tier_row(tier, key, Q64), tier_row(tier, key, Q32))
 
 
 SEARCH_1M = [
-    Fig(BENCH, "--queries 1000` on one ~ (2026-11-28)", DH, gpu),
+    Fig(BENCH, "--parts 200` on one ~ (2026-11-29)", DH, gpu),
     Fig(BENCH, "1M documents of 16-200 tokens (#M tokens", DH, at("tokens", times=1e-6)),
     *[Fig(BENCH, Cell(ST, (row,), col), DH, get)
       for row, tier in (("device", "device"), ("codes+host", "host"))
-      for col, get in (("recall@10", tier_row(tier, "recall10")), ("batched QPS", tier_row(tier, "batch_qps")),
-                       ("single-query p50 ms", tier_row(tier, "single_p50_ms")),
+      for col, get in (("recall@10, 4-64 / 32 tokens", both_qlens(tier, "recall10")),
+                       ("batched QPS, 4-64 / 32", both_qlens(tier, "batch_qps")),
+                       ("single-query p50 ms, 4-64 / 32", both_qlens(tier, "single_p50_ms")),
                        ("GPU memory held", at("runs", {"tier": tier}, "gpu_allocated_gb")))],
     Fig(BENCH, "fast-plaid 1.7 at its defaults reached recall@10 # at # queries/s, built in # s",
         "e2e-fastplaid-1M-H100.json",
@@ -619,7 +631,7 @@ HEADLINES = [
     Fig(README, Cell(RT, ("[Search, 1M",), "what"), DH, gpu, pick="on one ~]"),
     Fig(README, Cell(RT, ("[Search, 1M",), "figure"), DH,
         both(tier_row("device", "recall10"), tier_row("device", "batch_qps"), tier_row("device", "single_p50_ms")),
-        pick="recall@10 # against exhaustive MaxSim at # queries/s batched, p50 # ms"),
+        pick="recall@10 # against exhaustive MaxSim at # queries/s batched, p50 # ms"),  # the 4-64 query set
     Fig(README, Cell(RT, ("[Larger than the GPU",), "figure"), LARGE,
         both(at("docs", times=1e-6), at("fp16_gb"), gpu, at("runs", AUTO, "options", "max_gpu_bytes", times=1e-9),
              at("runs", AUTO, "search", "recall10"), at("runs", AUTO, "search", "batch_qps")),
@@ -641,56 +653,65 @@ HEADLINES = [
         pick="# man-page passages/s through all-MiniLM-L6-v2 on one ~, #x its own"),
 ]
 
-# docs/scale.md: the measured table (H100 runs), the codes' rate table (H200) and the capacity plan.
+# docs/scale.md: the measured table (H200 runs of the benchmark runner, two query sets a cell).
 MT1 = "| corpus | store | tier | recall@10 | batched QPS | p50 ms | GPU memory held |"
 DEV, HOST = {"tier": "device"}, {"tier": "host"}
 WARM, COLD = {"tier": "disk"}, {"tier": "disk-cold"}
-# (corpus, store, tier): file, run, row of the run (None: the codes+disk row, warm / cold).
+TT8 = "tiers-topics-1000000-int8-H200.json"
+# (corpus, store, tier): file, run (WARM: the codes+disk row, warm then the cold pass).
 MEASURED = [
-    (("`dups`", "fp16", "device"), DH, DEV, 0),  # the latest run of the fp16 dups device and host rows
-    (("`dups`", "fp16", "codes+host"), DH, HOST, 0),
-    (("`dups`", "fp16", "codes+disk"), "tiers-dups-1000000-float16.json", None, None),
-    (("`dups`", "int8", "device"), "tiers-dups-1000000-int8-cand.json", DEV, {"cand": 8192}),  # today's default
-    (("`dups`", "int8", "codes+host"), "tiers-dups-1000000-int8.json", HOST, 0),
-    (("`dups`", "int8", "codes+disk"), "tiers-dups-1000000-int8.json", None, None),
-    (("`topics`", "fp16", "device"), "tiers-topics-1000000-float16.json", DEV, 0),
-    (("`topics`", "fp16", "codes+host"), "tiers-topics-1000000-float16.json", HOST, 0),
-    (("`topics`", "fp16", "codes+disk"), "tiers-topics-1000000-float16.json", None, None),
-    (("`topics`", "int8", "device"), "tiers-topics-1000000-int8.json", DEV, 0),
-    (("`topics`", "int8", "codes+host"), "tiers-topics-1000000-int8.json", HOST, 0),
-    (("`topics`", "int8", "codes+disk"), "tiers-topics-1000000-int8.json", None, None),
+    (("`dups`", "fp16", "device"), DH, DEV),
+    (("`dups`", "fp16", "codes+host"), DH, HOST),
+    (("`dups`", "fp16", "codes+disk"), DH, WARM),
+    (("`dups`", "int8", "device"), "tiers-dups-1000000-int8-H200.json", DEV),
+    (("`dups`", "int8", "codes+host"), "tiers-dups-1000000-int8-H200.json", HOST),
+    (("`dups`", "int8", "codes+disk"), "tiers-dups-1000000-int8-H200.json", WARM),
+    (("`topics`", "fp16", "device"), "tiers-topics-1000000-float16-H200.json", DEV),
+    (("`topics`", "fp16", "codes+host"), "tiers-topics-1000000-float16-H200.json", HOST),
+    (("`topics`", "fp16", "codes+disk"), "tiers-topics-1000000-float16-H200.json", WARM),
+    (("`topics`", "int8", "device"), TT8, DEV),
+    (("`topics`", "int8", "codes+host"), TT8, HOST),
 ]
+
+
+PARTS_FILES = (DH, "tiers-topics-1000000-float16-H200.json", "tiers-dups-1000000-int8-H200.json", TT8)
+
+
+def has_part(d: Any, tier: str) -> bool:
+    return any(r["tier"] == tier for r in d["runs"])
+
+
+def part(d: Any, tier: str, key: str) -> float:
+    """A codes tier's --parts figure (ms a query), from the row of the first query set."""
+    return at("runs", {"tier": tier}, "rows", Q64, "parts", key)(d)
 
 
 def measured_rows() -> list[Fig]:
     figs = []
-    for key, file, run, row in MEASURED:
-        if run is None:
-            figs += [
-                Fig(SCALE, Cell(MT1, key, "recall@10"), file, at("runs", WARM, "rows", 0, "recall10")),
-                Fig(SCALE, Cell(MT1, key, "batched QPS"), file,
-                    both(at("runs", WARM, "rows", 0, "batch_qps"), at("runs", COLD, "cold", "batch_qps"))),
-                Fig(SCALE, Cell(MT1, key, "p50 ms"), file,
-                    both(at("runs", WARM, "rows", 0, "single_p50_ms"), at("runs", COLD, "cold", "single_ms"))),
-                Fig(SCALE, Cell(MT1, key, "GPU memory held"), file, at("runs", WARM, "gpu_allocated_gb")),
-            ]
-            continue
-        figs += [Fig(SCALE, Cell(MT1, key, col), file, at("runs", run, "rows", row, k))
-                 for col, k in (("recall@10", "recall10"), ("batched QPS", "batch_qps"), ("p50 ms", "single_p50_ms"))]
+    for key, file, run in MEASURED:
+        tier = run["tier"]
+        for col, k, cold in (("recall@10", "recall10", None), ("batched QPS", "batch_qps", "batch_qps"),
+                             ("p50 ms", "single_p50_ms", "single_ms")):
+            if run is WARM and cold:
+                figs.append(Fig(SCALE, Cell(MT1, key, col), file,
+                                both(tier_row(tier, k, Q64), tier_row(tier, k, Q32), at("runs", COLD, "cold", cold)),
+                                pick="# / # (cold #)"))
+            else:
+                figs.append(Fig(SCALE, Cell(MT1, key, col), file, both_qlens(tier, k)))
         figs.append(Fig(SCALE, Cell(MT1, key, "GPU memory held"), file, at("runs", run, "gpu_allocated_gb")))
-        if run is HOST:  # and its share of the same file's device tier
+        if run is not DEV:  # and its share of the same file's device tier
             figs.append(Fig(SCALE, Cell(MT1, key, "GPU memory held"), file,
-                            ratio(at("runs", HOST, "gpu_allocated_gb"), at("runs", DEV, "gpu_allocated_gb"), 100), pick="(#%)"))
+                            ratio(at("runs", run, "gpu_allocated_gb"), at("runs", DEV, "gpu_allocated_gb"), 100), pick="(#%)"))
     return figs
 
 
 # The codes' rate (docs/scale.md, H200): rows of the int8 files, then the fp16 rates file.
 RATES = "tiers-dups-1000000-float16-H200-rates.json"
 RT2 = "| corpus | store | tier | recall@10 | batched QPS | GPU memory held | share"
-D8, T8 = "tiers-dups-1000000-int8-H200.json", "tiers-topics-1000000-int8-H200.json"
+D8, T8 = "tiers-dups-1000000-int8-H200-rates.json", "tiers-topics-1000000-int8-H200-rates.json"
 B2, B1, B_DEFAULT = {"tier": "host", "code_bits": 2}, {"tier": "host", "code_bits": 1}, {"tier": "host", "code_bits": None}
 # (corpus, store, tier): file, run, row of the run (the exact-stage width where the run has several),
-# and the file of the device tier the share is of (the fp16 rows: the H100 run's 18.9 GB).
+# and the file of the device tier the share is of (the fp16 rows: the measured table's run).
 RATE_ROWS = [
     (("`dups` 1M", "int8", "device"), D8, DEV, 0, None),
     (("`dups` 1M", "int8", "codes+host, 2 bits"), D8, B2, {"exact": 128}, D8),
@@ -771,11 +792,35 @@ SCALE_FIGS = [
     *measured_rows(),
     *rate_rows(),
     Fig(SCALE, "`dups`: 1M docs, #M tokens", DH, at("tokens", times=1e-6)),
-    Fig(SCALE, "`topics`: 1M docs, #M tokens", "tiers-topics-1000000-float16.json", at("tokens", times=1e-6)),
-    Fig(SCALE, "`--device-sweep cand=4096,6144,8192`: recall # / # / # at # / # / # QPS", "tiers-dups-1000000-int8-cand.json",
-        lambda d: tuple(at("runs", 0, "rows", {"cand": c}, k)(d) for k in ("recall10", "batch_qps") for c in (4096, 6144, 8192))),
+    Fig(SCALE, "`topics`: 1M docs, #M tokens", "tiers-topics-1000000-float16-H200.json", at("tokens", times=1e-6)),
+    Fig(SCALE, "most of all in the int8 codes tiers (# against # on `dups`)", "tiers-dups-1000000-int8-H200.json",
+        both_qlens("host", "recall10")),
+    Fig(SCALE, "fp16 `topics` codes tiers' p50 (# ms; # warm from the page cache)", "tiers-topics-1000000-float16-H200.json",
+        both(tier_row("host", "single_p50_ms"), tier_row("disk", "single_p50_ms"))),
+    Fig(SCALE, "the int8 `topics` run's codes+host p50 is # ms", TT8, tier_row("host", "single_p50_ms")),
+    Fig(SCALE, "fp16 `dups` # QPS with queries of #-# tokens and # with # (target 3,000), `topics` # and #; int8 #-#.",
+        PARTS_FILES,
+        lambda ds: (tier_row("host", "batch_qps")(ds[0]), 4, 64, tier_row("host", "batch_qps", Q32)(ds[0]), 32,
+                    *both_qlens("host", "batch_qps")(ds[1]),
+                    min(v for d in ds[2:] for v in both_qlens("host", "batch_qps")(d)),
+                    max(v for d in ds[2:] for v in both_qlens("host", "batch_qps")(d)))),
+    Fig(SCALE, "Its recall with 4-64-token queries is lower than with 32: # and # (fp16), # and # (int8).", PARTS_FILES,
+        lambda ds: tuple(tier_row("host", "recall10")(d) for d in ds)),
+    # where a codes-tier query's time goes (--parts): the host runs, then every codes run's range
+    Fig(SCALE, ("the pool from the lists #-#; the codes' ranking of 8,192 documents #-# (#-# decoding "
+                "byte by byte"), PARTS_FILES,
+        lambda ds: tuple(f(part(d, t, k) for d in ds for t in ("host", "disk", "disk-cold") if has_part(d, t))
+                         for k in ("pool_ms", "codes_ms", "codes_bytewise_ms") for f in (min, max))),
+    Fig(SCALE, "rerank from host memory # (fp16 `dups`) / # (fp16 `topics`) / # and # (int8), #-# from the page cache",
+        PARTS_FILES,
+        lambda ds: (*(part(d, "host", "exact_ms") for d in ds),
+                    *(f(part(d, t, "exact_ms") for d in ds for t in ("disk", "disk-cold") if has_part(d, t))
+                      for f in (min, max)))),
+    Fig(SCALE, "(the default) took # / # / # / # ms where the MaxSim kernel reading in place took # / # / # / #",
+        PARTS_FILES,
+        lambda ds: (*(part(d, "host", "exact_ms") for d in ds), *(part(d, "host", "exact_in_place_ms") for d in ds))),
     # The capacity plan's bytes a token, and the table computed from them.
-    Fig(SCALE, "1M `dups` documents): # B in the device tier, fp16 (on an H100: # GB, `gpu_allocated_gb`", DH,
+    Fig(SCALE, "1M `dups` documents): # B in the device tier, fp16 (on an H200: # GB, `gpu_allocated_gb`", DH,
         both(DEVICE_B, at("runs", {"tier": "device"}, "gpu_allocated_gb"))),
     Fig(SCALE, "in the codes tiers # B with 2-bit codes (fp16 stores' default) and # B with 1-bit codes", RATES,
         both(CODES2, CODES1)),
@@ -842,21 +887,22 @@ CPU_POOL = [
 
 # docs/scale.md: corpus size at the defaults.
 CS = "| documents | tokens | tier | candidates |"
+# (its rows: 32-token queries; the 1M runs measured two query sets, the others 32 tokens only)
 SIZES = [
-    (("250,000",), "tiers-dups-250000-float16.json", {"tier": "auto"}),
-    (("1,000,000", "72.6M", "device"), DH, DEV),
-    (("1,000,000", "72.6M", "codes+host"), DH, HOST),
-    (("2,000,000", "145.2M", "device"), "tiers-dups-2000000-float16.json", {"tier": "auto"}),
-    (("2,000,000", "145.2M", "codes+host"), "tiers-dups-2000000-float16-host-H200.json", HOST),
-    (("4,000,000", "290.4M", "device"), "tiers-dups-4000000-float16-auto-H200.json", {"tier": "auto"}),
-    (("4,000,000", "290.4M", "codes+host"), "tiers-dups-4000000-float16-host-H200.json", HOST),
+    (("250,000",), "tiers-dups-250000-float16.json", {"tier": "auto"}, 0),
+    (("1,000,000", "72.6M", "device"), DH, DEV, Q32),
+    (("1,000,000", "72.6M", "codes+host"), DH, HOST, Q32),
+    (("2,000,000", "145.2M", "device"), "tiers-dups-2000000-float16.json", {"tier": "auto"}, 0),
+    (("2,000,000", "145.2M", "codes+host"), "tiers-dups-2000000-float16-host-H200.json", HOST, 0),
+    (("4,000,000", "290.4M", "device"), "tiers-dups-4000000-float16-auto-H200.json", {"tier": "auto"}, 0),
+    (("4,000,000", "290.4M", "codes+host"), "tiers-dups-4000000-float16-host-H200.json", HOST, 0),
 ]
 CORPUS_SIZE = [
     *[Fig(SCALE, Cell(CS, key, col), file, get)
-      for key, file, run in SIZES
-      for col, get in (("tokens", lambda d: Qty(d["tokens"])), ("recall@10", at("runs", run, "rows", 0, "recall10")),
-                       ("batched QPS", at("runs", run, "rows", 0, "batch_qps")),
-                       ("p50 ms", at("runs", run, "rows", 0, "single_p50_ms")))],
+      for key, file, run, row in SIZES
+      for col, get in (("tokens", lambda d: Qty(d["tokens"])), ("recall@10", at("runs", run, "rows", row, "recall10")),
+                       ("batched QPS", at("runs", run, "rows", row, "batch_qps")),
+                       ("p50 ms", at("runs", run, "rows", row, "single_p50_ms")))],
     Fig(SCALE, "`tiers-dups-2000000-float16-host-H200.json`: # GB on the GPU, #% of the device tier's #.",
         ("tiers-dups-2000000-float16-host-H200.json", "tiers-dups-2000000-float16.json"),
         lambda ds: (ds[0]["runs"][0]["gpu_allocated_gb"], 100 * ds[0]["runs"][0]["gpu_allocated_gb"] / ds[1]["runs"][0]["gpu_allocated_gb"],
