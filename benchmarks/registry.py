@@ -122,7 +122,7 @@ SUITES: tuple[Suite, ...] = (
           "CPU: the first open (trains the index) and first search of a bulk-ingested database", "no",
           ("--docs", "200", "--path", "{tmp}/first-open.mvdb")),
     Suite("cpu", "cpu_crossover.py", ("--gen", "uniform96", "--docs", "1000,2000,4000,8000,16000,30000,60000,120000",
-                                      "--queries", "64"),
+                                      "--queries", "256"),
           "CPU: per-query time of the IVF index, exhaustive MaxSim and index=\"auto\", and open time, by corpus "
           "size", "no", ("--docs", "300,600", "--queries", "5", "--path", "{tmp}/cpu.mvdb")),
     Suite("first-query", "first_query.py", ("--corpus", "dups", "--docs", "1000000"),

@@ -840,6 +840,18 @@ SCALE_FIGS = [
         both(at("build_s"), at("tokens", times=1e-6))),
 ]
 
+XFILES = tuple(f"cpu-crossover-{g}.json" for g in ("uniform96", "dups", "mixed96"))
+
+
+def crossover_span(ds: list) -> tuple:
+    """Where `auto` picks the lists: their speedup over exhaustive and first open (min, max); and
+    `auto`'s worst ratio to the better path at any size."""
+    ivf = [r for d in ds for r in d["sizes"] if r["auto_index"] == "ivf"]
+    speed = [r["exhaustive_per_query_s"] / r["ivf_per_query_s"] for r in ivf]
+    return (min(speed), max(speed), min(r["ivf_open_s"] for r in ivf), max(r["ivf_open_s"] for r in ivf),
+            max(r["auto_over_best"] for d in ds for r in d["sizes"]))
+
+
 # The CPU (docs/benchmarks.md): where `index="auto"` switches, one file a corpus.
 XT = "| corpus | documents (tokens) | lists, ms |"
 CROSSOVER = [
@@ -852,6 +864,11 @@ CROSSOVER = [
                                   ("auto picks", "auto_index", 1, None), ("auto / best", "auto_over_best", 1, None),
                                   ("lists' first open", "ivf_open_s", 1, "# s"))
 ] + [
+    Fig(BENCH, "the lists answer #-#x faster (their first open trains them: #-# s). At no size is `auto` more than #x slower",
+        XFILES, lambda ds: crossover_span(ds)),
+    Fig(BENCH, "lists' recall@10 at the CPU's defaults is #-# from 16,000 documents up", XFILES,
+        lambda ds: (min(r["ivf_recall10"] for d in ds for r in d["sizes"] if r["docs"] >= 16000),
+                    max(r["ivf_recall10"] for d in ds for r in d["sizes"] if r["docs"] >= 16000))),
     Fig(BENCH, ("The issue's case, 30,000 documents of 40-160 tokens at dim 96 (#M tokens): "
                 "# ms a query at the defaults against # ms exhaustive (#x), at recall@10 #."),
         "cpu-crossover-uniform96.json",
