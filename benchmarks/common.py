@@ -101,16 +101,17 @@ def alternating_rounds(calls: dict, rounds: int, warmup: int = 10, rep: int = 10
     return ms, {name: statistics.median(v) for name, v in ms.items()}
 
 
-def exhaustive_reference(db, q: torch.Tensor, k: int = 10, batch: int = 64) -> tuple[list[set], float]:
-    """Exhaustive MaxSim over every document (``search(exact=True)``) -> (top-k id sets, QPS)."""
+def exhaustive_reference(db, q, k: int = 10, batch: int = 64) -> tuple[list[set], float]:
+    """Exhaustive MaxSim over every document (``search(exact=True)``) -> (top-k id sets, QPS).
+    ``q``: a list of [Lq_i, dim] queries, or one [n, Lq, dim] tensor."""
     db.search(q[:1], k=k, exact=True)  # warm-up
-    sync(q.device)
+    sync(q[0].device)
     t0 = time.perf_counter()
     ref = []
-    for a in range(0, q.shape[0], batch):
+    for a in range(0, len(q), batch):
         ref += [{h.id for h in hs} for hs in db.search(q[a : a + batch], k=k, exact=True)]
-    sync(q.device)
-    return ref, q.shape[0] / (time.perf_counter() - t0)
+    sync(q[0].device)
+    return ref, len(q) / (time.perf_counter() - t0)
 
 
 def measure(db, q, ref: list, kw: dict, latency_queries: int = 100, passes: int = 3,

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import exhaustive_reference, measure, sync  # noqa: E402
-from mvdb.testing.synthetic import make_corpus, make_queries  # noqa: E402
+from mvdb.testing.synthetic import make_corpus, make_queries, varlen_queries  # noqa: E402
 
 import mvdb  # noqa: E402
 
@@ -34,6 +34,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--docs", type=int, default=100_000)
     p.add_argument("--queries", type=int, default=1000)
+    p.add_argument("--qlen", default="4-64", help='query tokens: "4-64" (log-uniform lengths, as real queries) or one number')
     p.add_argument("--path", default="/tmp/mvdb-e2e.mvdb")
     p.add_argument("--nlist", default="default", help="comma-separated IVF list counts to build in turn")
     p.add_argument("--index", default="auto", choices=["auto", "flat", "ivf"])
@@ -48,7 +49,12 @@ def main():
            "faiss_gpu": mvdb.engine.gpu_available()}
 
     corpus = make_corpus(args.docs, 64, 128, 128, device=dev, seed=21)
-    Q, src = make_queries(corpus, args.queries, 32, seed=22)
+    res["qlen"] = args.qlen
+    if "-" in args.qlen:  # varlen_queries' queries are make_queries' (same seed) cut to their lengths
+        lo, hi = (int(x) for x in args.qlen.split("-"))
+        Q, src = varlen_queries(corpus, args.queries, lo, hi, seed=22), make_queries(corpus, args.queries, hi, seed=22)[1]
+    else:
+        Q, src = make_queries(corpus, args.queries, int(args.qlen), seed=22)
     tokens = corpus.tokens.cpu().numpy()
     lengths = corpus.lengths.cpu().numpy()
     del corpus  # the database holds its own copy; the reference below reads that one
@@ -61,7 +67,7 @@ def main():
             st.add_packed(tokens[off[d0] : off[min(args.docs, d0 + 50_000)]], lengths[d0 : d0 + 50_000])
     del tokens
     res["ingest_s"] = time.perf_counter() - t0
-    q = Q.to(dev)
+    q = [x.to(dev) for x in Q]
     res["runs"], ref = [], None
     for nlist in args.nlist.split(","):
         nl = None if nlist == "default" else int(nlist)
