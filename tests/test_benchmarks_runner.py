@@ -140,6 +140,19 @@ def _unit(x) -> bool:
     return isinstance(x, (int, float)) and 0 <= x <= 1
 
 
+# Recall floors. EXACT: where the smoke's tiny corpus makes the search exact or hands the rerank as
+# many candidates as there are documents (a CPU's flat-index defaults score every document; a CPU's
+# IVF defaults take up to 1024 candidates; n_candidates above the corpus size): anything below it
+# is a bug, not an approximation. NARROW: settings that really approximate (2-4 lists a token,
+# 64 candidates) and relevance against labels: far below what they reach, far above chance (10 of
+# 300 documents), so that only a broken search fails it.
+EXACT, NARROW = 0.9, 0.5
+
+
+def _at_least(x, floor: float) -> bool:
+    return _unit(x) and x >= floor
+
+
 def _positive(x) -> bool:
     return isinstance(x, (int, float)) and x > 0
 
@@ -150,7 +163,8 @@ def _kernels(r):
     assert {row["case"] for row in mvdb_rows} == {"a-8", "a-8-int8", "b-colpali", "b-colpali-int8", "c-16", "c-16-int8"}
     for row in rows:
         assert row["correct"], row
-        assert _positive(row["ms"]) and _unit(row["top10_agreement"])
+        # the reference's top 10 (int8: quantized, near-ties may swap at the 10th place)
+        assert _positive(row["ms"]) and _at_least(row["top10_agreement"], 0.8 if "int8" in row["case"] else EXACT), row
     assert all(v.startswith("skipped: ") for v in r["info"]["peers"].values()), r["info"]["peers"]
 
 
@@ -170,9 +184,9 @@ def _codes_kernel(r):
 def _e2e(r):
     (run,) = r["runs"]
     assert len(run["sweep"]) == 6 and _positive(r["exhaustive_qps"])
-    for row in run["sweep"]:
-        assert _unit(row["recall10"]) and _unit(row["source_at_1"]) and _positive(row["batch_qps"])
-    assert run["sweep"][0]["recall10"] >= 0.9
+    for row in run["sweep"]:  # 300 documents: the defaults, then 1024 or more candidates
+        assert _at_least(row["recall10"], EXACT) and _at_least(row["source_at_1"], EXACT), row
+        assert _positive(row["batch_qps"])
 
 
 def _fastplaid(r):
@@ -188,9 +202,8 @@ def _tiers(r):
         ("device", "device"), ("host", "codes+host"), ("disk", "codes+disk"), ("disk-cold", "codes+disk")]
     for run in r["runs"]:
         assert [row["qlen"] for row in run["rows"]] == ["4-64", "32"]  # real lengths, then the fixed row
-        assert all(_unit(row["recall10"]) and row["recall10"] >= 0.9 and _positive(row["batch_qps"])
-                   for row in run["rows"])
-    assert _unit(r["runs"][-1]["cold"]["recall10"])
+        assert all(_at_least(row["recall10"], EXACT) and _positive(row["batch_qps"]) for row in run["rows"])
+    assert _at_least(r["runs"][-1]["cold"]["recall10"], EXACT)  # the disk tier's search, its pages evicted
     assert r["command"].startswith("python benchmarks/tiers.py ")
 
 
@@ -198,7 +211,7 @@ def _large(r):
     assert r["phase"] == "done"
     assert [(run["open"], run["stats"]["tier"]) for run in r["runs"]] == [
         ("auto", "device"), ("host", "codes+host"), ("disk", "codes+disk")]
-    assert all(_unit(run["search"]["recall10"]) and run["search"]["recall10"] >= 0.9 for run in r["runs"])
+    assert all(_at_least(run["search"]["recall10"], EXACT) for run in r["runs"])
 
 
 def _defaults(files):
@@ -207,20 +220,27 @@ def _defaults(files):
         assert len(r["variants"]) == 2
         for v in r["variants"]:
             assert [s.get("nprobe") for s in v["search"]] == [None, 2]
-            assert all(_unit(s["recall10"]) and _positive(s["batch_qps"]) for s in v["search"])
+            assert all(_positive(s["batch_qps"]) for s in v["search"])
+            default, narrow = v["search"]  # the defaults, then 2 lists a token and 64 candidates
+            assert _at_least(default["recall10"], EXACT) and _at_least(narrow["recall10"], NARROW), v["search"]
 
 
 def _grow(r):
     assert [m["mode"] for m in r["modes"]] == ["bulk", "grow3"]
     for m in r["modes"]:
-        assert all(_unit(s["recall10"]) for s in m["search"]) and _unit(m["after_reopen"]["search"]["recall10"])
+        # flat index, 300 documents: the defaults are exact on a CPU, 4096 candidates cover them
+        assert all(_at_least(s["recall10"], EXACT) for s in m["search"]), m["search"]
+        assert _at_least(m["after_reopen"]["search"]["recall10"], EXACT)
     assert r["modes"][1]["after_compact"]["segments"] == 1
+    assert _at_least(r["modes"][1]["after_compact"]["search"]["recall10"], EXACT)
 
 
 def _multigpu(r):
     assert r["devices"] == ["cpu", "cpu"] and len(r["sharded"]["shards"]) == 2
-    assert _unit(r["one_gpu"]["recall10_vs_exhaustive"]) and _unit(r["sharded"]["recall10_vs_exhaustive"])
-    assert _unit(r["hits_overlap_one_vs_sharded"]) and _positive(r["speedup_batch_qps"])
+    # flat shards on CPUs at the defaults: every document scored, merged top 10 = the exhaustive one
+    assert _at_least(r["one_gpu"]["recall10_vs_exhaustive"], EXACT)
+    assert _at_least(r["sharded"]["recall10_vs_exhaustive"], EXACT)
+    assert _at_least(r["hits_overlap_one_vs_sharded"], EXACT) and _positive(r["speedup_batch_qps"])
 
 
 def _ray_ingest(r):
@@ -254,25 +274,29 @@ def _sparton(r):
 
 
 def _hybrid(r):
-    assert r["pages"] == 40 and r["model"].startswith("words") and _unit(r["bm25_alone_mrr10"])
+    assert r["pages"] == 40 and r["model"].startswith("words") and _at_least(r["bm25_alone_mrr10"], NARROW)
+    assert _at_least(r["exhaustive_maxsim_mrr10"], NARROW)
     assert len(r["settings"]) == 4
     for row in r["settings"]:
         for channel in ("tokens", "tokens+bm25"):
             c = row[channel]
-            assert _unit(c["candidate_recall"]) and _unit(c["recall_at_10"]) and _unit(c["mrr10"])
+            # 40 pages: BM25's 100 best are all of them; 100 token candidates cover them too
+            covered = channel == "tokens+bm25" or row["search"]["n_candidates"] >= r["pages"]
+            assert _at_least(c["candidate_recall"], EXACT if covered else NARROW), (row["name"], channel, c)
+            assert _at_least(c["recall_at_10"], NARROW) and _at_least(c["mrr10"], NARROW), (row["name"], channel, c)
 
 
 def _quality(r):
     assert r["data"]["pages"] == 40 and r["settings"]["model"].startswith("words")
     assert _unit(r["exhaustive"]["mrr10"]) and r["exhaustive"]["mrr10"] > 0.5
-    for k in ("mvdb_k10", "mvdb_k100"):
-        assert _unit(r[k]["mrr10"]) and _unit(r[k]["recall10_vs_exhaustive"])
+    for k in ("mvdb_k10", "mvdb_k100"):  # a flat index's defaults on a CPU: exact
+        assert _at_least(r[k]["mrr10"], NARROW) and _at_least(r[k]["recall10_vs_exhaustive"], EXACT), r[k]
     assert r["max_abs_score_diff_vs_exhaustive"] < 1e-2
 
 
 def _text_api(r):
     assert r["pages"] == 40 and r["model"].startswith("words")
-    assert _unit(r["embeddings_path"]["mrr10"]) and r["text_path"]["mrr10"] == r["embeddings_path"]["mrr10"]
+    assert _at_least(r["embeddings_path"]["mrr10"], NARROW) and r["text_path"]["mrr10"] == r["embeddings_path"]["mrr10"]
     assert r["top10_lists_equal"] == 1.0
 
 
@@ -294,14 +318,16 @@ def _first_open(r):
 def _cpu(r):
     assert [s["docs"] for s in r["sizes"]] == [300, 600]
     assert all(_positive(s["ivf_per_query_s"]) and _positive(s["exhaustive_per_query_s"]) for s in r["sizes"])
-    assert all(_unit(s["ivf_recall10"]) and _unit(s["auto_recall10"]) for s in r["sizes"])
+    # auto: flat, so exact on a CPU; the IVF index at its defaults on a few hundred documents
+    assert all(_at_least(s["ivf_recall10"], EXACT) and _at_least(s["auto_recall10"], EXACT) for s in r["sizes"])
     assert all(s["auto_index"] == "flat" for s in r["sizes"])  # tiny corpora: below "auto"'s threshold
 
 
 def _first_query(r):
     assert r["build"]["docs"] == 300 and [x["state"] for x in r["runs"]] == ["cold", "second", "warmed"]
     for run in r["runs"]:
-        assert run["first_hit_ok"] and _positive(run["first_hit_s"]) and _unit(run["first_pass"]["recall10"])
+        assert run["first_hit_ok"] and _positive(run["first_hit_s"])
+        assert _at_least(run["first_pass"]["recall10"], EXACT) and _at_least(run["second_pass"]["recall10"], EXACT)
         assert _positive(run["second_pass"]["qps"]) and len(run["singles"]) == 64
     assert r["runs"][2]["warmup"]["rc"] == 0
 
@@ -315,8 +341,11 @@ def _cpu_pool(r):
     assert len(r["gemm_probe_ms"]) == 2 and all(_positive(t) for t in r["gemm_probe_ms"])
     for run in r["runs"]:
         assert [s["search"] for s in run["searches"]] == ["default", "4:64"]
-        assert all(_unit(p["pool_recall"]) for p in run["pools"]) and all(_unit(s["recall10"]) for s in run["searches"])
-        assert all(_unit(p["ranked_recall"]) and _positive(p["ranked_ms_per_query"]) for p in run["pools"])
+        default, narrow = run["searches"]
+        assert _at_least(default["recall10"], EXACT) and _at_least(narrow["recall10"], NARROW), run["searches"]
+        # 4 lists a token, a pool of 64
+        assert all(_at_least(p["pool_recall"], NARROW) and _at_least(p["ranked_recall"], NARROW) for p in run["pools"])
+        assert all(_positive(p["ranked_ms_per_query"]) for p in run["pools"])
 
 
 def _text_ingest(r):

@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import mvdb
@@ -109,10 +109,94 @@ def test_writes_refuse_with_mvdb_errors_and_leave_no_trace(db, name, a, b, c):
     assert db.verify().ok
 
 
+# per read, arguments it takes, each mixed with ``anything`` so that many reads answer (and their
+# answers get checked) while the checks of every argument still meet wrong values
+queries = st.builds(lambda n, seed: np.random.default_rng(seed).standard_normal((n, DIM)).astype(np.float32),
+                    st.integers(1, 4), st.integers(0, 2**32 - 1))
+some_ids = st.lists(st.sampled_from(["d0", "d1", "d2", "d3", "d4", "d5", "missing"]), min_size=1, max_size=4,
+                    unique=True)
+small = st.integers(1, 8)
+PLAUSIBLE = {
+    "search": (queries, small, anything),
+    "search_where": (st.sampled_from([{"tag": "a"}, {"n": {"$gt": 2}}, {"$not": {"tag": "b"}}]), anything, anything),
+    "search_options": (small, small, st.booleans()),
+    "search_sparse": (anything, small, anything),
+    "rerank": (queries, some_ids, anything),
+    "rerank_k": (small, anything, anything),
+    "candidates": (queries, small, anything),
+    "get": (some_ids, anything, anything),
+    "metadata": (some_ids, anything, anything),
+    "contains": (st.one_of(some_ids, st.sampled_from(["d1", "missing"])), anything, anything),
+}
+reads = st.sampled_from(sorted(READS)).flatmap(  # half and half (st.one_of would flatten ``anything``'s branches)
+    lambda name: st.tuples(st.just(name), *(st.booleans().flatmap(lambda p, arg=arg: arg if p else anything)
+                                            for arg in PLAUSIBLE[name])))
+
+
+def _answered(call):
+    """(True, the answer), or (False, None) where the call raised an mvdb error."""
+    try:
+        return True, call()
+    except MvdbError:
+        return False, None
+
+
+def _check_hits(hits, allowed):
+    """One query's ranked hits: distinct ids among ``allowed``, finite scores, best first."""
+    assert all(type(h).__name__ == "Hit" for h in hits), hits
+    ids, scores = [h.id for h in hits], [h.score for h in hits]
+    assert len(set(ids)) == len(ids) and set(ids) <= allowed, ids
+    assert np.isfinite(scores).all() and scores == sorted(scores, reverse=True), scores
+
+
+def _check_answer(name, out, a, b, stored):
+    """An answered read's answer has the shape and the content its arguments ask for."""
+    names = a if isinstance(a, list) and all(isinstance(i, str) for i in a) else None
+    if name == "contains":
+        assert isinstance(out, np.ndarray) and out.dtype == bool
+        if isinstance(a, str):
+            names = [a]
+        if names is not None:
+            assert out.tolist() == [i in stored for i in names]
+    elif name in ("get", "metadata"):
+        assert isinstance(out, list)
+        if names is not None:
+            assert len(out) == len(names) and set(names) <= stored  # an unknown id is refused
+        if name == "get":
+            assert all(isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2 and x.shape[1] == DIM
+                       and len(x) for x in out)
+    elif name == "candidates":
+        for row in (out if out and isinstance(out[0], list) else [out]):
+            assert len(set(row)) == len(row) and set(row) <= stored, row
+    else:
+        allowed = set(b) & stored if name == "rerank" and isinstance(b, list) else stored
+        k = b if name == "search" and isinstance(b, int) else a if name == "rerank_k" and isinstance(a, int) else None
+        for row in (out if out and isinstance(out[0], list) else [out]):
+            _check_hits(row, allowed)
+            assert k is None or len(row) <= k
+
+
+_Q = np.random.default_rng(1).standard_normal((3, DIM)).astype(np.float32)
+
+
 @SETTINGS
-@given(name=st.sampled_from(sorted(READS)), a=anything, b=anything, c=anything)
-def test_reads_answer_or_raise_mvdb_errors(db, name, a, b, c):
-    _only_mvdb_errors(lambda: READS[name](db, a, b, c))
+@given(read=reads)
+@example(read=("search", _Q, 3, None))
+@example(read=("search", [_Q, _Q[:1]], 2, None))
+@example(read=("search_where", {"tag": "a"}, None, None))
+@example(read=("rerank", _Q, ["d4", "d1", "d2"], None))
+@example(read=("candidates", _Q, 4, None))
+@example(read=("get", ["d3", "d0"], None, None))
+@example(read=("metadata", ["d5"], None, None))
+@example(read=("contains", ["d2", "missing"], None, None))
+def test_reads_answer_or_raise_mvdb_errors(db, read):
+    """A read either raises an mvdb error or answers what was asked; either way nothing changes."""
+    name, a, b, c = read
+    before, stored = _digest(db.store.path), set(db.store.ids())
+    answered, out = _answered(lambda: READS[name](db, a, b, c))
+    if answered:
+        _check_answer(name, out, a, b, stored)
+    assert _digest(db.store.path) == before
 
 
 filters = st.recursive(

@@ -86,7 +86,23 @@ from conftest import TRITON_DEVICES  # noqa: E402
 from mvdb.kernels.maxsim.runtime import interpreting  # noqa: E402
 
 
-def _patched_vs_original(fn_name, q, d, qm, dm):
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """The shapes of (Q, D) each call of mvdb's differentiable MaxSim got: the patch falls back to
+    PyLate's code silently, so equal scores alone do not show that the kernels ran."""
+    from mvdb.kernels.maxsim import train
+
+    calls, real = [], train.padded
+
+    def spy(Q, D, *args, **kwargs):
+        calls.append((tuple(Q.shape), tuple(D.shape)))
+        return real(Q, D, *args, **kwargs)
+
+    monkeypatch.setattr(train, "padded", spy)
+    return calls
+
+
+def _patched_vs_original(fn_name, q, d, qm, dm, kernel_calls):
     import pylate.scores.colbert as colbert
 
     from mvdb.integrations import pylate as mp
@@ -98,6 +114,9 @@ def _patched_vs_original(fn_name, q, d, qm, dm):
         try:
             qg, dg = q.clone().requires_grad_(), d.clone().requires_grad_()
             out = getattr(colbert, fn_name)(qg, dg, qm, dm)
+            # mvdb's autograd Function made the patched scores (so its backward made the gradients)
+            assert (type(out.grad_fn).__name__ == "_MaxSimFnBackward") == patched
+            assert kernel_calls == ([(tuple(q.shape), tuple(d.shape))] if patched else [])
             (out * torch.arange(out.numel(), device=out.device).reshape(out.shape).float().cos()).sum().backward()
             outs.append((out.detach(), qg.grad, dg.grad))
         finally:
@@ -107,13 +126,13 @@ def _patched_vs_original(fn_name, q, d, qm, dm):
 
 @pytest.mark.parametrize("device", TRITON_DEVICES)
 @pytest.mark.parametrize("fn_name", ["colbert_scores", "colbert_kd_scores"])
-def test_patched_scores_equal_pylate_values_and_gradients(fn_name, device):
+def test_patched_scores_equal_pylate_values_and_gradients(fn_name, device, kernel_calls):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(3, 6, 16, generator=g).to(device)
     d = torch.randn(*((3, 2) if fn_name == "colbert_kd_scores" else (4,)), 9, 16, generator=g).to(device)
     qm = (torch.rand(3, 6, generator=g) > 0.2).float().to(device)
     dm = (torch.rand(d.shape[:-1], generator=g) > 0.3).float().to(device)
-    (a, ga_q, ga_d), (b, gb_q, gb_d) = _patched_vs_original(fn_name, q, d, qm, dm)
+    (a, ga_q, ga_d), (b, gb_q, gb_d) = _patched_vs_original(fn_name, q, d, qm, dm, kernel_calls)
     torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gb_q, ga_q, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gb_d, ga_d, rtol=1e-5, atol=1e-5)
@@ -157,7 +176,7 @@ def test_patched_scores_leave_mismatched_shapes_to_pylate(device):
 
 
 @pytest.mark.skipif(not interpreting(), reason="the CPU test runs the Triton kernels under TRITON_INTERPRET=1")
-def test_patch_reaches_the_losses_and_unpatch_restores():
+def test_patch_reaches_the_losses_and_unpatch_restores(kernel_calls):
     import pylate.losses.distillation as distillation
     import pylate.scores as scores
     import pylate.scores.colbert as colbert
@@ -168,13 +187,17 @@ def test_patch_reaches_the_losses_and_unpatch_restores():
     mp.patch(devices=("cpu",))
     try:
         assert colbert.colbert_scores is not before[0] and scores.colbert_scores is colbert.colbert_scores
-        assert colbert.colbert_kd_scores in distillation.Distillation.__init__.__defaults__
+        kd_default, = [f for f in distillation.Distillation.__init__.__defaults__ if f is colbert.colbert_kd_scores]
         # ColBERTScores (the contrastive losses' default metric) looks the function up at call time
         q, d = torch.randn(2, 3, 8), torch.randn(2, 2, 4, 8)
         want = torch.stack([before[0](q, d[:, j]) for j in range(2)], 2).reshape(-1, 4)
         torch.testing.assert_close(colbert.ColBERTScores()(q, d), want, rtol=1e-5, atol=1e-5)
+        assert kernel_calls == [((2, 3, 8), (2, 4, 8))] * 2  # one kernel call per document group
+        torch.testing.assert_close(kd_default(q, d), colbert.colbert_kd_scores.__wrapped__(q, d), rtol=1e-5, atol=1e-5)
+        assert kernel_calls[2:] == [((2, 3, 8), (2, 2, 4, 8))]
         # other devices / layouts keep PyLate's code
         assert colbert.colbert_scores(q.tolist(), d[:, 0].tolist()).shape == (2, 2)
+        assert len(kernel_calls) == 3
     finally:
         mp.unpatch()
     assert (colbert.colbert_scores, scores.colbert_scores, distillation.Distillation.__init__.__defaults__) == before

@@ -367,12 +367,28 @@ def test_killed_mid_add_restarts_with_every_acknowledged_add(tmp_path, workers):
 
 @pytest.mark.heavy
 def test_sigterm_lets_the_write_in_flight_finish(tmp_path):
+    """A write in flight when SIGTERM comes (its request half sent) is received, committed and
+    acknowledged before the server exits: the client gets its ids and the database holds exactly
+    those documents."""
+    import socket
+
     rng = np.random.default_rng(8)
-    proc, url = _start(tmp_path / "db", "--create")
+    proc, url = _start(tmp_path / "db", "--create", "--workers", "1")
     c = connect(url)
     c.add(_docs(rng, 5))
     big = _docs(rng, 3000)
-    result = {}
+    half_sent, shutting_down, result = threading.Event(), threading.Event(), {}
+    real_urlopen = c._http.urlopen
+
+    def urlopen_in_two_parts(method, path, body=None, **kwargs):
+        def parts():
+            yield body[: len(body) // 2]
+            half_sent.set()
+            shutting_down.wait(60)
+            yield body[len(body) // 2 :]
+
+        headers = dict(c._http.headers, **{"content-length": str(len(body))})
+        return real_urlopen(method, path, body=parts(), headers=headers, **kwargs)
 
     def add():
         try:
@@ -380,17 +396,33 @@ def test_sigterm_lets_the_write_in_flight_finish(tmp_path):
         except mvdb.MvdbError as e:
             result["error"] = e
 
+    c._http.urlopen = urlopen_in_two_parts
     t = threading.Thread(target=add)
     t.start()
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGTERM)
+    try:
+        assert half_sent.wait(60)
+        time.sleep(0.2)  # the server reads the request's head
+        proc.send_signal(signal.SIGTERM)
+        host, port = url.rsplit("/", 1)[1].rsplit(":", 1)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # shutdown has begun: no new connections
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+            except ConnectionRefusedError:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the server kept accepting connections after SIGTERM")
+    finally:
+        shutting_down.set()
+        t.join(timeout=120)
     assert proc.wait(timeout=120) == 0
-    t.join(timeout=60)
+    assert "error" not in result, f"the write in flight was not acknowledged: {result.get('error')!r}"
+    assert len(result["ids"]) == 3000
     with mvdb.open(tmp_path / "db", device="cpu", read_only=True) as db:
-        if "ids" in result:  # acknowledged: committed
-            assert len(db) == 3005 and db.contains(result["ids"]).all()
-        else:  # not acknowledged: all of it or nothing
-            assert len(db) in (5, 3005)
+        assert len(db) == 3005 and db.contains(result["ids"]).all()
+        for i in (0, 1234, 2999):
+            np.testing.assert_allclose(db.get([result["ids"][i]])[0], big[i], atol=2e-3)
 
 
 def test_a_where_with_mixed_key_types_is_refused_and_searches_go_on(served):

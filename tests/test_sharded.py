@@ -112,6 +112,8 @@ def test_bad_devices_and_layouts(tmp_path):
         mvdb.open(tmp_path / "a", devices=[])
     with pytest.raises(InvalidInputError, match="non-empty list of devices"):
         mvdb.open(tmp_path / "a", devices="cpu")
+    with pytest.raises(InvalidInputError, match="non-empty list of devices"):
+        mvdb.open(tmp_path / "a", devices=torch.device("cpu"))
     with mvdb.open(tmp_path / "single", device="cpu") as db:
         db.add(_docs(3))
     with pytest.raises(InvalidInputError, match="single-shard database"):
@@ -126,10 +128,10 @@ def test_bad_devices_and_layouts(tmp_path):
     (tmp_path / "broken" / "shards.json").write_text("{not json")
     with pytest.raises(mvdb.FormatError, match="unreadable shards.json"):
         mvdb.open(tmp_path / "broken")
-    with mvdb.open(tmp_path / "empty", devices=["cpu", "cpu"]) as sh:
+    with mvdb.open(tmp_path / "empty", devices=[torch.device("cpu"), "cpu"]) as sh:
+        assert [s.device for s in sh.shards] == [torch.device("cpu")] * 2
         assert sh.search(np.ones((2, DIM), np.float32), k=3) == []
         assert sh.search([np.ones((2, DIM), np.float32)] * 2, k=3) == [[], []]
-    assert torch.device("cpu")  # keep the import used
 
 
 def test_verify_is_one_report_naming_the_shard(tmp_path):
