@@ -168,6 +168,7 @@ def multiple(*values):
 
 
 TestStoreMachine = StoreMachine.TestCase
-TestStoreMachine.settings = settings(
-    max_examples=25, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+TestStoreMachine.settings = settings(  # MVDB_STATEFUL_EXAMPLES: make test-long runs more
+    max_examples=int(os.environ.get("MVDB_STATEFUL_EXAMPLES", 25)), stateful_step_count=25, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow]
 )
