@@ -23,8 +23,9 @@ def main(db: str, seed: int, journal: str, kind: str = "store") -> None:
         from mvdb.engine import ivf
 
         ivf.RETRAIN_GROWTH = 1.05
-        # "codes": the compressed tier too (residency="host"), rebuilt with every retrain
-        store = mvdb.open(db, dim=16, index="ivf", nlist=4, device="cpu", progress=False,
+        # "codes": the compressed tier too (residency="host"), rebuilt with every retrain; 32 lists:
+        # enough for the index's choice of documents to decide the checker's searches
+        store = mvdb.open(db, dim=16, index="ivf", nlist=32, device="cpu", progress=False,
                           residency="host" if kind == "codes" else "auto")
         ops = plan(seed, store.store.ids(), store.store.manifest["next_id"])
     else:

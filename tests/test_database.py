@@ -1,16 +1,26 @@
 """The database API: search against exhaustive MaxSim, rerank, deletes, reopen, bad input."""
 
+import contextlib
+import copy
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 import mvdb
 from mvdb import InvalidInputError, InvalidTypeError, ReadOnlyError, UnknownIdError
+from mvdb.engine import codes as codes_tier
 from mvdb.engine.resident import Tokens
 from mvdb.engine.sparse import sparse_candidates
 from mvdb.kernels.maxsim import naive
 
 DIM = 32
+# Searches whose IVF lists choose the few documents the exact stage reranks. At the defaults a CPU
+# reranks about 1,024 documents (mvdb.engine.search.CPU_LISTS_CANDIDATES), and the codes tier at
+# least 128 of a pool of at least 8192 (mvdb.engine.codes): every document of the corpora here, so
+# a wrong or stale index would go unseen.
+SMALL_POOL = {"n_candidates": 8, "nprobe": 4}
 
 
 def _corpus(n, seed=0):
@@ -28,6 +38,13 @@ def _corpus(n, seed=0):
 def _query(doc, rng, n=8):
     x = doc[rng.integers(0, len(doc), n)] + 0.3 * rng.standard_normal((n, DIM))
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture
+def small_codes_pool(monkeypatch):
+    """The codes tier's pool from the lists at 32 documents (the codes then pick ``n_candidates``)."""
+    monkeypatch.setattr(codes_tier, "POOL_MIN", 32)
+    monkeypatch.setattr(codes_tier, "POOL_MAX", 32)
 
 
 def _exhaustive(db, q, k):
@@ -252,24 +269,32 @@ def test_ivf_index_is_persisted_and_reopening_does_not_retrain(tmp_path, monkeyp
 
 
 @pytest.mark.heavy
-def test_ivf_index_file_damage_is_repaired_from_the_segments(tmp_path):
+def test_ivf_index_file_damage_is_repaired_from_the_segments(tmp_path, engine_over):
+    """A codes file that fails its checksum is assigned again from the segments (in memory by a
+    reader, rewritten by a writer): the lists are the intact ones, and with them choosing 8 of the
+    60 documents reranked, so are the answers."""
     docs = _corpus(60, seed=15)
-    q = _query(docs[3], np.random.default_rng(16))
-    with mvdb.open(tmp_path / "db", index="ivf", nlist=8) as db:
+    rng = np.random.default_rng(16)
+    qs = [_query(docs[i], rng) for i in (3, 20, 41, 57)]
+    with mvdb.open(tmp_path / "db", index="ivf", nlist=32) as db:
         db.add(docs)
-        before = db.search(q, k=3)
+        before = db.search(qs, k=3, **SMALL_POOL)
+        assert [r[0].id for r in before] == [_exhaustive(db, q, 1)[0] for q in qs]
         codes_name = next(e["name"] for e in db.store.manifest["index_files"] if e["kind"] == "codes")
+    lists = engine_over(tmp_path / "db").state.index.list_rows.clone()
     f = tmp_path / "db" / "index" / codes_name
     raw = bytearray(f.read_bytes())
     raw[-1] ^= 0xFF
     f.write_bytes(bytes(raw))
     with mvdb.open(tmp_path / "db", read_only=True) as r:
         assert any("checksum" in p for p in r.verify().problems)
-        assert r.search(q, k=3) == before  # recomputed in memory; a reader writes nothing
+        assert r.search(qs, k=3, **SMALL_POOL) == before  # recomputed in memory; a reader writes nothing
         assert f.read_bytes() == bytes(raw)
+    assert torch.equal(engine_over(tmp_path / "db").state.index.list_rows, lists)
     with mvdb.open(tmp_path / "db", index="ivf") as w:  # a writer rewrites and recommits the codes
-        assert w.search(q, k=3) == before
+        assert w.search(qs, k=3, **SMALL_POOL) == before
         assert w.verify().ok
+    assert torch.equal(engine_over(tmp_path / "db").state.index.list_rows, lists)
     (tmp_path / "db" / "index" / "stray.npy").write_bytes(b"x")
     with mvdb.open(tmp_path / "db", index="ivf"):  # orphans of a crashed writer go
         assert "stray.npy" not in _index_files(tmp_path / "db")
@@ -281,8 +306,11 @@ def _centroids(db):
 
 @pytest.mark.heavy
 def test_ivf_retrains_as_the_corpus_grows_and_compaction_drops_stale_codes(tmp_path):
+    """Adds append to the trained lists until the corpus outgrows them (then retrain); a compaction
+    replaces the rewritten segments' codes without retraining, and documents are still found from
+    their own tokens among the 8 of about 80 the lists choose."""
     docs = _corpus(200, seed=17)
-    with mvdb.open(tmp_path / "db", index="ivf", nlist=8) as db:
+    with mvdb.open(tmp_path / "db", index="ivf", nlist=32) as db:
         db.add(docs[:20])
         first = _centroids(db)
         assert first["trained_tokens"] == db.stats()["tokens"] == db.stats()["trained_tokens"]
@@ -302,8 +330,8 @@ def test_ivf_retrains_as_the_corpus_grows_and_compaction_drops_stale_codes(tmp_p
         segs = {s["name"] for s in db.store.manifest["segments"]}
         assert {e["segment"] for e in db.store.manifest["index_files"] if e["kind"] == "codes"} == segs
         assert _index_files(tmp_path / "db") == sorted(e["name"] for e in db.store.manifest["index_files"])
-        q = _query(docs[15], np.random.default_rng(18))
-        assert [h.id for h in db.search(q, k=3, nprobe=8)] == _exhaustive(db, q, 3)
+        some = db.store.ids()[::4]
+        assert [r[0].id for r in db.search([docs[i][:8] for i in some], k=1, **SMALL_POOL)] == some
 
 
 def test_ivf_database_created_empty(tmp_path):
@@ -313,6 +341,48 @@ def test_ivf_database_created_empty(tmp_path):
         db.add(docs)
         assert db.stats()["index"] == "ivf"
         assert db.search(docs[4][:3], k=1)[0].id == 4
+
+
+@contextlib.contextmanager
+def _swapped(db, **fields):
+    """The database's published state with ``fields`` replaced, for the duration (white-box)."""
+    st = db._pub.state
+    db._pub.state = dataclasses.replace(st, **fields)
+    try:
+        yield
+    finally:
+        db._pub.state = st
+
+
+def test_on_a_cpu_the_lists_and_the_codes_choose_what_is_reranked(tmp_path, monkeypatch):
+    """The IVF lists hand the exact stage 8 of 200 documents (in the codes tier, 16 to the codes,
+    which hand on 4): each document queried with its own first tokens is found. The index decides:
+    with the lists' rows scrambled, or the codes tier's tokens (lists and codes) shuffled, most are
+    not."""
+    monkeypatch.setattr(codes_tier, "POOL_MIN", 16)
+    monkeypatch.setattr(codes_tier, "POOL_MAX", 16)
+    docs = _corpus(200, seed=24)
+    ids = list(range(0, 200, 40))
+    qs = [docs[i][:8] for i in ids]
+    g = torch.Generator().manual_seed(0)
+
+    def found(db, **kw):
+        return sum(r[0].id == i for r, i in zip(db.search(qs, k=3, nprobe=4, **kw), ids))
+
+    with mvdb.open(tmp_path / "db", index="ivf", nlist=64, device="cpu") as db:
+        db.add(docs)
+        assert found(db, n_candidates=8) == len(ids)
+        index = copy.copy(db._pub.state.index)
+        index.list_rows = index.list_rows[torch.randperm(index.list_rows.numel(), generator=g)]
+        with _swapped(db, index=index):
+            assert found(db, n_candidates=8) <= 2
+    with mvdb.open(tmp_path / "db", residency="host", device="cpu") as db:
+        assert db.stats()["tier"] == "codes+host"
+        assert found(db, n_candidates=4) == len(ids)
+        res = db._pub.state.residuals
+        perm = torch.randperm(res.n_tokens, generator=g)
+        with _swapped(db, residuals=dataclasses.replace(res, lists=res.lists[perm], codes=res.codes[perm])):
+            assert found(db, n_candidates=4) <= 2
 
 
 def test_flat_index_grows_into_ivf(tmp_path, monkeypatch):
@@ -344,17 +414,24 @@ def test_bad_index_options(tmp_path):
 @pytest.mark.heavy
 @pytest.mark.parametrize("index", ["flat", "ivf"])
 @pytest.mark.parametrize("dtype", ["float16", "int8"])
-def test_host_residency_gives_the_same_results(tmp_path, index, dtype, engine_over):
-    """Tokens kept in (pinned) host memory, candidates copied per search: same hits as resident."""
+def test_host_residency_gives_the_same_results(tmp_path, index, dtype, engine_over, small_codes_pool):
+    """Tokens kept in (pinned) host memory, candidates copied per search, the token index choosing
+    8 of the 100-150 documents reranked: with a flat index, the same hits as resident; with IVF
+    lists (whose pool the codes tier ranks), each query's best document by exhaustive MaxSim."""
     docs = _corpus(150, seed=21)
     rng = np.random.default_rng(22)
-    queries = [_query(docs[i], rng) for i in range(0, 150, 40)]
-    with mvdb.open(tmp_path / "db", dtype=dtype, index=index, nlist=8) as db:
+    queries = [_query(docs[i], rng) for i in range(0, 100, 20)]
+    small = SMALL_POOL if index == "ivf" else {"n_candidates": 8, "k_tokens": 64}
+    with mvdb.open(tmp_path / "db", dtype=dtype, index=index, nlist=32) as db:
         db.add(docs[:100])
-        want = db.search(queries, k=5)
+        want = db.search(queries, k=5, **small)
+        best = [_exhaustive(db, q, 1)[0] for q in queries]
     with mvdb.open(tmp_path / "db", index=index, residency="host") as db:
         assert db.stats()["residency"] == "host"
-        assert db.search(queries, k=5) == want
+        got = db.search(queries, k=5, **small)
+        assert [r[0].id for r in got] == best
+        if index == "flat":
+            assert got == want
         eng = engine_over(tmp_path / "db", residency="host")
         tokens = eng.state.tokens
         assert tokens.home.type == "cpu"
@@ -363,9 +440,9 @@ def test_host_residency_gives_the_same_results(tmp_path, index, dtype, engine_ov
                             budget=1)[0, 1] == float("-inf")
         db.add(docs[100:])  # appended on the host
         assert db.stats()["residency"] == "host"
-        q = _query(docs[120], rng)
-        assert [h.id for h in db.search(q, k=3)] == _exhaustive(db, q, 3)
-        assert [h.id for h in db.rerank(q, [120, 7])] == [120, 7]
+        qs = [_query(docs[i], rng) for i in range(100, 150, 10)]
+        assert [r[0].id for r in db.search(qs, k=3, **small)] == [_exhaustive(db, q, 1)[0] for q in qs]
+        assert [h.id for h in db.rerank(qs[2], [120, 7])] == [120, 7]
     with pytest.raises(InvalidInputError, match="residency: expected 'auto', 'device', 'host' or 'disk', got 'gpu'"):
         mvdb.open(tmp_path / "db", residency="gpu")
 

@@ -14,7 +14,7 @@ import mvdb
 from mvdb.engine import resident
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_database import _corpus, _exhaustive, _query  # noqa: E402
+from test_database import SMALL_POOL, _corpus, _exhaustive, _query  # noqa: E402
 
 DIM = 32
 
@@ -138,16 +138,20 @@ def test_ivf_grown_in_many_adds_keeps_its_recall(tmp_path):
 
 
 def test_index_kind_is_recorded(tmp_path):
+    """Reopened without index arguments, a database uses the index it was built with (its persisted
+    lists: with them choosing 8 of the 60 documents reranked, the same answers); one asked for
+    another kind warns, and a writer records the new choice."""
     docs = _corpus(60, seed=35)
-    q = _query(docs[5], np.random.default_rng(36))
-    with mvdb.open(tmp_path / "db", index="ivf", nlist=8) as db:
+    rng = np.random.default_rng(36)
+    qs = [_query(docs[i], rng) for i in (5, 22, 39, 56)]
+    with mvdb.open(tmp_path / "db", index="ivf", nlist=32) as db:
         db.add(docs)
-        want = db.search(q, k=3)
+        want = db.search(qs, k=3, **SMALL_POOL)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no argument: no warning, the recorded choice
         with mvdb.open(tmp_path / "db") as db:
-            assert db.stats()["index"] == "ivf" and db.stats()["nlist"] == 8
-            assert db.search(q, k=3) == want
+            assert db.stats()["index"] == "ivf" and db.stats()["nlist"] == 32
+            assert db.search(qs, k=3, **SMALL_POOL) == want
         with mvdb.open(tmp_path / "db", index="ivf") as db:  # the same choice again: fine
             assert db.stats()["index"] == "ivf"
     with pytest.warns(UserWarning, match=r"index='flat' asked for; the database was built with index='ivf'"):
@@ -159,7 +163,7 @@ def test_index_kind_is_recorded(tmp_path):
         with mvdb.open(tmp_path / "db", index="flat") as db:
             assert db.stats()["index"] == "flat"
     with mvdb.open(tmp_path / "db") as db:
-        assert db.stats()["index"] == "flat" and db.stats()["index_config"] == {"kind": "flat", "nlist": 8}
+        assert db.stats()["index"] == "flat" and db.stats()["index_config"] == {"kind": "flat", "nlist": 32}
 
 
 def test_new_database_records_its_choice_without_warning(tmp_path):
