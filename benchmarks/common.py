@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mvdb.testing.synthetic import make_queries, varlen_queries
+
 
 def sync(dev) -> None:
     if torch.device(dev).type == "cuda":
@@ -112,6 +114,15 @@ def exhaustive_reference(db, q, k: int = 10, batch: int = 64) -> tuple[list[set]
         ref += [{h.id for h in hs} for hs in db.search(q[a : a + batch], k=k, exact=True)]
     sync(q[0].device)
     return ref, len(q) / (time.perf_counter() - t0)
+
+
+def make_query_set(corpus, n_queries: int, qlen: str, seed: int) -> list:
+    """``n_queries`` queries drawn from stored documents: ``qlen`` "32" (that many tokens each)
+    or "4-64" (lengths log-uniform over the range, as real queries run) -> [Lq_i, dim] tensors."""
+    if "-" in qlen:
+        lo, hi = (int(x) for x in qlen.split("-"))
+        return varlen_queries(corpus, n_queries, lo, hi, seed=seed)
+    return list(make_queries(corpus, n_queries, int(qlen), seed=seed)[0])
 
 
 def measure(db, q, ref: list, kw: dict, latency_queries: int = 100, passes: int = 3,

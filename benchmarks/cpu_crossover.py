@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mvdb.testing.synthetic import GENERATORS, make_corpus, make_queries, make_structured, varlen_queries  # noqa: E402
+from common import make_query_set  # noqa: E402
+from mvdb.testing.synthetic import GENERATORS, make_corpus, make_structured  # noqa: E402
 
 import mvdb  # noqa: E402
 
@@ -43,10 +44,7 @@ def corpus_of(gen: str, n: int):
 
 
 def queries_of(corpus, n: int, qlen: str) -> list:
-    if "-" in qlen:
-        lo, hi = (int(x) for x in qlen.split("-"))
-        return varlen_queries(corpus, n, lo, hi, seed=52)
-    return list(make_queries(corpus, n, int(qlen), seed=52)[0])
+    return make_query_set(corpus, n, qlen, seed=52)
 
 
 def per_query(db, q: list, batch: int, **kw) -> tuple[float, list]:

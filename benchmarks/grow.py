@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import bulk_ingest, device_used_gb, measure, sync  # noqa: E402
-from mvdb.testing.synthetic import GENERATORS, make_queries, make_structured, varlen_queries  # noqa: E402
+from common import bulk_ingest, device_used_gb, make_query_set, measure, sync  # noqa: E402
+from mvdb.testing.synthetic import GENERATORS, make_structured  # noqa: E402
 
 import mvdb  # noqa: E402
 from mvdb.kernels import maxsim_varlen  # noqa: E402
@@ -54,15 +54,6 @@ def reference(tokens: torch.Tensor, offsets: torch.Tensor, q) -> tuple[list, flo
     sync(tokens.device)
     qps = len(q) / (time.perf_counter() - t0)
     return [set(t.tolist()) for t in top], qps
-
-
-def make_query_set(corpus, n_queries: int, qlen: str, seed: int) -> list:
-    """``n_queries`` queries drawn from stored documents: ``qlen`` "32" (that many tokens each)
-    or "4-64" (lengths log-uniform over the range, as real queries run) -> [Lq_i, dim] tensors."""
-    if "-" in qlen:
-        lo, hi = (int(x) for x in qlen.split("-"))
-        return varlen_queries(corpus, n_queries, lo, hi, seed=seed)
-    return list(make_queries(corpus, n_queries, int(qlen), seed=seed)[0])
 
 
 def structured_case(gen: str, docs: int, n_queries: int, seed: int, dev: str, qlens: tuple[str, ...] = ("32",)):

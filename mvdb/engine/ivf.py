@@ -421,8 +421,9 @@ class Lists:
                 out[a:b, :n] = rows
                 continue
             for i in range(b - a):
-                n_i, rows_i = n, (rows[i] if widths is None else None)
-                if widths is not None:  # this query's own width, and a pool in proportion
+                if widths is None:
+                    n_i, rows_i = n, rows[i]
+                else:  # this query's own width, and a pool in proportion
                     n_i = max(1, min(n, widths[a + i]))
                     top = score[i].topk(min(self.n_rows, max(n_i, wide * n_i // n)), sorted=False)
                     rows_i = top.indices.masked_fill(top.values == float("-inf"), -1)
