@@ -57,7 +57,8 @@ except ImportError:
     fv = None
 print(json.dumps({"ok": hits[0].id == 7, "top": [h.id for h in hits], "index": st["index"],
                   "index_backend": st.get("index_backend"), "backend": mvdb.engine.index_backend(),
-                  "faiss": fv, "seconds": round(time.perf_counter() - t0, 2)}))
+                  "faiss": fv, "torch_file": sys.modules["torch"].__file__,
+                  "seconds": round(time.perf_counter() - t0, 2)}))
 EOF
     )
 }
@@ -92,9 +93,16 @@ json.dump(d, open(p, 'w'))" "$RAW/$c.json" "$s"
         continue
     fi
     if [ "$c" = local ]; then
-        # no pip of its own: the venv's bundled setuptools (no bdist_wheel) would hide this Python's
-        rm -rf "$v" "$RAW/src" && "$PY" -m venv --system-site-packages --without-pip "$v" \
+        # No pip of its own: the venv's bundled setuptools (no bdist_wheel) would hide this Python's.
+        # It sees $PY's own packages through a .pth file, not --system-site-packages: a venv made by
+        # a venv's Python would see the base interpreter's packages instead, not those of $PY.
+        rm -rf "$v" "$RAW/src" && "$PY" -m venv --without-pip "$v" \
             || { echo "$c: $PY -m venv failed" >&2; failed=1; continue; }
+        "$v/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > "$RAW/purelib" \
+            && "$PY" -c "import site, sys; print('import site; ' + '; '.join(
+                f'site.addsitedir({p!r})' for p in site.getsitepackages() + [site.getusersitepackages()]))" \
+                > "$(cat "$RAW/purelib")/_parent_site.pth" \
+            || { echo "$c: linking $PY's packages into the venv failed" >&2; failed=1; continue; }
         mkdir "$RAW/src" && cp -r "$ROOT"/{pyproject.toml,README.md,LICENSE,mvdb,kernels,storage} "$RAW/src/" \
             || { echo "$c: copying the checkout failed" >&2; failed=1; continue; }
     else

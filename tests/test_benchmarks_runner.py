@@ -358,9 +358,14 @@ def _text_ingest(r):
 def _install(r):
     import platform
 
+    import torch
+
     (case,) = r["cases"]
     assert case["case"] == "local" and case["smoke"]["ok"] and case["packages"]["torch"]
     assert r["python"] == platform.python_version()  # the venv came from the interpreter running the tests
+    # and sees that interpreter's packages (its venv's, where it runs in one), not another Python's
+    here = os.path.dirname(os.path.dirname(torch.__file__))
+    assert os.path.dirname(os.path.dirname(case["smoke"]["torch_file"])) == here, (case["smoke"]["torch_file"], here)
 
 
 CHECKS = {"kernels": _kernels, "kernel-floor": _kernel_floor, "codes-kernel": _codes_kernel, "e2e": _e2e,

@@ -61,7 +61,10 @@ def test_every_block_is_run_or_says_why_not():
 
 
 def _env():
-    env = dict(os.environ, MVDB_PROGRESS="0", PYTHONUNBUFFERED="1")
+    # `python` and `mvdb` in a block are this interpreter's (its venv's bin first), not another one
+    # the PATH happens to list first
+    path = os.pathsep.join((os.path.dirname(sys.executable), os.environ.get("PATH", "")))
+    env = dict(os.environ, MVDB_PROGRESS="0", PYTHONUNBUFFERED="1", PATH=path)
     if not torch.cuda.is_available():
         env.setdefault("TRITON_INTERPRET", "1")
     return env
