@@ -434,6 +434,10 @@ FIRST_QUERY = [
         lambda d: (d["runs"][0]["first_pass"]["qps"],
                    min(d["runs"][0]["singles"][n]["first_ms"] for n in ("16", "32", "64")) / 1000,
                    max(d["runs"][0]["singles"][n]["first_ms"] for n in ("16", "32", "64")) / 1000)),
+    Fig(BENCH, "on the man pages (41 calls a length) within #x (cold), #x (second: # tokens) and #x (warmed)", FQM,
+        lambda d: (*worst_ratio(fq("cold")(d))[:1], *worst_ratio(fq("second")(d)), *worst_ratio(fq("warmed")(d))[:1])),
+    Fig(BENCH, "their p50s still spread over #-#x of the 32-token p50 in the second run", FQM,
+        lambda d: ratio_range(fq("second")(d), range(33, 65))),
     Fig(BENCH, "Recall@10 is the same in every pass (# on dups, # on the man pages)", (FQD, FQM),
         lambda ds: tuple(same(r[p]["recall10"] for r in d["runs"] for p in ("first_pass", "second_pass")) for d in ds)),
     Fig(BENCH, ("Time to the first hit in a new process (man pages, second run): # s, of which imports "
@@ -445,6 +449,17 @@ FIRST_QUERY = [
         both(at("runs", 0, "listening_s"), at("runs", 0, "ready_s"), at("runs", 0, "first_10s_qps"),
              at("runs", 0, "last_10s_qps"), at("runs", 0, "first_over_steady", times=100))),
 ]
+
+
+def worst_ratio(r: dict) -> tuple:
+    """A run's largest p50 of one length over the 32-token p50, and that length."""
+    return max((v["p50_ms"] / r["singles"]["32"]["p50_ms"], int(n)) for n, v in r["singles"].items())
+
+
+def ratio_range(r: dict, lengths: range) -> tuple:
+    """The smallest and largest p50 over the 32-token p50 among the given query lengths."""
+    rs = [r["singles"][str(n)]["p50_ms"] / r["singles"]["32"]["p50_ms"] for n in lengths]
+    return min(rs), max(rs)
 
 
 def first_hit_parts(r: dict) -> tuple:
@@ -598,7 +613,7 @@ HYBRID = [
              at("settings", IVF20, "tokens+bm25", "candidates_mean"), at("settings", IVF20, "tokens", "candidates_mean"))),
 ]
 
-GR = "grow-dups-1000000-H100-growth4.json"
+GR = "grow-dups-1000000-H200.json"
 GT = "| mode | recall@10 | batched QPS |"
 GROW = [
     Fig(BENCH, Cell(GT, (mode,), col), GR, at("modes", {"mode": mode}, *path))
@@ -607,6 +622,35 @@ GROW = [
                       # bulk: "(after reopen)"
                       ("batched QPS", ("after_reopen", "search", "batch_qps") if mode == "bulk" else ("search", 0, "batch_qps")),
                       ("p50 ms", ("search", 0, "single_p50_ms")), ("peak GPU GB", ("peak_gb",)), ("build s", ("build_s",)))
+] + [
+    Fig(BENCH, "--settings default`) on one ~ (2026-11-29,", GR, gpu),
+    Fig(BENCH, "The first batched pass after `grow20` ran at # QPS", GR,
+        at("modes", {"mode": "grow20"}, "search", 0, "first_pass_qps")),
+]
+
+E2E = "e2e-1000000-H200.json"
+E2E_DEFAULT = ("runs", 0, "sweep", 0)
+E2E_FIGS = [
+    Fig(BENCH, ("reached recall@10 # at # batched QPS (first pass #), p50 # ms, built in # s "
+                "(`python -m benchmarks --label 1000000 run e2e`"), E2E,
+        both(at(*E2E_DEFAULT, "recall10"), at(*E2E_DEFAULT, "batch_qps"), at(*E2E_DEFAULT, "first_pass_qps"),
+             at(*E2E_DEFAULT, "single_p50_ms"), at("runs", 0, "build_s"))),
+    Fig(BENCH, "on one ~ and with the torch token index (no FAISS)", E2E,
+        lambda d: gpu(d) if d["faiss_gpu"] is False else "FAISS"),
+]
+
+DF = "defaults-dups-1000000-H200.json"
+GPU_TRAIN = {"per_list": 160, "niter": 10}
+DEFAULTS = [
+    Fig(BENCH, "run defaults --generators dups` on one ~", DF, gpu),
+    Fig(BENCH, ("the defaults reach recall@10 # at # batched QPS, p50 # ms; probing # lists and reranking # documents "
+                "reaches # at # QPS"), DF,
+        lambda d: (*both(at("variants", GPU_TRAIN, "search", {"k": 10, "nprobe": None}, "recall10"),
+                         at("variants", GPU_TRAIN, "search", {"k": 10, "nprobe": None}, "batch_qps"),
+                         at("variants", GPU_TRAIN, "search", {"k": 10, "nprobe": None}, "single_p50_ms"))(d),
+                   16, 8192,
+                   at("variants", GPU_TRAIN, "search", {"nprobe": 16, "n_candidates": 8192}, "recall10")(d),
+                   at("variants", GPU_TRAIN, "search", {"nprobe": 16, "n_candidates": 8192}, "batch_qps")(d))),
 ]
 
 TI = "text-ingest-H200.json"
@@ -959,7 +1003,7 @@ OTHER = [
 ]
 
 FIGURES: list[Fig] = [*KERNELS, *SEARCH_1M, *LARGE_FIGS, *FIRST_QUERY, *MULTIGPU, *SERVING, *TRAINING,
-                      *SPARTON, *HYBRID, *GROW, *TEXT, *HEADLINES, *SCALE_FIGS, *CROSSOVER, *CPU_POOL, *CORPUS_SIZE,
+                      *SPARTON, *HYBRID, *GROW, *DEFAULTS, *E2E_FIGS, *TEXT, *HEADLINES, *SCALE_FIGS, *CROSSOVER, *CPU_POOL, *CORPUS_SIZE,
                       *OTHER]
 
 
@@ -1046,3 +1090,4 @@ def test_bytes_a_token_are_the_capacity_plans():
     wrong = bytes_a_token_figures()
     assert not wrong, ("bytes a token the capacity plan in docs/scale.md does not take from its results files "
                        "(link to the plan instead):\n" + "\n".join(wrong))
+
