@@ -639,6 +639,19 @@ E2E_FIGS = [
         lambda d: gpu(d) if d["faiss_gpu"] is False else "FAISS"),
 ]
 
+IN = "install-cpu.json"
+IT = "| install | time | environment size | token index |"
+INSTALLS = [
+    Fig("docs/install.md", Cell(IT, (row,), col), IN, get, pick=pick)
+    for row, case in (("CPU:", "cpu"), ("GPU:", "gpu"), ("no extra:", "plain"))
+    for col, get, pick in (("time", at("cases", {"case": case}, "seconds"), "# s"),
+                           ("environment size", at("cases", {"case": case}, "venv_mb", times=1e-3), "# GB"))
+] + [  # the backend the smoke search reported, on this GPU-less machine
+    Fig("docs/install.md", Cell(IT, (row,), "token index"), IN,
+        lambda d, case=case: at("cases", {"case": case}, "smoke", "index_backend")(d).removeprefix("faiss-"), pick=pick)
+    for row, case, pick in (("CPU:", "cpu", "faiss-~"), ("GPU:", "gpu", "(faiss-~ here"), ("no extra:", "plain", "~"))
+]
+
 DF = "defaults-dups-1000000-H200.json"
 GPU_TRAIN = {"per_list": 160, "niter": 10}
 DEFAULTS = [
@@ -922,9 +935,9 @@ CROSSOVER = [
         "first-open-40000-cpu-auto.json", at("first", "open_s")),
     Fig(BENCH, "then persisted), first search # s; every later open # s.", "first-open-40000-cpu-auto.json",
         both(at("first", "first_search_s"), at("reopen", "open_s"))),
-    Fig(BENCH, ("--search default --queries 200`): # ms a query at recall@10 "
+    Fig(BENCH, ("`cpu-pool-GEN-120000-cpu.json`): # ms a query at recall@10 "
                 "# on `topics`, # ms at # on `dups`, # ms at # on `mixed96`"),
-        tuple(f"cpu-pool-{g}-120000.json" for g in ("topics", "dups", "mixed96")),
+        tuple(f"cpu-pool-{g}-120000-cpu.json" for g in ("topics", "dups", "mixed96")),
         lambda ds: tuple(v for d in ds for v in (at("runs", 0, "searches", {"search": "default"}, "ms_per_query")(d),
                                                  at("runs", 0, "searches", {"search": "default"}, "recall10")(d)))),
 ]
@@ -937,13 +950,27 @@ def issue_case(s: dict) -> tuple:
 # The same runs in docs/scale.md's CPU table.
 PT = "| corpus | tokens | lists | build (k-means + assignment) |"
 CPU_POOL = [
-    Fig(SCALE, Cell(PT, (f"`{g}`",), col), f"cpu-pool-{g}-120000.json", get, pick=pick)
+    Fig(SCALE, Cell(PT, (f"`{g}`",), col), f"cpu-pool-{g}-120000-cpu.json", get, pick=pick)
     for g in ("topics", "dups", "mixed96")
     for col, get, pick in (("tokens", lambda d: Qty(d["tokens"]), None), ("lists", at("runs", 0, "nlist"), None),
                            ("build", at("runs", 0, "build_s"), "# s"),
                            ("ms a query", at("runs", 0, "searches", {"search": "default"}, "ms_per_query"), None),
                            ("recall@10", at("runs", 0, "searches", {"search": "default"}, "recall10"), None),
                            ("the lists' 1,024 alone", at("runs", 0, "pools", {"pool": 1024}, "pool_recall"), None))
+]
+POOLS = tuple(f"cpu-pool-{g}-120000-cpu.json" for g in ("topics", "dups", "mixed96"))
+POOL_ROW = at("runs", 0, "pools", {"pool": 1024})
+CPU_POOL += [
+    Fig(SCALE, "records a fixed GEMM's time before and after its run (`gemm_probe_ms`, #-# ms here)", POOLS,
+        lambda ds: (min(x for d in ds for x in d["gemm_probe_ms"]), max(x for d in ds for x in d["gemm_probe_ms"]))),
+    Fig(SCALE, ("crediting) #-# ms, the interaction over # documents another #-# ms, and the exact rerank of "
+                "# the rest (# ms on `topics`, # ms on `mixed96`)"), POOLS,
+        lambda ds: (min(POOL_ROW(d)["ms_per_query"] for d in ds), max(POOL_ROW(d)["ms_per_query"] for d in ds),
+                    4 * 1024 if all(d["factor"] == 4 for d in ds) else None,
+                    min(POOL_ROW(d)["ranked_ms_per_query"] - POOL_ROW(d)["ms_per_query"] for d in ds),
+                    max(POOL_ROW(d)["ranked_ms_per_query"] - POOL_ROW(d)["ms_per_query"] for d in ds), 1024,
+                    *(at("runs", 0, "searches", {"search": "default"}, "ms_per_query")(d) - POOL_ROW(d)["ranked_ms_per_query"]
+                      for d in (ds[0], ds[2])))),
 ]
 
 # docs/scale.md: corpus size at the defaults.
@@ -992,6 +1019,9 @@ CORPUS_SIZE = [
 
 # Quality, storage, checksums, Ray (docs/benchmarks.md).
 OTHER = [
+    Fig("docs/guides/text.md", "the MRR@10 of the embeddings path on the same pages, # on all # pages",
+        "text-api-manpages-dev-cpu.json",
+        lambda d: (same((d["text_path"]["mrr10"], d["embeddings_path"]["mrr10"])), d["pages"])),
     Fig(BENCH, "default settings: MRR@10 #, Recall@10 #, Recall@100 #, identical to exhaustive MaxSim", "quality-manpages-dev-cpu.json",
         lambda d: same(tuple(d[run][k] for k in ("mrr10", "recall10", "recall100")) for run in ("mvdb_k100", "exhaustive"))),
     Fig(BENCH, "ingest # GB/s, open # ms, gather of 1,000 random documents # ms median, `load_all` to the GPU # GB/s.",
@@ -999,11 +1029,13 @@ OTHER = [
         both(at("ingest_gbps"), at("open_seconds_median", times=1000), at("gather_1000_ms_median"), at("load_all_gbps"))),
     Fig(BENCH, "costs #% of the reopen time (# s against # s for # GB)", "open-checksums-40000-cpu.json",
         lambda d: (100 * d["overhead"], min(d["open_s_checksums_True"]), min(d["open_s_checksums_False"]), d["bytes"] / 1e9)),
-    Fig(BENCH, "documents, 768k tokens): # docs/s with one worker", "ray-ingest-cpu2.json", at("runs", {"workers": 1}, "docs_per_s")),
+    Fig(BENCH, "documents, 768k tokens): # docs/s with one worker; more workers are slower", "ray-ingest-8000-cpu.json",
+        lambda d: at("runs", {"workers": 1}, "docs_per_s")(d) if all(
+            r["docs_per_s"] < at("runs", {"workers": 1}, "docs_per_s")(d) for r in d["runs"] if r["workers"] > 1) else None),
 ]
 
 FIGURES: list[Fig] = [*KERNELS, *SEARCH_1M, *LARGE_FIGS, *FIRST_QUERY, *MULTIGPU, *SERVING, *TRAINING,
-                      *SPARTON, *HYBRID, *GROW, *DEFAULTS, *E2E_FIGS, *TEXT, *HEADLINES, *SCALE_FIGS, *CROSSOVER, *CPU_POOL, *CORPUS_SIZE,
+                      *SPARTON, *HYBRID, *GROW, *DEFAULTS, *E2E_FIGS, *INSTALLS, *TEXT, *HEADLINES, *SCALE_FIGS, *CROSSOVER, *CPU_POOL, *CORPUS_SIZE,
                       *OTHER]
 
 
@@ -1091,3 +1123,39 @@ def test_bytes_a_token_are_the_capacity_plans():
     assert not wrong, ("bytes a token the capacity plan in docs/scale.md does not take from its results files "
                        "(link to the plan instead):\n" + "\n".join(wrong))
 
+
+
+# Results files from before the benchmark runner: they lack some of what it records. The list only
+# shrinks: a re-run through `python -m benchmarks run` replaces a file, or the file goes with the
+# figures that cite it.
+PROVENANCE = ("suite", "command", "date", "machine", "versions")
+BEFORE_THE_RUNNER = {
+    "codes-kernel-8192.json", "cpu-crossover-dups.json", "cpu-crossover-mixed96.json",
+    "cpu-crossover-uniform96.json", "e2e-fastplaid-1M-H100.json", "first-open-40000-cpu-auto.json",
+    "first-query-dups-1000000-H200.json", "first-query-dups-200000-H200-before.json",
+    "first-query-dups-200000-H200-serve.json", "grow-dups-200000-host-H100.json", "import-floor-H200.json",
+    "kernel-floor-H100.json", "kernels-H100-abc.json", "kernels-H100-c.json", "large-dups-5600000-H200.json",
+    "large-dups-5600000.json", "multigpu-2M-2xH200.json", "serve-1000000-H100-threads8-1.json",
+    "serve-1000000-H100-threads8-2.json", "serve-1000000-H100-threads8-3.json",
+    "serve-1000000-H200-before-after.json", "sparton-H100.json", "storage-1M-H100-machine.json",
+    "text-ingest-H200.json", "text-ingest-cpu.json", "tiers-dups-1000000-float16-H200-rates.json",
+    "tiers-dups-1000000-float16-exact.json", "tiers-dups-1000000-int8-H200-rates.json",
+    "tiers-dups-200000-float16-exact.json", "tiers-dups-200000-float16-pool.json",
+    "tiers-dups-2000000-float16-host-H200.json", "tiers-dups-2000000-float16.json",
+    "tiers-dups-250000-float16.json", "tiers-dups-4000000-float16-auto-H200.json",
+    "tiers-dups-4000000-float16-host-H200.json", "tiers-topics-1000000-int8-H200-rates.json",
+    "training-H100-colbert.json", "training-H100-direct.json",
+}
+
+
+def test_results_files_record_how_they_were_made():
+    lacking = {}
+    for p in sorted(RESULTS.glob("*.json")):
+        d = json.loads(p.read_text())
+        missing = [k for k in PROVENANCE if not (isinstance(d, dict) and d.get(k))]
+        if missing:
+            lacking[p.name] = missing
+    new = {n: m for n, m in lacking.items() if n not in BEFORE_THE_RUNNER}
+    assert not new, f"results files without {', '.join(PROVENANCE)} (write them with `python -m benchmarks run`): {new}"
+    stale = sorted(BEFORE_THE_RUNNER - set(lacking))
+    assert not stale, f"re-run or removed: take these off BEFORE_THE_RUNNER: {stale}"
