@@ -45,8 +45,10 @@ test-long: install
 		MVDB_STATEFUL_EXAMPLES=200 $(PYTHON) -m pytest -q -n 2 -m "slow or not slow" \
 		tests/test_crash.py tests/test_fuzz.py tests/test_storage_stateful.py
 
+# The GPU tests on a CUDA machine, with autotuning off (each kernel takes its static configuration; the
+# autotune tests turn it on for themselves): a few minutes instead of tens.
 test-gpu:
-	$(PYTHON) -m pytest -q -m gpu
+	MVDB_AUTOTUNE=0 $(PYTHON) -m pytest -q -m gpu
 
 docs: install
 	$(PYTHON) -m mkdocs build --strict

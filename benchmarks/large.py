@@ -4,8 +4,8 @@
     python benchmarks/large.py --docs 300 --device cpu --also host,disk   # smoke: every step, tiny, on a CPU
 
 Generates a seeded corpus of a ``mvdb/testing/synthetic.py`` generator on GPU 0 into host memory,
-computes the exhaustive MaxSim top-10 of every query with the corpus split over all the machine's
-GPUs, writes the database as a bulk ingest (``Store.add_packed`` in chunks), then opens it as a
+computes the exhaustive MaxSim top-10 of every query (``--qlen``: 4-64 tokens, log-uniform, by
+default; drawn from stored documents) with the corpus split over all the machine's GPUs, writes the database as a bulk ingest (``Store.add_packed`` in chunks), then opens it as a
 user would, ``mvdb.open(path, device="cuda")`` with every option at its default (the tier is
 ``auto``'s choice; ``--max-gpu-gb`` caps the database's GPU memory instead, e.g. at an H100's on a
 larger card) and measures: the build (ingest, then the first open: index and codes), recall@10
@@ -31,18 +31,18 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import bulk_ingest, device_used_gb, measure  # noqa: E402
-from mvdb.testing.synthetic import GENERATORS, make_queries, make_structured  # noqa: E402
+from common import bulk_ingest, device_used_gb, make_query_set, measure  # noqa: E402
+from mvdb.testing.synthetic import GENERATORS, make_structured  # noqa: E402
 
 import mvdb  # noqa: E402
 from mvdb.kernels import maxsim_varlen  # noqa: E402
 
 
-def reference_multi_gpu(tokens: torch.Tensor, offsets: torch.Tensor, q: torch.Tensor, k: int = 10,
+def reference_multi_gpu(tokens: torch.Tensor, offsets: torch.Tensor, q: list, k: int = 10,
                         batch: int = 50, device: str = "cuda") -> tuple[list, float]:
-    """Exhaustive MaxSim top-k of every query, the documents split into one contiguous shard per
-    GPU (tokens [T, dim] on the host; one shard on the host where ``device`` is the CPU) ->
-    (top-k sets of document numbers, seconds)."""
+    """Exhaustive MaxSim top-k of every query ([Lq_i, dim] each), the documents split into one
+    contiguous shard per GPU (tokens [T, dim] on the host; one shard on the host where ``device`` is
+    the CPU) -> (top-k sets of document numbers, seconds)."""
     cuda = device.startswith("cuda")
     n_gpu = torch.cuda.device_count() if cuda else 1
     n_docs = offsets.numel() - 1
@@ -61,13 +61,13 @@ def reference_multi_gpu(tokens: torch.Tensor, offsets: torch.Tensor, q: torch.Te
                 t0, t1 = int(off[d0]), int(off[d1])
                 tok = tokens[t0:t1].to(dev)
                 cu_d = (off[d0 : d1 + 1] - t0).to(dev, torch.int32)
-                qq = q.to(dev, torch.float16)
-                lq = q.shape[1]
                 vals, idx = [], []
-                for a in range(0, q.shape[0], batch):
-                    b = min(q.shape[0], a + batch)
-                    cu_q = torch.arange(b - a + 1, dtype=torch.int32, device=dev) * lq
-                    s = maxsim_varlen(qq[a:b].reshape(-1, q.shape[2]), cu_q, tok, cu_d, max_seqlen_q=lq, check=False)
+                for a in range(0, len(q), batch):
+                    b = min(len(q), a + batch)
+                    lens = torch.tensor([0] + [x.shape[0] for x in q[a:b]])
+                    cu_q = lens.cumsum(0).to(dev, torch.int32)
+                    qq = torch.cat(q[a:b]).to(dev, torch.float16)
+                    s = maxsim_varlen(qq, cu_q, tok, cu_d, max_seqlen_q=int(lens.max()), check=False)
                     top = s.topk(min(k, d1 - d0), dim=1)
                     vals.append(top.values.cpu())
                     idx.append(top.indices.cpu() + d0)
@@ -105,6 +105,7 @@ def main():
     p.add_argument("--docs", type=int, default=5_600_000)
     p.add_argument("--gen", default="dups", choices=sorted(GENERATORS))
     p.add_argument("--queries", type=int, default=1000)
+    p.add_argument("--qlen", default="4-64", help='query tokens: "4-64" (log-uniform lengths, as real queries) or one number')
     p.add_argument("--seed", type=int, default=45)
     p.add_argument("--chunk-docs", type=int, default=250_000, help="documents a segment of the bulk ingest")
     p.add_argument("--max-gpu-gb", type=float, default=None, help="the database's GPU memory cap (max_gpu_bytes)")
@@ -122,7 +123,7 @@ def main():
     name = out / f"large-{args.gen}-{args.docs}.json"
     case = Path(args.path + ".case.pt")
     res = json.loads(name.read_text()) if args.phase == "search" and name.exists() else {}
-    res.update({"docs": args.docs, "gen": args.gen, "queries": args.queries,
+    res.update({"docs": args.docs, "gen": args.gen, "queries": args.queries, "qlen": args.qlen,
                 "gpus": torch.cuda.device_count() if cuda else 0,
                 "device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -136,7 +137,7 @@ def main():
     if args.phase in ("all", "build"):
         t0 = time.perf_counter()
         corpus = make_structured(args.gen, args.docs, device=dev0, seed=args.seed, store="cpu")
-        q, _ = make_queries(corpus, args.queries, 32, seed=args.seed + 1)
+        q = [x.cpu() for x in make_query_set(corpus, args.queries, args.qlen, seed=args.seed + 1)]
         res["generate_s"] = time.perf_counter() - t0
         res["tokens"] = int(corpus.offsets[-1])
         res["fp16_gb"] = res["tokens"] * corpus.tokens.shape[1] * 2 / 1e9
@@ -144,7 +145,7 @@ def main():
         save("generated")
         ref, res["reference_s"] = reference_multi_gpu(corpus.tokens, corpus.offsets, q, device=args.device)
         save("reference")
-        torch.save({"q": q.cpu(), "ref": [sorted(r) for r in ref]}, case)
+        torch.save({"q": q, "ref": [sorted(r) for r in ref]}, case)
         lengths = corpus.lengths.cpu().numpy()
         res["ingest_s"] = bulk_ingest(args.path, corpus.tokens.numpy(), lengths, chunk_docs=args.chunk_docs)
         del corpus
@@ -153,7 +154,7 @@ def main():
         if args.phase == "build":
             return
     saved = torch.load(case)
-    q, ref = saved["q"].to(dev0), [set(r) for r in saved["ref"]]
+    q, ref = [x.to(dev0) for x in saved["q"]], [set(r) for r in saved["ref"]]
     res["runs"] = []
     tiers = ["auto"] + [t for t in args.also.split(",") if t]
     for tier in tiers:

@@ -7,7 +7,8 @@ twice: as one database on the first device, and as a sharded database with one s
 (documents split by id into equal halves, ids global). Each is opened with default settings (IVF
 token index trained per shard on its own GPU) and measured like benchmarks/e2e.py: batched search
 QPS over the queries, single-query p50/p99, and recall@10 against exhaustive fused MaxSim over
-every document. JSON to --out.
+every document; queries of ``--qlen`` tokens (4-64, log-uniform, by default) drawn from stored
+documents. JSON to --out.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import exhaustive_reference  # noqa: E402
-from mvdb.testing.synthetic import make_corpus, make_queries  # noqa: E402
+from common import exhaustive_reference, make_query_set  # noqa: E402
+from mvdb.testing.synthetic import make_corpus  # noqa: E402
 
 import mvdb  # noqa: E402
 from mvdb.storage import Store  # noqa: E402
@@ -88,6 +89,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--docs", type=int, default=2_000_000)
     p.add_argument("--queries", type=int, default=1000)
+    p.add_argument("--qlen", default="4-64", help='query tokens: "4-64" (log-uniform lengths, as real queries) or one number')
     p.add_argument("--devices", default="cuda:0,cuda:1")
     p.add_argument("--root", default="/tmp/mvdb-multigpu")
     p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
@@ -95,7 +97,7 @@ def main():
     devices = args.devices.split(",")
     shutil.rmtree(args.root, ignore_errors=True)
     os.makedirs(args.root)
-    res = {"docs": args.docs, "devices": devices,
+    res = {"docs": args.docs, "devices": devices, "qlen": args.qlen,
            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "faiss_gpu": mvdb.engine.gpu_available()}
@@ -106,7 +108,7 @@ def main():
         n_h = per if h < len(devices) - 1 else args.docs - per * (len(devices) - 1)
         corpus = make_corpus(n_h, 64, 128, 128, device=devices[0], seed=21 + h)
         if h == 0:
-            Q, src = make_queries(corpus, args.queries, 32, seed=22)
+            Q = [x.cpu() for x in make_query_set(corpus, args.queries, args.qlen, seed=22)]
         halves.append((corpus.tokens.cpu().numpy(), corpus.lengths.cpu().numpy()))
         del corpus
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
@@ -127,7 +129,7 @@ def main():
     res["ingest_sharded_s"] = time.perf_counter() - t0
     del halves
 
-    q = Q.to(devices[0])
+    q = [x.to(devices[0]) for x in Q]
     t0 = time.perf_counter()
     db = mvdb.open(single_path, device=devices[0])
     res["open_single_s"] = time.perf_counter() - t0

@@ -7,7 +7,8 @@
    (mvdb/testing/synthetic.py ``--generator``, default "dups": lengths 16-200, topic and private
    words, 10% near-duplicates) with ``Store.add_packed`` and a first ``mvdb.open``.
 2. In process: batched QPS over ``--queries`` queries (median of 3 passes) and single-query
-   p50, at the default search settings; the answers are kept as the reference.
+   p50, at the default search settings; the answers are kept as the reference. Queries: ``--qlen``
+   tokens (4-64, log-uniform, by default), drawn from stored documents.
 3. Closes it and starts ``mvdb serve`` as a separate process on loopback; checks that the first
    100 answers through ``mvdb.connect`` equal the in-process ones (ids; scores to 1e-3).
 4. For each client count C: C client threads spread over P processes (``mvdb.connect`` each,
@@ -39,10 +40,21 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import sync  # noqa: E402
-from mvdb.testing.synthetic import GENERATORS, make_queries, make_structured  # noqa: E402
+from common import make_query_set, sync  # noqa: E402
+from mvdb.testing.synthetic import GENERATORS, make_structured  # noqa: E402
 
 import mvdb  # noqa: E402
+
+
+def _save_queries(qfile: str, qs: list) -> None:
+    """Queries of varying length ([Lq_i, dim] fp16 arrays) into one .npz: tokens and offsets."""
+    np.savez(qfile, tokens=np.concatenate(qs), offsets=np.cumsum([0] + [len(x) for x in qs]))
+
+
+def _load_queries(qfile: str) -> list:
+    with np.load(qfile) as f:
+        tokens, off = f["tokens"], f["offsets"]
+    return [tokens[a:b] for a, b in zip(off[:-1], off[1:])]
 
 
 def _client_proc(url: str, qfile: str, threads: int, start_at: float, seconds: float, seed: int, out) -> None:
@@ -50,7 +62,7 @@ def _client_proc(url: str, qfile: str, threads: int, start_at: float, seconds: f
     requests sent between ``start_at`` (wall clock, the same for every process) and ``seconds``
     later count."""
     c = mvdb.connect(url)
-    q = np.load(qfile)
+    q = _load_queries(qfile)
     start = time.monotonic() + (start_at - time.time())
     stop = start + seconds
     lats: list[list[float]] = [[] for _ in range(threads)]
@@ -184,6 +196,7 @@ def main():
     ap.add_argument("--docs", type=int, default=4000)
     ap.add_argument("--generator", default="dups", choices=sorted(GENERATORS))
     ap.add_argument("--queries", type=int, default=1000)
+    ap.add_argument("--qlen", default="4-64", help='query tokens: "4-64" (log-uniform lengths, as real queries) or one number')
     ap.add_argument("--clients", default="1,4,16,64")
     ap.add_argument("--procs", type=int, default=0, help="client processes (0: half the cores, at least 1)")
     ap.add_argument("--seconds", type=float, default=10.0)
@@ -201,11 +214,11 @@ def main():
     res = {"docs": args.docs, "generator": args.generator, "device": torch.cuda.get_device_name() if dev == "cuda"
            else "cpu", "cpus": os.cpu_count(), "seconds": args.seconds,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "server_args": args.server_args}
+           "server_args": args.server_args, "qlen": args.qlen}
 
     corpus = make_structured(args.generator, args.docs, device=dev, seed=31)
-    Q, _ = make_queries(corpus, args.queries, 32, seed=32)
-    Q = Q.half().float()  # the queries as they travel (fp16), so in-process and served answers compare exactly
+    # the queries as they travel (fp16), so in-process and served answers compare exactly
+    Q = [x.half().float().cpu() for x in make_query_set(corpus, args.queries, args.qlen, seed=32)]
     tokens, lengths = corpus.tokens.cpu().numpy(), corpus.lengths.cpu().numpy()
     del corpus
     res["tokens"] = int(lengths.sum())
@@ -218,7 +231,7 @@ def main():
     db = mvdb.open(path, device=dev)
     res["build_s"] = time.perf_counter() - t0
     res["index"], res["nlist"] = db.stats()["index"], db.stats()["nlist"]
-    q = Q.to(dev)
+    q = [x.to(dev) for x in Q]
 
     # in process, the defaults
     db.search(q[:8], k=10)
@@ -250,7 +263,7 @@ def main():
             ts.append((time.perf_counter() - t0) * 1e3)
         res["in_process_ms_per_batch"][b] = statistics.median(ts)
     res["in_process_host_ms_per_batch"] = {}
-    qh16 = Q.half().cpu().numpy()
+    qh16 = [x.half().numpy() for x in Q]
     for b in (1, 5, 20):  # as the server's engine gets them: host fp16 arrays
         ts = []
         for a in range(0, min(args.queries, 50 * b), b):
@@ -274,9 +287,9 @@ def main():
     del q
     torch.cuda.empty_cache() if dev == "cuda" else None
 
-    qfile = os.path.join(tmp, "queries.npy")
-    qh = Q.half().cpu().numpy()
-    np.save(qfile, qh)
+    qfile = os.path.join(tmp, "queries.npz")
+    qh = [x.half().numpy() for x in Q]
+    _save_queries(qfile, qh)
     res["servers"] = []
     try:
         for server_args in args.server_args.split(";"):
