@@ -19,10 +19,6 @@ ROOT = Path(__file__).absolute().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.registry import SUITES  # noqa: E402
 
-# One worker of `pytest -n 2 --dist loadgroup` (make test) runs this whole module: its module-scoped
-# fixtures (every script's --help, every suite's smoke run) would otherwise run once on each worker.
-pytestmark = pytest.mark.xdist_group("benchmarks-runner")
-
 IDS = [s.name for s in SUITES]
 # the scripts as users run them: conftest turns the Triton interpreter on for the tests' kernels
 ENV = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
