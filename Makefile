@@ -21,23 +21,28 @@ install-demo: install
 demo: install-demo
 	$(PYTHON) -m mvdb demo
 
-# Two worker processes (pytest-xdist): both cores of the CI machine; `--dist loadfile` runs each test
-# module on one worker, so that a module-scoped fixture (the benchmark smoke runs) is made once. First the tests not marked
-# heavy, with line coverage of mvdb, kernels and storage ([tool.coverage] in pyproject.toml: the
-# run fails below its floor); then the heavy ones untraced (tracing makes the Triton interpreter's
-# runs several times slower), with the slowest listed.
+# Two worker processes (pytest-xdist): both cores of the CI machine; `--dist loadfile` runs each
+# test module on one worker, so that a module-scoped fixture (the benchmark smoke runs) is made once.
+PYTEST = $(PYTHON) -m pytest -q -n 2 --dist loadfile
+FAST = -m "not slow and not heavy"
+# line coverage of mvdb, kernels and storage ([tool.coverage] in pyproject.toml: the run fails below
+# its floor)
+COV = --cov --cov-report=term:skip-covered
+
+# First the tests not marked heavy, with line coverage; then the heavy ones untraced (tracing makes
+# the Triton interpreter's runs several times slower), with the slowest listed.
 test: install
-	$(PYTHON) -m pytest -q -n 2 --dist loadfile -m "not slow and not heavy" --cov --cov-report=term:skip-covered
-	$(PYTHON) -m pytest -q -n 2 --dist loadfile -m "heavy and not slow" --durations=15
+	$(PYTEST) $(FAST) $(COV)
+	$(PYTEST) -m "heavy and not slow" --durations=15
 
 # the coverage report alone (the fast tier, traced), as the first half of `make test` gives it
 coverage:
-	MVDB_CRASH_KILLS=3 $(PYTHON) -m pytest -q -n 2 --dist loadfile -m "not slow and not heavy" --cov --cov-report=term:skip-covered
+	MVDB_CRASH_KILLS=3 $(PYTEST) $(FAST) $(COV)
 
 # The inner loop: every test module, less the tests marked heavy (seconds or more each on the 2-core
 # CI machine) and the crash test at 3 kills instead of 25; under 3 minutes there. No install step.
 test-fast:
-	MVDB_CRASH_KILLS=3 $(PYTHON) -m pytest -q -n 2 --dist loadfile -m "not slow and not heavy"
+	MVDB_CRASH_KILLS=3 $(PYTEST) $(FAST)
 
 # The long tier: the crash loops, the fuzzing and the storage state machine at soak sizes, and the
 # tests marked slow. Not part of `make test` (CONTRIBUTING.md gives its time); run it before a release.

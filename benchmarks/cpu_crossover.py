@@ -43,10 +43,6 @@ def corpus_of(gen: str, n: int):
     return make_structured(gen, n, device="cpu", seed=51)
 
 
-def queries_of(corpus, n: int, qlen: str) -> list:
-    return make_query_set(corpus, n, qlen, seed=52)
-
-
 def per_query(db, q: list, batch: int, **kw) -> tuple[float, list]:
     """(seconds a query of batched searches of q, their hits), the better of two passes."""
     db.search(q[:2], k=10, **kw)  # warm
@@ -75,7 +71,7 @@ def main():
     for n in [int(x) for x in args.docs.split(",")]:
         shutil.rmtree(args.path, ignore_errors=True)
         corpus = corpus_of(args.gen, n)
-        q = queries_of(corpus, args.queries, args.qlen)
+        q = make_query_set(corpus, args.queries, args.qlen, seed=52)
         with mvdb.storage.Store(args.path, dim=corpus.tokens.shape[1]) as st:
             st.add_packed(corpus.tokens.numpy(), corpus.lengths.numpy())
         row = {"docs": n, "tokens": int(corpus.offsets[-1])}

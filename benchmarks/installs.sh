@@ -98,10 +98,10 @@ json.dump(d, open(p, 'w'))" "$RAW/$c.json" "$s"
         # a venv's Python would see the base interpreter's packages instead, not those of $PY.
         rm -rf "$v" "$RAW/src" && "$PY" -m venv --without-pip "$v" \
             || { echo "$c: $PY -m venv failed" >&2; failed=1; continue; }
-        "$v/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > "$RAW/purelib" \
-            && "$PY" -c "import site, sys; print('import site; ' + '; '.join(
+        purelib=$("$v/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") \
+            && "$PY" -c "import site; print('import site; ' + '; '.join(
                 f'site.addsitedir({p!r})' for p in site.getsitepackages() + [site.getusersitepackages()]))" \
-                > "$(cat "$RAW/purelib")/_parent_site.pth" \
+                > "$purelib/_parent_site.pth" \
             || { echo "$c: linking $PY's packages into the venv failed" >&2; failed=1; continue; }
         mkdir "$RAW/src" && cp -r "$ROOT"/{pyproject.toml,README.md,LICENSE,mvdb,kernels,storage} "$RAW/src/" \
             || { echo "$c: copying the checkout failed" >&2; failed=1; continue; }

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from crash_plan import apply, plan
+from test_database import _exhaustive
 
 import mvdb
 from mvdb.engine import codes as codes_tier
@@ -46,7 +47,7 @@ def _assert_no_stale_rows(d, ids: list) -> None:
     docs = d.get(ids)
     long = [i for i, x in enumerate(docs) if len(x) >= 10]
     some = long[:: max(1, len(long) // 6)][:6]
-    best = [ids[int(np.argmax([(docs[i] @ x.T).max(axis=1).sum() for x in docs]))] for i in some]
+    best = [_exhaustive(d, docs[i], 1)[0] for i in some]
     with mock.patch.object(codes_tier, "POOL_MIN", 16), mock.patch.object(codes_tier, "POOL_MAX", 16):
         hits = d.search([docs[i] for i in some], k=1, n_candidates=4, nprobe=4) if some else []
     assert [h[0].id for h in hits] == best

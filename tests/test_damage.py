@@ -21,6 +21,7 @@ import pytest
 
 import mvdb
 from damage_tools import edit_manifest, flip, rewrite
+from test_database import _exhaustive
 from mvdb import CorruptionError, FormatError
 
 DIM = 8
@@ -261,7 +262,7 @@ def _found_by_their_tokens(db) -> tuple[int, int]:
     ids = db.store.ids()
     docs = db.get(ids)
     qs = [d[:3] for d in docs[::3]]
-    best = [ids[int(np.argmax([(q @ d.T).max(axis=1).sum() for d in docs]))] for q in qs]
+    best = [_exhaustive(db, q, 1)[0] for q in qs]
     return sum(r[0].id == b for r, b in zip(db.search(qs, k=1, n_candidates=3, nprobe=2), best)), len(qs)
 
 
