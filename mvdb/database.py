@@ -167,19 +167,21 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
             p = st.snap.gather(st.snap.rows(ids))
         return _documents(p)
 
-    def warmup(self, max_query_tokens: int | None = None, *, progress: bool | None = None) -> dict:
+    def warmup(self, max_query_tokens: int | None = None, *, progress: bool | None = None, stop=None) -> dict:
         """Compile, and autotune or load the stored winners of, every kernel variant this
         database's searches launch for queries of up to ``max_query_tokens`` tokens (default: its
         encoder's query limit, or that of the encoder its texts were added with; at least 64), in
         batches of any size, so that the first real query runs at the warm speed (mvdb.warm).
         Searches only: nothing is written. Returns {"seconds", "searches", "query_lengths",
-        "batch_sizes"}; progress on stderr past a second (``progress``: as ``mvdb.open``'s)."""
+        "batch_sizes", "stopped"}; progress on stderr past a second (``progress``: as ``mvdb.open``'s).
+        ``stop``: a ``threading.Event`` that ends the warm-up early once set (between two searches;
+        a server sets it when it shuts down)."""
         n = default_query_tokens(self.encoder, recorded_encoder([self.store])) if max_query_tokens is None \
             else check_query_tokens(max_query_tokens)
         with self._pub.read() as st:
             rows = None if st.tokens is None else torch.nonzero(st.live).flatten().cpu().numpy()
             if rows is None or not rows.size:
-                return {"seconds": 0.0, "searches": 0, "query_lengths": [], "batch_sizes": []}
+                return {"seconds": 0.0, "searches": 0, "query_lengths": [], "batch_sizes": [], "stopped": False}
             rows = np.sort(np.random.default_rng(0).choice(rows, min(SOURCE_DOCS, rows.size), replace=False))
             p = st.snap.gather(rows)
             disk = self._engine.tier == "disk"
@@ -187,7 +189,8 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
         # on a CPU nothing compiles: one search per length meets torch's first-call work; exhaustive
         # MaxSim over a disk tier reads every segment: not a warm-up's work
         return warm(self, source, n, WARM_BATCHES if self.device.type == "cuda" else (1,),
-                    progress=Progress(progress) if progress is not None else self._engine.progress, exact=not disk)
+                    progress=Progress(progress) if progress is not None else self._engine.progress, exact=not disk,
+                    stop=stop)
 
     def metadata(self, ids) -> list:
         ids = ids_arg(ids)

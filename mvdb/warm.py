@@ -52,10 +52,12 @@ def check_query_tokens(value) -> int:
 
 
 def warm(db, source: list[np.ndarray], max_query_tokens: int, batch_sizes=WARM_BATCHES,
-         progress: Progress | None = None, exact: bool = True) -> dict:
+         progress: Progress | None = None, exact: bool = True, stop=None) -> dict:
     """Search ``db`` with queries cut from the token arrays ``source`` (stored documents) at every
     length of :func:`query_lengths` and batch size of ``batch_sizes``, plus (``exact``) one
-    exhaustive search per length -> {"seconds", "searches", "query_lengths", "batch_sizes"}."""
+    exhaustive search per length -> {"seconds", "searches", "query_lengths", "batch_sizes",
+    "stopped"}. ``stop``: a ``threading.Event``; once set, no further search starts ("stopped":
+    True, "searches": those that ran)."""
     t0 = time.perf_counter()
     lengths = query_lengths(max_query_tokens)
     pool = np.concatenate([np.asarray(s, dtype=np.float32) for s in source if len(s)])
@@ -67,10 +69,14 @@ def warm(db, source: list[np.ndarray], max_query_tokens: int, batch_sizes=WARM_B
         return q if q.shape[0] == n else np.resize(q, (n, pool.shape[1]))  # a pool shorter than n: repeated
 
     steps = [(lq, b, False) for lq in lengths for b in batch_sizes] + [(lq, 1, True) for lq in lengths if exact]
+    done = 0
     with (progress or Progress()).step("warming up the kernels", total=len(steps), unit="searches") as step:
         for lq, b, exact in steps:
+            if stop is not None and stop.is_set():
+                break
             qs = [query(lq) for _ in range(b)]
             db.search(qs[0] if b == 1 else qs, k=10, exact=exact)
+            done += 1
             step.update()
-    return {"seconds": time.perf_counter() - t0, "searches": len(steps), "query_lengths": lengths,
-            "batch_sizes": list(batch_sizes)}
+    return {"seconds": time.perf_counter() - t0, "searches": done, "query_lengths": lengths,
+            "batch_sizes": list(batch_sizes), "stopped": done < len(steps)}

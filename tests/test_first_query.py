@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 import types
 
 import numpy as np
@@ -353,12 +354,43 @@ def test_a_failed_warmup_leaves_the_server_ready_and_says_why():
     from mvdb.serve.readiness import Readiness
 
     class Broken:
-        def warmup(self, n=None):
+        def warmup(self, n=None, stop=None):
             raise RuntimeError("no GPU left")
 
     r = Readiness()
     r.start(Broken()).join(timeout=10)
     assert r.state()["ready"] and r.state()["error"] == "RuntimeError: no GPU left"
+
+
+def test_closing_the_readiness_ends_the_warmup_after_its_search_in_progress(tmp_path):
+    """A server shutting down ends its warm-up before it closes the database (a warm-up thread still
+    inside torch when the interpreter exits aborts the process): the search in progress finishes,
+    no other starts, and the server says nothing about being ready."""
+    from mvdb.serve.readiness import Readiness
+
+    with mvdb.open(tmp_path / "db.mvdb", progress=False) as db:
+        db.add(_docs(10))
+        real, calls = db.search, []
+        entered, release = threading.Event(), threading.Event()
+
+        def search(*args, **kwargs):
+            calls.append(1)
+            entered.set()
+            assert release.wait(30)
+            return real(*args, **kwargs)
+
+        db.search = search
+        said = []
+        r = Readiness()
+        r.start(db, on_done=said.append)
+        assert entered.wait(30)
+        assert r.close(timeout=0.2) is False  # the search in progress is waited for
+        release.set()
+        assert r.close(timeout=30) is True
+        assert len(calls) == 1 and said == []
+        assert r.state()["warmup"]["stopped"] is True and r.state()["warmup"]["searches"] == 1
+        assert db.warmup(stop=r._stop)["searches"] == 0  # an event already set: nothing runs
+    assert Readiness().close(timeout=0) is True  # never started: nothing to wait for
 
 
 # ---- index="auto" on each side of its threshold

@@ -271,7 +271,7 @@ def test_concurrent_clients_while_one_writes_get_consistent_answers(tmp_path, wo
             db.close()
         else:
             proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=60) == 0
+            _stopped_cleanly(proc)
 
 
 def _start(path, *args):
@@ -287,6 +287,12 @@ def _start(path, *args):
             break
     p.kill()
     raise AssertionError(f"the server did not start: {p.stderr.read()[-2000:]}")
+
+
+def _stopped_cleanly(proc, timeout: float = 60) -> None:
+    """The server exits 0 after SIGTERM; otherwise the assertion carries the end of its stderr."""
+    rc = proc.wait(timeout=timeout)
+    assert rc == 0, f"the server exited {rc}; its stderr ends:\n{proc.stderr.read()[-4000:]}"
 
 
 def _children(pid: int) -> list[int]:
@@ -362,7 +368,7 @@ def test_killed_mid_add_restarts_with_every_acknowledged_add(tmp_path, workers):
                 assert c.search([q, q[:2]], k=3) == db.search([q, q[:2]], k=3)
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0  # graceful
+        _stopped_cleanly(proc)  # graceful
 
 
 @pytest.mark.heavy
@@ -416,7 +422,7 @@ def test_sigterm_lets_the_write_in_flight_finish(tmp_path):
     finally:
         shutting_down.set()
         t.join(timeout=120)
-    assert proc.wait(timeout=120) == 0
+    _stopped_cleanly(proc, timeout=120)
     assert "error" not in result, f"the write in flight was not acknowledged: {result.get('error')!r}"
     assert len(result["ids"]) == 3000
     with mvdb.open(tmp_path / "db", device="cpu", read_only=True) as db:

@@ -134,6 +134,7 @@ def serve(path, *, host: str = "127.0.0.1", port: int = 8000, read_only: bool = 
                 _serve_with_workers(db, sock, workers, path, read_only, options, graceful_s, log_level, gil_switch_us,
                                     on_ready, stop, readiness)
     finally:
+        readiness.close()  # the warm-up's search in progress ends before the database closes
         db.close()  # waits for a write in progress
         sock.close()
 

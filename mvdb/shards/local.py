@@ -272,13 +272,14 @@ class ShardedDatabase(TextMethods, ExplainMethods, DatabaseAPI):
         per-shard dicts under ``shards``."""
         return merge_stats([s.stats() for s in self._open()], self.path)
 
-    def warmup(self, max_query_tokens: int | None = None, *, progress: bool | None = None) -> dict:
+    def warmup(self, max_query_tokens: int | None = None, *, progress: bool | None = None, stop=None) -> dict:
         """``Database.warmup`` on every shard at once -> the slowest shard's seconds and every
-        shard's figures under ``shards``."""
+        shard's figures under ``shards`` (``stop``: as there)."""
         n = default_query_tokens(self.encoder, recorded_encoder(self._text_stores())) if max_query_tokens is None \
             else check_query_tokens(max_query_tokens)
-        per = self._each(lambda s: s.warmup(n, progress=progress))
-        return {"seconds": max(p["seconds"] for p in per), "searches": sum(p["searches"] for p in per), "shards": per}
+        per = self._each(lambda s: s.warmup(n, progress=progress, stop=stop))
+        return {"seconds": max(p["seconds"] for p in per), "searches": sum(p["searches"] for p in per),
+                "stopped": any(p["stopped"] for p in per), "shards": per}
 
     def search(self, queries, k: int = 10, where=None, **options):
         """Top-k by exact MaxSim: every shard's own candidates and top-k, merged by score."""
