@@ -329,14 +329,15 @@ def serve(args, env: dict) -> dict:
                             env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out: dict = {}
     try:
-        url = None
+        url, said = None, []
         for line in proc.stdout:
+            said.append(line)
             if "listening on" in line:
                 url = line.split("listening on ")[1].split()[0]
                 out["listening_s"] = time.time() - t0
                 break
         if url is None:
-            return {"error": "the server did not start"}
+            return {"error": "the server did not start", "rc": proc.wait(timeout=60), "output": "".join(said)[-3000:]}
         threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # drain its output
         while True:
             try:
