@@ -287,8 +287,8 @@ BENCH = "docs/benchmarks.md"
 SCALE = "docs/scale.md"
 README = "README.md"
 
-# Kernels: (a), (b) rows from kernels-H100-abc.json, (c) rows from its re-run kernels-H100-c.json.
-ABC, KC = "kernels-H100-abc.json", "kernels-H100-c.json"
+# Kernels: every row from one runner file.
+ABC = KC = "kernels-H200.json"
 KT = "| case | mvdb default call |"
 
 
@@ -327,7 +327,7 @@ KERNELS = [
     *kernel_row("(c) 1M-doc store, int8", KC, "c-1M-int8", "mvdb candidates int8 (default call)", {}, "(#%)"),
     Fig(BENCH, "the store has # elements (> 2^31)", KC,
         lambda d: float(number(re.search(r"([\d,]+) elements", kern("c-1M", "peers", "note")(d)).group(1))[0])),
-    Fig(BENCH, "The int8 (c) call reaches #% of the rate", "kernel-floor-H100.json",
+    Fig(BENCH, "The int8 (c) call reaches #% of the rate", "kernel-floor-H200.json",
         lambda d: 100 * min(d["cases"]["c-1M int8"]["read_kernel_ms"].values()) / d["cases"]["c-1M int8"]["mvdb_default_ms"]),
 ]
 
@@ -428,12 +428,11 @@ FIRST_QUERY = [
     Fig(BENCH, Cell(FT, ("man pages", "cold"), "corpus"), FQM, at("build", "stats", "tokens", times=1e-6), pick="(#M tokens"),
     Fig(BENCH, "the man pages' one-line summaries through all-MiniLM-L6-v2, #-# tokens)", FQM,
         both(at("build", "query_lengths", "min"), at("build", "query_lengths", "max"))),
-    Fig(BENCH, ("before bucketing, stored winners and the collection at open (# QPS on the "
-                "first pass, #-# s for the first single query of lengths 16, 32 and 64)"),
-        "first-query-dups-200000-H200-before.json",
-        lambda d: (d["runs"][0]["first_pass"]["qps"],
-                   min(d["runs"][0]["singles"][n]["first_ms"] for n in ("16", "32", "64")) / 1000,
-                   max(d["runs"][0]["singles"][n]["first_ms"] for n in ("16", "32", "64")) / 1000)),
+    Fig(BENCH, "on dups the slowest length's p50 lies within #-#x of the 32-token", FQD,
+        lambda d: (min(worst_ratio(r)[0] for r in d["runs"]), max(worst_ratio(r)[0] for r in d["runs"]))),
+    Fig(BENCH, "a process that only imports torch took #-# s, and with the CUDA context #-# s", "import-floor-H200.json",
+        lambda d: (min(r["torch"] for r in d["seconds"]), max(r["torch"] for r in d["seconds"]),
+                   min(r["torch_cuda_ctx"] for r in d["seconds"]), max(r["torch_cuda_ctx"] for r in d["seconds"]))),
     Fig(BENCH, "on the man pages (41 calls a length) within #x (cold), #x (second: # tokens) and #x (warmed)", FQM,
         lambda d: (*worst_ratio(fq("cold")(d))[:1], *worst_ratio(fq("second")(d)), *worst_ratio(fq("warmed")(d))[:1])),
     Fig(BENCH, "their p50s still spread over #-#x of the 32-token p50 in the second run", FQM,
@@ -445,7 +444,7 @@ FIRST_QUERY = [
         FQM, lambda d: first_hit_parts(at("runs", {"state": "second"})(d))),
     Fig(BENCH, ("listening after # s, ready (warmed up) after # s; 16 clients sending the 2,000 queries one search at "
                 "a time then completed # searches/s in the first 10 s after ready against # in the last 10 s of 30 (#%;"),
-        "first-query-dups-200000-H200-serve.json",
+        "first-query-dups-200000-serve-H200.json",
         both(at("runs", 0, "listening_s"), at("runs", 0, "ready_s"), at("runs", 0, "first_10s_qps"),
              at("runs", 0, "last_10s_qps"), at("runs", 0, "first_over_steady", times=100))),
 ]
@@ -542,8 +541,8 @@ def serve_before_after(b: dict, a: dict) -> tuple:
     return (b["in_process_batched_qps"], a["in_process_batched_qps"], *served, *p99)
 
 
-# Training (docs/benchmarks.md from training-H100-colbert.json; the guide's table from -direct).
-TC, TD = "training-H100-colbert.json", "training-H100-direct.json"
+# Training (docs/benchmarks.md and the guide's table, from one runner file).
+TC = TD = "training-H200.json"
 
 
 def lik_best(case: str, key: str = "ms") -> Callable:
@@ -578,7 +577,7 @@ TRAINING = [
 ]
 
 # Sparton, hybrid, grow, text ingest (docs/benchmarks.md, guides).
-SP = "sparton-H100.json"
+SP = "sparton-H200.json"
 SPT = "| V | PyTorch eager fwd / fwd+bwd |"
 SPARTON = [
     f for i, v in enumerate(("30,522", "250,002")) for f in (
@@ -588,7 +587,8 @@ SPARTON = [
             lambda d, i=i: (Qty(d["cases"][i]["eager"]["fwd_bwd_peak_gb"] * 1e9), Qty(d["cases"][i]["sparton"]["fwd_bwd_peak_gb"] * 1e9))),
         Fig(BENCH, Cell(SPT, (v,), "V"), SP, at("cases", i, "V")),
     )
-]
+] + [Fig("docs/guides/hybrid.md", "Sparton runs forward and backward #x faster than the PyTorch head, in #x less memory",
+         SP, both(at("cases", 0, "speedup_fwd_bwd"), at("cases", 0, "memory_ratio_fwd_bwd")))]
 
 HY = "hybrid-manpages-dev-cpu.json"
 HT = "| token index, candidates | candidate recall, tokens only |"
@@ -700,7 +700,7 @@ HEADLINES = [
         lambda ds: (kern("c-1M", "mvdb candidates (default call)")(ds[0]),
                     kern("c-1M", "mvdb candidates (default call)", "pct_of_roofline")(ds[0]),
                     ratio(lik_best("colbert"), at("cases", "colbert", "mvdb-auto", "ms"))(ds[1])),
-        pick="in # ms (#% of HBM bandwidth); a ColBERT training step #x faster"),
+        pick="in # ms on an H200 (#% of HBM bandwidth); a ColBERT training step #x faster"),
     Fig(README, Cell(RT, ("[Serving over HTTP",), "figure"), SERVE, both(load(64, "qps"), load(16, "p50_ms")),
         pick="# searches/s from 64 clients at 1M documents, p50 # ms at 16 clients"),
     Fig(README, Cell(RT, ("[Text ingest",), "figure"), TI,
@@ -1128,21 +1128,16 @@ def test_bytes_a_token_are_the_capacity_plans():
 # figures that cite it.
 PROVENANCE = ("suite", "command", "date", "machine", "versions")
 BEFORE_THE_RUNNER = {
-    "codes-kernel-8192.json", "cpu-crossover-dups.json", "cpu-crossover-mixed96.json",
-    "cpu-crossover-uniform96.json", "e2e-fastplaid-1M-H100.json", "first-open-40000-cpu-auto.json",
-    "first-query-dups-1000000-H200.json", "first-query-dups-200000-H200-before.json",
-    "first-query-dups-200000-H200-serve.json", "grow-dups-200000-host-H100.json", "import-floor-H200.json",
-    "kernel-floor-H100.json", "kernels-H100-abc.json", "kernels-H100-c.json", "large-dups-5600000-H200.json",
-    "large-dups-5600000.json", "multigpu-2M-2xH200.json", "serve-1000000-H100-threads8-1.json",
-    "serve-1000000-H100-threads8-2.json", "serve-1000000-H100-threads8-3.json",
-    "serve-1000000-H200-before-after.json", "sparton-H100.json", "storage-1M-H100-machine.json",
-    "text-ingest-H200.json", "text-ingest-cpu.json", "tiers-dups-1000000-float16-H200-rates.json",
-    "tiers-dups-1000000-float16-exact.json", "tiers-dups-1000000-int8-H200-rates.json",
-    "tiers-dups-200000-float16-exact.json", "tiers-dups-200000-float16-pool.json",
-    "tiers-dups-2000000-float16-host-H200.json", "tiers-dups-2000000-float16.json",
-    "tiers-dups-250000-float16.json", "tiers-dups-4000000-float16-auto-H200.json",
+    "codes-kernel-8192.json", "cpu-crossover-dups.json", "cpu-crossover-mixed96.json", "cpu-crossover-uniform96.json",
+    "e2e-fastplaid-1M-H100.json", "first-open-40000-cpu-auto.json", "grow-dups-200000-host-H100.json",
+    "large-dups-5600000-H200.json", "large-dups-5600000.json", "multigpu-2M-2xH200.json",
+    "serve-1000000-H100-threads8-1.json", "serve-1000000-H100-threads8-2.json", "serve-1000000-H100-threads8-3.json",
+    "serve-1000000-H200-before-after.json", "storage-1M-H100-machine.json", "text-ingest-H200.json",
+    "text-ingest-cpu.json", "tiers-dups-1000000-float16-H200-rates.json", "tiers-dups-1000000-float16-exact.json",
+    "tiers-dups-1000000-int8-H200-rates.json", "tiers-dups-200000-float16-exact.json",
+    "tiers-dups-200000-float16-pool.json", "tiers-dups-2000000-float16-host-H200.json",
+    "tiers-dups-2000000-float16.json", "tiers-dups-250000-float16.json", "tiers-dups-4000000-float16-auto-H200.json",
     "tiers-dups-4000000-float16-host-H200.json", "tiers-topics-1000000-int8-H200-rates.json",
-    "training-H100-colbert.json", "training-H100-direct.json",
 }
 
 
