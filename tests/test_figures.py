@@ -672,6 +672,9 @@ TEXT = [
     Fig(BENCH, "`add_texts` end to end #.", TI, at("add_texts_of_the_previous_run", "add_texts", "docs_per_s")),
     Fig(BENCH, "On the 2-core CPU # against # (#x, `text-ingest-cpu.json`)", "text-ingest-cpu.json",
         both(at("mvdb", "docs_per_s"), at("bare", "docs_per_s"), at("speedup"))),
+    Fig("docs/guides/text.md", ("the pipeline # documents/s, the bare call # (#x); their vectors differ by at "
+                                "most one float16 step (#)"), "text-ingest-cpu.json",
+        both(at("mvdb", "docs_per_s"), at("bare", "docs_per_s"), at("speedup"), at("check", "max_abs_diff_fp16_store"))),
     Fig("docs/guides/text.md", Cell("| path | documents/s |", ("bare",), "documents/s"), TI, at("bare", "docs_per_s")),
     Fig("docs/guides/text.md", Cell("| path | documents/s |", ("`Encoder(",), "documents/s"), TI,
         both(at("mvdb", "docs_per_s"), at("speedup"), at("mvdb_first_call", "docs_per_s")), pick="# (#x; the first call #)"),
@@ -895,7 +898,7 @@ SCALE_FIGS = [
         both(at("build_s"), at("tokens", times=1e-6))),
 ]
 
-XFILES = tuple(f"cpu-crossover-{g}.json" for g in ("uniform96", "dups", "mixed96"))
+XFILES = tuple(f"cpu-{g}-cpu.json" for g in ("uniform96", "dups", "mixed96"))
 
 
 def crossover_span(ds: list) -> tuple:
@@ -910,7 +913,7 @@ def crossover_span(ds: list) -> tuple:
 # The CPU (docs/benchmarks.md): where `index="auto"` switches, one file a corpus.
 XT = "| corpus | documents (tokens) | lists, ms |"
 CROSSOVER = [
-    Fig(BENCH, Cell(XT, (corpus, f"{docs:,}"), col), f"cpu-crossover-{corpus}.json", at("sizes", {"docs": docs}, key, times=times),
+    Fig(BENCH, Cell(XT, (corpus, f"{docs:,}"), col), f"cpu-{corpus}-cpu.json", at("sizes", {"docs": docs}, key, times=times),
         pick=pick)
     for corpus in ("uniform96", "dups", "mixed96")
     for docs in (1000, 2000, 4000, 8000, 16000, 30000, 60000, 120000)
@@ -926,12 +929,13 @@ CROSSOVER = [
                     max(r["ivf_recall10"] for d in ds for r in d["sizes"] if r["docs"] >= 16000))),
     Fig(BENCH, ("The issue's case, 30,000 documents of 40-160 tokens at dim 96 (#M tokens): "
                 "# ms a query at the defaults against # ms exhaustive (#x), at recall@10 #."),
-        "cpu-crossover-uniform96.json",
+        "cpu-uniform96-cpu.json",
         lambda d: issue_case(at("sizes", {"docs": 30000})(d))),
-    Fig(BENCH, ("(4.4M tokens, dim 128; `python benchmarks/first_open.py "
-                "--docs 40000`, `first-open-40000-cpu-auto.json`): # s"),
-        "first-open-40000-cpu-auto.json", at("first", "open_s")),
-    Fig(BENCH, "then persisted), first search # s; every later open # s.", "first-open-40000-cpu-auto.json",
+    Fig(BENCH, ("(4.4M tokens, dim 128; `python -m benchmarks --label 40000 run first-open`, "
+                "`first-open-40000-cpu.json`): # s (the lists trained in # s and assigned in # s"),
+        "first-open-40000-cpu.json", both(at("first", "open_s"), at("first", "stats", "build_seconds", "train"),
+                                          at("first", "stats", "build_seconds", "assign"))),
+    Fig(BENCH, "then persisted), first search # s; every later open # s.", "first-open-40000-cpu.json",
         both(at("first", "first_search_s"), at("reopen", "open_s"))),
     Fig(BENCH, ("`cpu-pool-GEN-120000-cpu.json`): # ms a query at recall@10 "
                 "# on `topics`, # ms at # on `dups`, # ms at # on `mixed96`"),
@@ -1128,12 +1132,12 @@ def test_bytes_a_token_are_the_capacity_plans():
 # figures that cite it.
 PROVENANCE = ("suite", "command", "date", "machine", "versions")
 BEFORE_THE_RUNNER = {
-    "codes-kernel-8192.json", "cpu-crossover-dups.json", "cpu-crossover-mixed96.json", "cpu-crossover-uniform96.json",
-    "e2e-fastplaid-1M-H100.json", "first-open-40000-cpu-auto.json", "grow-dups-200000-host-H100.json",
+    "codes-kernel-8192.json", 
+    "e2e-fastplaid-1M-H100.json", "grow-dups-200000-host-H100.json",
     "large-dups-5600000-H200.json", "large-dups-5600000.json", "multigpu-2M-2xH200.json",
     "serve-1000000-H100-threads8-1.json", "serve-1000000-H100-threads8-2.json", "serve-1000000-H100-threads8-3.json",
     "serve-1000000-H200-before-after.json", "storage-1M-H100-machine.json", "text-ingest-H200.json",
-    "text-ingest-cpu.json", "tiers-dups-1000000-float16-H200-rates.json", "tiers-dups-1000000-float16-exact.json",
+    "tiers-dups-1000000-float16-H200-rates.json", "tiers-dups-1000000-float16-exact.json",
     "tiers-dups-1000000-int8-H200-rates.json", "tiers-dups-200000-float16-exact.json",
     "tiers-dups-200000-float16-pool.json", "tiers-dups-2000000-float16-host-H200.json",
     "tiers-dups-2000000-float16.json", "tiers-dups-250000-float16.json", "tiers-dups-4000000-float16-auto-H200.json",
