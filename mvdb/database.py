@@ -39,7 +39,7 @@ from mvdb.errors import InvalidInputError, InvalidTypeError
 from mvdb.explain import ExplainMethods
 from mvdb.storage import Store
 from mvdb.text import TextMethods, check_encoder, recorded_encoder
-from mvdb.warm import SOURCE_DOCS, WARM_BATCHES, check_query_tokens, default_query_tokens, warm
+from mvdb.warm import SOURCE_DOCS, WARM_BATCHES, check_query_tokens, check_stop, default_query_tokens, warm
 
 __all__ = ["Database", "Hit", "rerank"]
 
@@ -178,6 +178,7 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
         a server sets it when it shuts down)."""
         n = default_query_tokens(self.encoder, recorded_encoder([self.store])) if max_query_tokens is None \
             else check_query_tokens(max_query_tokens)
+        check_stop(stop)
         with self._pub.read() as st:
             rows = None if st.tokens is None else torch.nonzero(st.live).flatten().cpu().numpy()
             if rows is None or not rows.size:

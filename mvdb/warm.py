@@ -51,6 +51,13 @@ def check_query_tokens(value) -> int:
     return int(value)
 
 
+def check_stop(stop):
+    """``warmup``'s ``stop``: None or a ``threading.Event`` (anything with ``is_set()``)."""
+    if stop is not None and not callable(getattr(stop, "is_set", None)):
+        raise InvalidTypeError(f"stop: expected a threading.Event or None, got {type(stop).__name__}")
+    return stop
+
+
 def warm(db, source: list[np.ndarray], max_query_tokens: int, batch_sizes=WARM_BATCHES,
          progress: Progress | None = None, exact: bool = True, stop=None) -> dict:
     """Search ``db`` with queries cut from the token arrays ``source`` (stored documents) at every

@@ -390,6 +390,8 @@ def test_closing_the_readiness_ends_the_warmup_after_its_search_in_progress(tmp_
         assert len(calls) == 1 and said == []
         assert r.state()["warmup"]["stopped"] is True and r.state()["warmup"]["searches"] == 1
         assert db.warmup(stop=r._stop)["searches"] == 0  # an event already set: nothing runs
+        with pytest.raises(mvdb.InvalidTypeError, match="stop: expected a threading.Event or None, got bool"):
+            db.warmup(stop=True)
     assert Readiness().close(timeout=0) is True  # never started: nothing to wait for
 
 

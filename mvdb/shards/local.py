@@ -46,7 +46,7 @@ from mvdb.shards.merge import (
 from mvdb.shards.placement import contains_any, membership, owners, place
 from mvdb.storage import VerifyReport, validate
 from mvdb.storage.manifest import MANIFEST
-from mvdb.warm import check_query_tokens, default_query_tokens
+from mvdb.warm import check_query_tokens, check_stop, default_query_tokens
 from mvdb.text import TextMethods, check_encoder, recorded_encoder
 
 if TYPE_CHECKING:
@@ -277,6 +277,7 @@ class ShardedDatabase(TextMethods, ExplainMethods, DatabaseAPI):
         shard's figures under ``shards`` (``stop``: as there)."""
         n = default_query_tokens(self.encoder, recorded_encoder(self._text_stores())) if max_query_tokens is None \
             else check_query_tokens(max_query_tokens)
+        check_stop(stop)
         per = self._each(lambda s: s.warmup(n, progress=progress, stop=stop))
         return {"seconds": max(p["seconds"] for p in per), "searches": sum(p["searches"] for p in per),
                 "stopped": any(p["stopped"] for p in per), "shards": per}
