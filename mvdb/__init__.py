@@ -36,6 +36,7 @@ _LAZY = {
     "Encoder": "mvdb.encoders",
     "Hit": "mvdb.engine.search",
     "open": "mvdb.api",
+    "pool": "mvdb.pooling",
     "connect": "mvdb.serve",
     "Client": "mvdb.serve",
     "rerank": "mvdb.engine.inline",
@@ -43,7 +44,7 @@ _LAZY = {
     "verify": "mvdb.storage",
 }
 _SUBMODULES = ("api", "cli", "contract", "database", "demo", "embed", "encoders", "engine", "ingest",
-               "integrations", "kernels", "serve", "shards", "storage", "testing", "text")
+               "integrations", "kernels", "pooling", "serve", "shards", "storage", "testing", "text")
 
 
 def __getattr__(name: str):
@@ -83,6 +84,7 @@ __all__ = [
     "__version__",
     "connect",
     "open",
+    "pool",
     "recover",
     "rerank",
     "verify",

@@ -1,0 +1,161 @@
+"""Token pooling: fewer vectors a document, by clustering its tokens and keeping the cluster means.
+
+``mvdb.pool(docs, pool_factor=2)`` clusters each document's tokens by Ward linkage on cosine
+distance (``1 - cos(a, b)``), into ``tokens // pool_factor`` clusters (at least one),
+keeps the first ``protected`` tokens (a ``[CLS]``) as they are, and replaces each cluster by the
+mean of its tokens: the scheme of Clavie, Chaffin and Adams (2024) that PyLate, colpali-engine and
+Sentence Transformers' ``HierarchicalTokenPooling`` ship, which keeps retrieval quality at half the
+vectors. The clusters are those of SciPy's ``linkage(condensed, "ward")`` cut by ``fcluster(...,
+"maxclust")``, except on exact distance ties.
+
+The clustering runs on many documents at once (padded to a batch's longest), on the documents'
+own device: greedy agglomeration with the Lance-Williams update of Ward's distance, one merge of
+every document per step. Ward's linkage is monotone, so stopping each document after ``tokens -
+clusters`` merges gives the same partition as cutting its full dendrogram at that many clusters.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import torch
+
+from mvdb.errors import InvalidInputError, InvalidTypeError
+
+__all__ = ["pool"]
+
+BATCH_TOKENS = 1 << 21  # a clustering batch: its documents x their longest, squared
+
+
+def pool(docs, pool_factor: float = 2, *, protected: int = 1, normalize: bool = True, return_groups: bool = False):
+    """Pool each document's tokens -> a list of [M_i, dim] arrays of the input's kind (numpy
+    float32, or torch tensors on their device and dtype), ``M_i = protected + max(1, (L_i -
+    protected) // pool_factor)`` where a document has more tokens to pool than that.
+
+    ``pool_factor``: >= 1 (1: nothing pooled); fractional values keep ``1 / pool_factor`` of the
+    tokens. ``protected``: leading tokens kept as they are (0: none). ``normalize``: unit-length
+    output vectors (the cluster means of unit vectors are shorter). ``return_groups``: also return,
+    for each document, an int64 array of its L_i tokens' output rows (which pooled vector each
+    token went into).
+    """
+    if isinstance(pool_factor, bool) or not isinstance(pool_factor, numbers.Real):
+        raise InvalidTypeError(f"pool_factor: expected a number >= 1, got {type(pool_factor).__name__}")
+    if not pool_factor >= 1:
+        raise InvalidInputError(f"pool_factor: expected a number >= 1, got {pool_factor}")
+    if isinstance(protected, bool) or not isinstance(protected, numbers.Integral):
+        raise InvalidTypeError(f"protected: expected an int >= 0, got {type(protected).__name__}")
+    if protected < 0:
+        raise InvalidInputError(f"protected: expected an int >= 0, got {protected}")
+    if not isinstance(docs, (list, tuple)):
+        raise InvalidTypeError(f"docs: expected a list of [tokens, dim] arrays, got {type(docs).__name__}")
+    tensors, kind = [], None
+    for i, d in enumerate(docs):
+        if isinstance(d, torch.Tensor):
+            t = d
+        elif isinstance(d, np.ndarray):
+            t = torch.from_numpy(np.ascontiguousarray(d, dtype=np.float32))
+        else:
+            raise InvalidTypeError(f"docs[{i}]: expected a numpy array or torch tensor, got {type(d).__name__}")
+        if t.ndim != 2 or t.shape[0] == 0 or not t.is_floating_point():
+            raise InvalidInputError(f"docs[{i}]: expected a non-empty [tokens, dim] float array, got shape "
+                                    f"{tuple(t.shape)} of {t.dtype}")
+        if tensors and t.shape[1] != tensors[0].shape[1]:
+            raise InvalidInputError(f"docs[{i}]: expected dim {tensors[0].shape[1]} like docs[0], got {t.shape[1]}")
+        kind = kind or type(d)
+        tensors.append(t)
+    out, groups = [None] * len(tensors), [None] * len(tensors)
+    todo = []
+    for i, t in enumerate(tensors):
+        n = t.shape[0] - min(protected, t.shape[0])
+        k = max(int(n // pool_factor), 1)
+        if k < n:
+            todo.append((i, n, k))
+        else:  # nothing to merge
+            out[i], groups[i] = t, torch.arange(t.shape[0])
+    todo.sort(key=lambda r: r[1])
+    start = 0
+    while start < len(todo):
+        end, widest = start, 0
+        while end < len(todo) and (end == start or (end - start + 1) * max(widest, todo[end][1]) ** 2 <= BATCH_TOKENS):
+            widest = max(widest, todo[end][1])
+            end += 1
+        batch = todo[start:end]
+        labels = _ward_batch([tensors[i][protected:] for i, _, _ in batch], [k for _, _, k in batch])
+        for (i, _, _), lab in zip(batch, labels):
+            t = tensors[i]
+            pooled = _means(t[protected:], lab)
+            out[i] = torch.cat([t[:protected], pooled.to(t.dtype)])
+            groups[i] = torch.cat([torch.arange(protected), protected + lab.cpu()])
+        start = end
+    result = []
+    for t in out:
+        if normalize:
+            t = torch.nn.functional.normalize(t.float(), dim=-1).to(t.dtype)
+        result.append(t.numpy() if kind is np.ndarray else t)
+    if return_groups:
+        return result, [g.numpy().astype(np.int64) for g in groups]
+    return result
+
+
+def _means(x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    k = int(labels.max()) + 1
+    sums = torch.zeros(k, x.shape[1], dtype=torch.float32, device=x.device).index_add_(0, labels, x.float())
+    counts = torch.bincount(labels, minlength=k).to(torch.float32)
+    return sums / counts[:, None]
+
+
+def _ward_batch(docs: list[torch.Tensor], ks: list[int]) -> list[torch.Tensor]:
+    """Ward clusters of each [n_i, dim] document into ks[i] clusters -> each
+    document's [n_i] cluster ids 0..ks[i]-1, numbered in the order of their first token."""
+    device = docs[0].device
+    dtype = torch.float32  # SciPy merges in float64: the same merges but where two distances nearly tie
+    b, n = len(docs), max(d.shape[0] for d in docs)
+    lengths = torch.tensor([d.shape[0] for d in docs], device=device)
+    x = torch.zeros(b, n, docs[0].shape[1], dtype=torch.float32, device=device)
+    for i, d in enumerate(docs):  # cosine distance: of the directions, whatever the lengths
+        x[i, : d.shape[0]] = torch.nn.functional.normalize(d.float(), dim=-1)
+    dist = (1 - x @ x.transpose(1, 2)).clamp_(0, 2)  # in float32, as Sentence Transformers computes them
+    pos = torch.arange(n, device=device)
+    valid = pos[None, :] < lengths[:, None]
+    inf = torch.tensor(float("inf"), dtype=dtype, device=device)
+    dist = torch.where(valid[:, :, None] & valid[:, None, :] & (pos[:, None] != pos[None, :]), dist, inf)
+    size = valid.to(dtype)
+    rep = pos.expand(b, n).clone()  # each token's cluster, named by one of its tokens
+    merges = lengths - torch.tensor(ks, device=device)
+    rows = torch.arange(b, device=device)
+    near, near_at = dist.min(-1)  # each row's nearest cluster: one row's rescan a step, not the matrix's
+    flat = dist.view(b * n, n)
+    for step in range(int(merges.max())):
+        live = merges > step
+        m, i = near.min(-1)
+        j = near_at[rows, i]
+        a, c = torch.minimum(i, j), torch.maximum(i, j)  # c joins a
+        na, nc, nk = size[rows, a][:, None], size[rows, c][:, None], size
+        da, dc = dist[rows, a], dist[rows, c]
+        new = torch.sqrt(((na + nk) * da * da + (nc + nk) * dc * dc - nk * (m * m)[:, None]).clamp_(min=0) / (na + nc + nk))
+        new = torch.where(torch.isinf(da) | torch.isinf(dc), inf, new)  # dead or padded tokens, a and c
+        lb, a_l, c_l, new_l = rows[live], a[live], c[live], new[live]
+        dist[lb, a_l, :] = new_l
+        dist[lb, :, a_l] = new_l
+        dist[lb, c_l, :] = inf
+        dist[lb, :, c_l] = inf
+        size[lb, a_l] += size[lb, c_l]
+        size[lb, c_l] = 0
+        rep = torch.where(live[:, None] & (rep == c[:, None]), a[:, None].expand(b, n), rep)
+        # the nearest of every other row: a row whose nearest was a or c looks again; the others
+        # compare their old nearest with their new distance to a
+        stale = live[:, None] & ((near_at == a[:, None]) | (near_at == c[:, None]))
+        closer = live[:, None] & (new < near)
+        near = torch.where(closer, new, near)
+        near_at = torch.where(closer, a[:, None].expand(b, n), near_at)
+        stale[lb, a_l] = True
+        idx = stale.flatten().nonzero().flatten()
+        if idx.numel():
+            v, at = flat[idx].min(-1)
+            near.view(-1)[idx], near_at.view(-1)[idx] = v, at
+        near[lb, c_l] = inf
+    root = (rep == pos[None, :]) & valid
+    dense = torch.cumsum(root.to(torch.int64), dim=1) - 1
+    labels = dense.gather(1, rep)
+    return [labels[i, : d.shape[0]] for i, d in enumerate(docs)]
