@@ -25,7 +25,8 @@ from mvdb.errors import InvalidInputError, InvalidTypeError
 
 __all__ = ["pool"]
 
-BATCH_TOKENS = 1 << 21  # a clustering batch: its documents x their longest, squared
+BATCH_TOKENS = 1 << 21  # a clustering batch on a CPU: its documents x their longest, squared
+GPU_BATCH_TOKENS = 1 << 28  # on a GPU (1 GB of float32 distances): a merge step is a few launches for every document
 
 
 def pool(docs, pool_factor: float = 2, *, protected: int = 1, normalize: bool = True, return_groups: bool = False):
@@ -60,6 +61,9 @@ def pool(docs, pool_factor: float = 2, *, protected: int = 1, normalize: bool = 
         if t.ndim != 2 or t.shape[0] == 0 or not t.is_floating_point():
             raise InvalidInputError(f"docs[{i}]: expected a non-empty [tokens, dim] float array, got shape "
                                     f"{tuple(t.shape)} of {t.dtype}")
+        if tensors and t.device != tensors[0].device:
+            raise InvalidInputError(f"docs[{i}]: expected every document on {tensors[0].device} like docs[0], "
+                                    f"got {t.device}")
         if tensors and t.shape[1] != tensors[0].shape[1]:
             raise InvalidInputError(f"docs[{i}]: expected dim {tensors[0].shape[1]} like docs[0], got {t.shape[1]}")
         kind = kind or type(d)
@@ -74,10 +78,11 @@ def pool(docs, pool_factor: float = 2, *, protected: int = 1, normalize: bool = 
         else:  # nothing to merge
             out[i], groups[i] = t, torch.arange(t.shape[0])
     todo.sort(key=lambda r: r[1])
+    budget = GPU_BATCH_TOKENS if tensors and tensors[0].device.type == "cuda" else BATCH_TOKENS
     start = 0
     while start < len(todo):
         end, widest = start, 0
-        while end < len(todo) and (end == start or (end - start + 1) * max(widest, todo[end][1]) ** 2 <= BATCH_TOKENS):
+        while end < len(todo) and (end == start or (end - start + 1) * max(widest, todo[end][1]) ** 2 <= budget):
             widest = max(widest, todo[end][1])
             end += 1
         batch = todo[start:end]
