@@ -6,9 +6,10 @@
 Generates a seeded corpus of a ``mvdb/testing/synthetic.py`` generator on GPU 0 into host memory,
 computes the exhaustive MaxSim top-10 of every query (``--qlen``: 4-64 tokens, log-uniform, by
 default; drawn from stored documents) with the corpus split over all the machine's GPUs, writes
-the database as a bulk ingest (``Store.add_packed`` in chunks), then opens it as a user would, ``mvdb.open(path, device="cuda")`` with every option at its default (the tier is
-``auto``'s choice; ``--max-gpu-gb`` caps the database's GPU memory instead, e.g. at an H100's on a
-larger card) and measures: the build (ingest, then the first open: index and codes), recall@10
+the database as a bulk ingest (``Store.add_packed`` in chunks), then opens it as a user would,
+``mvdb.open(path, device="cuda")`` with every option at its default (the tier is ``auto``'s choice;
+``--max-gpu-gb`` caps the database's GPU memory instead, e.g. at an H100's on a larger card) and
+measures: the build (ingest, then the first open: index and codes), recall@10
 against exhaustive MaxSim, batched QPS (median of 3 passes over all queries) and single-query
 p50/p99, GPU memory. ``--also disk`` reopens with ``residency="disk"`` and measures again.
 JSON to --out after every phase (a run cut short keeps what it measured); ``--phase build`` stops

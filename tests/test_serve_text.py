@@ -89,7 +89,7 @@ def test_search_text_and_explain_are_the_librarys(tmp_path):
 
 @pytest.mark.heavy
 def test_with_worker_processes_the_database_process_encodes(tmp_path):
-    from test_serve import _start
+    from test_serve import _start, _stopped_cleanly
 
     _fill(tmp_path / "t.mvdb")
     proc, url = _start(tmp_path / "t.mvdb", "--model", MODEL, "--workers", "2")
@@ -98,7 +98,7 @@ def test_with_worker_processes_the_database_process_encodes(tmp_path):
             _round_trip(url, lib)
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
+        _stopped_cleanly(proc)
 
 
 def test_without_a_model_text_queries_name_what_is_missing(tmp_path):

@@ -82,7 +82,7 @@ def _model(spec: str):
 @pytest.mark.heavy
 def test_query_hits_and_highlights_in_a_browser(tmp_path):
     chromium, sync_api = _browser()
-    from test_serve import _start
+    from test_serve import _start, _stopped_cleanly
 
     spec = "minilm" if _has_minilm() else "mvdb.testing.words:encode"
     (tmp_path / "key").write_text("s3cret\n")
@@ -171,4 +171,4 @@ def test_query_hits_and_highlights_in_a_browser(tmp_path):
                         "is not installed and the stand-in model gives none")
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
+        _stopped_cleanly(proc)
