@@ -86,12 +86,12 @@ def pool(docs, pool_factor: float = 2, *, protected: int = 1, normalize: bool = 
             widest = max(widest, todo[end][1])
             end += 1
         batch = todo[start:end]
-        labels = _ward_batch([tensors[i][protected:] for i, _, _ in batch], [k for _, _, k in batch])
-        for (i, _, _), lab in zip(batch, labels):
+        labels, means = _ward_batch([tensors[i][protected:] for i, _, _ in batch], [k for _, _, k in batch])
+        labels = labels.cpu()  # one copy a batch, not one a document
+        for row, (i, n, k) in enumerate(batch):
             t = tensors[i]
-            pooled = _means(t[protected:], lab)
-            out[i] = torch.cat([t[:protected], pooled.to(t.dtype)])
-            groups[i] = torch.cat([torch.arange(protected), protected + lab.cpu()])
+            out[i] = torch.cat([t[:protected], means[row, :k].to(t.dtype)])
+            groups[i] = torch.cat([torch.arange(protected), protected + labels[row, :n]])
         start = end
     result = []
     for t in out:
@@ -103,29 +103,25 @@ def pool(docs, pool_factor: float = 2, *, protected: int = 1, normalize: bool = 
     return result
 
 
-def _means(x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    k = int(labels.max()) + 1
-    sums = torch.zeros(k, x.shape[1], dtype=torch.float32, device=x.device).index_add_(0, labels, x.float())
-    counts = torch.bincount(labels, minlength=k).to(torch.float32)
-    return sums / counts[:, None]
-
-
-def _ward_batch(docs: list[torch.Tensor], ks: list[int]) -> list[torch.Tensor]:
-    """Ward clusters of each [n_i, dim] document into ks[i] clusters -> each
-    document's [n_i] cluster ids 0..ks[i]-1, numbered in the order of their first token."""
+def _ward_batch(docs: list[torch.Tensor], ks: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ward clusters of each [n_i, dim] document into ks[i] clusters -> ([b, n] cluster ids,
+    0..ks[i]-1 numbered in the order of their first token, then padding; [b, n, dim] float32
+    cluster means, the first ks[i] rows of each document's)."""
     device = docs[0].device
-    dtype = torch.float32  # SciPy merges in float64: the same merges but where two distances nearly tie
-    b, n = len(docs), max(d.shape[0] for d in docs)
+    b, n, dim = len(docs), max(d.shape[0] for d in docs), docs[0].shape[1]
     lengths = torch.tensor([d.shape[0] for d in docs], device=device)
-    x = torch.zeros(b, n, docs[0].shape[1], dtype=torch.float32, device=device)
-    for i, d in enumerate(docs):  # cosine distance: of the directions, whatever the lengths
-        x[i, : d.shape[0]] = torch.nn.functional.normalize(d.float(), dim=-1)
-    dist = (1 - x @ x.transpose(1, 2)).clamp_(0, 2)  # in float32, as Sentence Transformers computes them
+    x = torch.zeros(b, n, dim, dtype=torch.float32, device=device)
+    for i, d in enumerate(docs):
+        x[i, : d.shape[0]] = d.float()
+    # cosine distance (of the directions, whatever the lengths) in float32, as Sentence Transformers
+    # computes it; SciPy then merges in float64: the same merges but where two distances nearly tie
+    u = torch.nn.functional.normalize(x, dim=-1)
+    dist = (1 - u @ u.transpose(1, 2)).clamp_(0, 2)
     pos = torch.arange(n, device=device)
     valid = pos[None, :] < lengths[:, None]
-    inf = torch.tensor(float("inf"), dtype=dtype, device=device)
+    inf = torch.tensor(float("inf"), device=device)
     dist = torch.where(valid[:, :, None] & valid[:, None, :] & (pos[:, None] != pos[None, :]), dist, inf)
-    size = valid.to(dtype)
+    size = valid.to(torch.float32)
     rep = pos.expand(b, n).clone()  # each token's cluster, named by one of its tokens
     merges = lengths - torch.tensor(ks, device=device)
     rows = torch.arange(b, device=device)
@@ -138,7 +134,8 @@ def _ward_batch(docs: list[torch.Tensor], ks: list[int]) -> list[torch.Tensor]:
         a, c = torch.minimum(i, j), torch.maximum(i, j)  # c joins a
         na, nc, nk = size[rows, a][:, None], size[rows, c][:, None], size
         da, dc = dist[rows, a], dist[rows, c]
-        new = torch.sqrt(((na + nk) * da * da + (nc + nk) * dc * dc - nk * (m * m)[:, None]).clamp_(min=0) / (na + nc + nk))
+        new = torch.sqrt(((na + nk) * da * da + (nc + nk) * dc * dc - nk * (m * m)[:, None]).clamp_(min=0)
+                         / (na + nc + nk))
         new = torch.where(torch.isinf(da) | torch.isinf(dc), inf, new)  # dead or padded tokens, a and c
         lb, a_l, c_l, new_l = rows[live], a[live], c[live], new[live]
         dist[lb, a_l, :] = new_l
@@ -163,4 +160,8 @@ def _ward_batch(docs: list[torch.Tensor], ks: list[int]) -> list[torch.Tensor]:
     root = (rep == pos[None, :]) & valid
     dense = torch.cumsum(root.to(torch.int64), dim=1) - 1
     labels = dense.gather(1, rep)
-    return [labels[i, : d.shape[0]] for i, d in enumerate(docs)]
+    # every document's cluster sums in one scatter: cluster l of document r is row r * n + l
+    at = (rows[:, None] * n + labels)[valid]
+    sums = torch.zeros(b * n, dim, device=device).index_add_(0, at, x[valid])
+    counts = torch.bincount(at, minlength=b * n).clamp_(min=1).to(torch.float32)
+    return labels, (sums / counts[:, None]).view(b, n, dim)
