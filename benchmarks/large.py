@@ -13,7 +13,8 @@ measures: the build (ingest, then the first open: index and codes), recall@10
 against exhaustive MaxSim, batched QPS (median of 3 passes over all queries) and single-query
 p50/p99, GPU memory. ``--also disk`` reopens with ``residency="disk"`` and measures again.
 JSON to --out after every phase (a run cut short keeps what it measured); ``--phase build`` stops
-after the ingest and leaves the database and the queries for a later ``--phase search``.
+after the ingest and leaves the database, the queries and the build's record (beside ``--path``) for a
+later ``--phase search``, whose JSON carries that record.
 ``--device cpu`` runs the same steps on the CPU (the reference in one shard there).
 """
 
@@ -123,7 +124,10 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     name = out / f"large-{args.gen}-{args.docs}.json"
     case = Path(args.path + ".case.pt")
-    res = json.loads(name.read_text()) if args.phase == "search" and name.exists() else {}
+    build_record = Path(args.path + ".build.json")  # the build phase's figures, for a later search phase
+    res = json.loads(build_record.read_text()) if args.phase == "search" and build_record.exists() else {}
+    if res:
+        res["build_date"] = res.get("date")
     res.update({"docs": args.docs, "gen": args.gen, "queries": args.queries, "qlen": args.qlen,
                 "gpus": torch.cuda.device_count() if cuda else 0,
                 "device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
@@ -152,6 +156,7 @@ def main():
         del corpus
         res["db_disk_gb"] = sum(f.stat().st_size for f in Path(args.path).rglob("*") if f.is_file()) / 1e9
         save("ingested")
+        build_record.write_text(json.dumps(res, indent=1, default=str))
         if args.phase == "build":
             return
     saved = torch.load(case)
