@@ -271,15 +271,6 @@ def same(values: Any) -> Any:
     return values.pop()
 
 
-def before_after(d: dict) -> tuple[dict, dict]:
-    """The two runs of serve-1000000-H200-before-after.json."""
-    before = [k for k in d if k.startswith("before")]
-    after = [k for k in d if k.startswith("after")]
-    if len(before) != 1 or len(after) != 1:
-        raise LookupError(f"before/after runs: {sorted(d)}")
-    return d[before[0]], d[after[0]]
-
-
 # ---------------------------------------------------------------------------------------------
 # The figures
 
@@ -346,6 +337,32 @@ def both_qlens(tier: str, key: str) -> Callable:
     return both(tier_row(tier, key, Q64), tier_row(tier, key, Q32))
 
 
+# mvdb against fast-plaid: one H200, the e2e corpus, 32-token queries, both at their defaults.
+FP, EQ = "fastplaid-1000000-H200.json", "e2e-1000000-q32-H200.json"
+FPT = "| | recall@10 | batched QPS | single-query p50 | build |"
+FP_DEFAULT = at("sweep", {"setting": "default"})
+MV_DEFAULT = at("runs", 0, "sweep", 0)
+FASTPLAID = [
+    *[Fig(BENCH, Cell(FPT, (row,), col), file, get)
+      for row, file, base, build in (("mvdb", EQ, MV_DEFAULT, at("runs", 0, "build_s")), ("fast-plaid", FP, FP_DEFAULT, at("build_s")))
+      for col, get in (("recall@10", lambda d, b=base: b(d)["recall10"] if "recall10" in b(d) else b(d)["recall10_vs_exhaustive"]),
+                       ("batched QPS", lambda d, b=base: b(d)["batch_qps"]),
+                       ("single-query p50", lambda d, b=base: b(d)["single_p50_ms"]),
+                       ("build", build))],
+    Fig(BENCH, "the same 1M-document synthetic corpus (#M tokens)", (FP, EQ),
+        lambda ds: same(d["tokens"] * 1e-6 for d in ds)),
+    Fig(BENCH, "mvdb answers #x the batched queries a second at higher recall", (EQ, FP),
+        lambda ds: MV_DEFAULT(ds[0])["batch_qps"] / FP_DEFAULT(ds[1])["batch_qps"]
+        if MV_DEFAULT(ds[0])["recall10"] > FP_DEFAULT(ds[1])["recall10_vs_exhaustive"] else None),
+    Fig(BENCH, "fast-plaid's index keeps # GB on the GPU", FP, at("index_resident_gpu_gb")),
+    Fig(BENCH, "tokens (# GB of the GPU in use after the open)", EQ, at("runs", 0, "device_used_after_open_gb")),
+    Fig(BENCH, "its best recall there is #, at # QPS", FP,
+        lambda d: max((r["recall10_vs_exhaustive"], r["batch_qps"]) for r in d["sweep"])),
+    Fig(README, "recall@10 # at # queries/s against fast-plaid's # at #", (EQ, FP),
+        lambda ds: (MV_DEFAULT(ds[0])["recall10"], MV_DEFAULT(ds[0])["batch_qps"],
+                    FP_DEFAULT(ds[1])["recall10_vs_exhaustive"], FP_DEFAULT(ds[1])["batch_qps"])),
+]
+
 SEARCH_1M = [
     Fig(BENCH, "--parts 200` on one ~ (2026-11-29)", DH, gpu),
     Fig(BENCH, "1M documents of 16-200 tokens (#M tokens", DH, at("tokens", times=1e-6)),
@@ -355,14 +372,12 @@ SEARCH_1M = [
                        ("batched QPS, 4-64 / 32", both_qlens(tier, "batch_qps")),
                        ("single-query p50 ms, 4-64 / 32", both_qlens(tier, "single_p50_ms")),
                        ("GPU memory held", at("runs", {"tier": tier}, "gpu_allocated_gb")))],
-    Fig(BENCH, "fast-plaid 1.7 at its defaults reached recall@10 # at # queries/s, built in # s",
-        "e2e-fastplaid-1M-H100.json",
-        both(at("sweep", {"setting": "default"}, "recall10_vs_exhaustive"), at("sweep", {"setting": "default"}, "batch_qps"),
-             at("build_s"))),
+    *FASTPLAID,
 ]
 
 # The 5.6M database (docs/benchmarks.md, docs/scale.md, README).
 LARGE = "large-dups-5600000-H200.json"
+CS = "| documents | tokens | tier | recall@10 |"  # docs/scale.md: corpus size at the defaults
 AUTO, DISK = {"open": "auto"}, {"open": "disk"}
 LT = "| | `auto` | `residency=\"disk\"` |"
 LARGE_FIGS = [
@@ -391,11 +406,11 @@ LARGE_FIGS = [
         pick="peak over the process # GB"),
     Fig(SCALE, "Build: generating # s, the reference # s, ingest # s.", LARGE,
         both(at("generate_s"), at("reference_s"), at("ingest_s"))),
-    Fig(SCALE, Cell("| documents | tokens | tier | candidates |", ("5,600,000",), "batched QPS"), LARGE,
+    Fig(SCALE, Cell(CS, ("5,600,000",), "batched QPS"), LARGE,
         at("runs", AUTO, "search", "batch_qps")),
-    Fig(SCALE, Cell("| documents | tokens | tier | candidates |", ("5,600,000",), "recall@10"), LARGE,
+    Fig(SCALE, Cell(CS, ("5,600,000",), "recall@10"), LARGE,
         at("runs", AUTO, "search", "recall10")),
-    Fig(SCALE, Cell("| documents | tokens | tier | candidates |", ("5,600,000",), "p50 ms"), LARGE,
+    Fig(SCALE, Cell(CS, ("5,600,000",), "p50 ms"), LARGE,
         at("runs", AUTO, "search", "single_p50_ms")),
 ]
 
@@ -468,77 +483,29 @@ def first_hit_parts(r: dict) -> tuple:
             r["open_s"] - r["load_queries_s"], r["first_hit_s"] - r["open_s"])
 
 
-# Several GPUs (docs/benchmarks.md table, docs/guides/scale-out.md prose).
-MG = "multigpu-2M-2xH200.json"
-MT = "| settings | one GPU:"
-MATCHED_ONE = {"nprobe": 8, "n_candidates": 4096}
-MATCHED_TWO = ({"nprobe": 4, "n_candidates": 1024}, {"nprobe": 2, "n_candidates": 2048})
-
-
-def matched(key: str, agg: Callable = min) -> Callable:
-    return lambda d: agg(at("sharded_sweep", m, key)(d) for m in MATCHED_TWO)
-
-
-def setup(part: str) -> Callable:
-    return both(at(part, "recall10_vs_exhaustive"), at(part, "batch_qps"), at(part, "single_p50_ms"))
-
-
-MULTIGPU = [
-    Fig(BENCH, Cell(MT, ("defaults",), 1), MG, setup("one_gpu"), pick="#, #, # ms"),
-    Fig(BENCH, Cell(MT, ("defaults",), 2), MG, setup("sharded"), pick="#, #, # ms"),
-    Fig(BENCH, Cell(MT, ("defaults",), 3), MG, at("speedup_batch_qps"), pick="#x"),
-    Fig(BENCH, Cell(MT, ("matched recall",), 1), MG,
-        both(at("one_gpu_sweep", MATCHED_ONE, "recall10_vs_exhaustive"), at("one_gpu_sweep", MATCHED_ONE, "batch_qps"),
-             at("one_gpu_sweep", MATCHED_ONE, "single_p50_ms")), pick="#, #, # ms"),
-    Fig(BENCH, Cell(MT, ("matched recall",), 2), MG,
-        both(matched("recall10_vs_exhaustive", min), matched("batch_qps", min), matched("batch_qps", max),
-             matched("single_p50_ms", min), matched("single_p50_ms", max)),
-        pick="#, #-#, #-# ms"),
-    Fig(BENCH, Cell(MT, ("matched recall",), 3), MG,
-        lambda d: tuple(matched("batch_qps", f)(d) / at("one_gpu_sweep", MATCHED_ONE, "batch_qps")(d) for f in (min, max)),
-        pick="#-#x"),
-    Fig(BENCH, "on two H200s of one host (`multigpu-2M-2xH200.json`; #M documents, #M tokens)", MG,
-        both(at("docs", times=1e-6), at("tokens", times=1e-6))),
-    Fig("docs/guides/scale-out.md", "two H200s give #x the batched QPS of one (# against #, at recall@10 # against #:", MG,
-        both(at("speedup_batch_qps"), at("sharded", "batch_qps"), at("one_gpu", "batch_qps"),
-             at("sharded", "recall10_vs_exhaustive"), at("one_gpu", "recall10_vs_exhaustive"))),
-    Fig("docs/guides/scale-out.md", "at matched recall@10 (#-#),", MG,
-        both(matched("recall10_vs_exhaustive", min), at("one_gpu_sweep", MATCHED_ONE, "recall10_vs_exhaustive"))),
-    Fig("docs/guides/scale-out.md", "one GPU, #-#x.", MG,
-        lambda d: tuple(matched("batch_qps", f)(d) / at("one_gpu_sweep", MATCHED_ONE, "batch_qps")(d) for f in (min, max))),
-    Fig("docs/guides/scale-out.md", "Single-query p50 is # ms against # at the defaults", MG,
-        both(at("sharded", "single_p50_ms"), at("one_gpu", "single_p50_ms"))),
-]
-
-# Serving: medians of three runs (docs/benchmarks.md table, serving guide, README).
-SERVE = ("serve-1000000-H100-threads8-1.json", "serve-1000000-H100-threads8-2.json", "serve-1000000-H100-threads8-3.json")
+# Serving: one run (docs/benchmarks.md table, serving guide, README).
+SERVE = "serve-1000000-H200.json"
 SVT = "| | clients | QPS | p50 ms |"
 
 
 def load(clients: int, key: str, times: float = 1) -> Callable:
-    return median(at("servers", 0, "load", {"clients": clients}, key, times=times))
+    return at("servers", 0, "load", {"clients": clients}, key, times=times)
 
 
 SERVING = [
-    Fig(BENCH, Cell(SVT, ("in process",), "QPS"), SERVE, median(at("in_process_batched_qps"))),
+    Fig(BENCH, Cell(SVT, ("in process",), "QPS"), SERVE, at("in_process_batched_qps")),
     *[Fig(BENCH, Cell(SVT, ("served", str(c)), col), SERVE, load(c, key, times))
-      for c in (1, 4, 16, 64)
+      for c in (1, 16, 64)
       for col, key, times in (("QPS", "qps", 1), ("p50 ms", "p50_ms", 1), ("p99 ms", "p99_ms", 1),
                               ("share of in-process batched QPS", "share_of_in_process_batched", 100))],
+    Fig(BENCH, "served answers checked equal to in-process ones (# of #)", SERVE,
+        lambda d: tuple(int(x) for x in d["servers"][0]["served_equals_in_process"].split("/"))),
+    Fig(BENCH, "run serve --clients 1,16,64 --seconds 8` on one ~ with # cores", SERVE,
+        both(gpu, at("cpus"))),
     Fig("docs/guides/serving.md", ("64 client threads reach # searches/s, #% of the in-process "
                                    "batched rate, and 16 clients see a median latency of # ms."),
         SERVE, both(load(64, "qps"), load(64, "share_of_in_process_batched", 100), load(16, "p50_ms"))),
-    Fig(BENCH, ("in process # against # QPS; served # / # / # QPS before and # / "
-                "# / # after at 1 / 16 / 64 clients, p99 at 64 clients # and # ms"),
-        "serve-1000000-H200-before-after.json",
-        lambda d: serve_before_after(*before_after(d))),
 ]
-
-
-def serve_before_after(b: dict, a: dict) -> tuple:
-    served = [at("servers", 0, "load", {"clients": c}, "qps")(run) for run in (b, a) for c in (1, 16, 64)]
-    p99 = [at("servers", 0, "load", {"clients": 64}, "p99_ms")(run) for run in (b, a)]
-    return (b["in_process_batched_qps"], a["in_process_batched_qps"], *served, *p99)
 
 
 # Training (docs/benchmarks.md and the guide's table, from one runner file).
@@ -631,12 +598,12 @@ GROW = [
 E2E = "e2e-1000000-H200.json"
 E2E_DEFAULT = ("runs", 0, "sweep", 0)
 E2E_FIGS = [
-    Fig(BENCH, ("reached recall@10 # at # batched QPS (first pass #), p50 # ms, built in # s "
+    Fig(BENCH, ("queries of 4-64 tokens: recall@10 # at # batched QPS (first pass #), p50 # ms, built in # s "
                 "(`python -m benchmarks --label 1000000 run e2e`"), E2E,
         both(at(*E2E_DEFAULT, "recall10"), at(*E2E_DEFAULT, "batch_qps"), at(*E2E_DEFAULT, "first_pass_qps"),
              at(*E2E_DEFAULT, "single_p50_ms"), at("runs", 0, "build_s"))),
-    Fig(BENCH, "on one ~ and with the torch token index (no FAISS)", E2E,
-        lambda d: gpu(d) if d["faiss_gpu"] is False else "FAISS"),
+    Fig(BENCH, "| mvdb (torch token index, no FAISS) |", (E2E, "e2e-1000000-q32-H200.json"),
+        lambda ds: None if any(d["faiss_gpu"] for d in ds) else ()),
 ]
 
 IN = "install-cpu.json"
@@ -706,8 +673,8 @@ HEADLINES = [
                     kern("c-1M", "mvdb candidates (default call)", "pct_of_roofline")(ds[0]),
                     ratio(lik_best("colbert"), at("cases", "colbert", "mvdb-auto", "ms"))(ds[1])),
         pick="in # ms on an H200 (#% of HBM bandwidth); a ColBERT training step #x faster"),
-    Fig(README, Cell(RT, ("[Serving over HTTP",), "figure"), SERVE, both(load(64, "qps"), load(16, "p50_ms")),
-        pick="# searches/s from 64 clients at 1M documents, p50 # ms at 16 clients"),
+    Fig(README, Cell(RT, ("[Serving over HTTP",), "figure"), SERVE, both(load(64, "qps"), gpu, load(16, "p50_ms")),
+        pick="# searches/s from 64 clients at 1M documents on an ~, p50 # ms at 16 clients"),
     Fig(README, Cell(RT, ("[Text ingest",), "figure"), TI,
         both(at("mvdb", "docs_per_s"), gpu, at("speedup")),
         pick="# man-page passages/s through all-MiniLM-L6-v2 on one ~, #x its own"),
@@ -765,55 +732,45 @@ def measured_rows() -> list[Fig]:
     return figs
 
 
-# The codes' rate (docs/scale.md, H200): rows of the int8 files, then the fp16 rates file.
-RATES = "tiers-dups-1000000-float16-H200-rates.json"
-RT2 = "| corpus | store | tier | recall@10 | batched QPS | GPU memory held | share"
-D8, T8 = "tiers-dups-1000000-int8-H200-rates.json", "tiers-topics-1000000-int8-H200-rates.json"
-B2, B1, B_DEFAULT = {"tier": "host", "code_bits": 2}, {"tier": "host", "code_bits": 1}, {"tier": "host", "code_bits": None}
-# (corpus, store, tier): file, run, row of the run (the exact-stage width where the run has several),
-# and the file of the device tier the share is of (the fp16 rows: the measured table's run).
-RATE_ROWS = [
-    (("`dups` 1M", "int8", "device"), D8, DEV, 0, None),
-    (("`dups` 1M", "int8", "codes+host, 2 bits"), D8, B2, {"exact": 128}, D8),
-    (("`dups` 1M", "int8", "codes+host, 1 bit (default)"), D8, B1, {"exact": 128}, D8),
-    (("`dups` 1M", "int8", "codes+host, 1 bit, 512"), D8, B1, {"exact": 512}, D8),
-    (("`topics` 1M", "int8", "device"), T8, DEV, 0, None),
-    (("`topics` 1M", "int8", "codes+host, 2 bits"), T8, B2, {"exact": 128}, T8),
-    (("`topics` 1M", "int8", "codes+host, 1 bit (default)"), T8, B1, {"exact": 128}, T8),
-    (("`dups` 1M", "fp16", "codes+host, 2 bits (default)"), RATES, B_DEFAULT, 0, DH),
-    (("`dups` 1M", "fp16", "codes+host, 1 bit"), RATES, B1, 0, DH),
+# The codes' rate (docs/scale.md): each store at its default rate, from the measured table's runs.
+B1 = {"tier": "host", "code_bits": 1}
+D8, T8 = "tiers-dups-1000000-int8-H200.json", "tiers-topics-1000000-int8-H200.json"
+TF = "tiers-topics-1000000-float16-H200.json"
+
+
+def share(device: dict = DEV) -> Callable:
+    """The codes+host run's GPU memory over the same file's device-tier run's, in %."""
+    return ratio(at("runs", HOST, "gpu_allocated_gb"), at("runs", device, "gpu_allocated_gb"), 100)
+
+
+RATE_FIGS = [
+    Fig(SCALE, "the fp16 codes tiers hold #% of the device tier's GPU memory", (DH, TF),
+        lambda ds: same(round(share()(d)) for d in ds)),
+    Fig(SCALE, "the int8 ones #-#% of the int8 device tier's", (D8, T8),
+        lambda ds: (min(share()(d) for d in ds), max(share()(d) for d in ds))),
+    Fig(SCALE, "at lower recall with short queries (# against # on `dups` with queries of 4-64", (D8, DH),
+        lambda ds: (tier_row("host", "recall10")(ds[0]), tier_row("host", "recall10")(ds[1]))),
 ]
 
 
-def rate_rows() -> list[Fig]:
-    figs = []
-    for key, file, run, row, device in RATE_ROWS:
-        figs += [Fig(SCALE, Cell(RT2, key, "recall@10"), file, at("runs", run, "rows", row, "recall10")),
-                 Fig(SCALE, Cell(RT2, key, "batched QPS"), file, at("runs", run, "rows", row, "batch_qps")),
-                 Fig(SCALE, Cell(RT2, key, "GPU memory held"), file, at("runs", run, "gpu_allocated_gb"))]
-        if device:
-            figs.append(Fig(SCALE, Cell(RT2, key, "share"), (file, device),
-                            lambda ds, r=run: 100 * at("runs", r, "gpu_allocated_gb")(ds[0]) / at("runs", DEV, "gpu_allocated_gb")(ds[1]),
-                            pick="#%"))
-    return figs
-
-
 INT8 = D8
-CODES2 = at("runs", B_DEFAULT, "gpu_bytes_per_token")
-CODES1 = at("runs", B1, "gpu_bytes_per_token")
+CODES2 = at("runs", HOST, "gpu_bytes_per_token")  # of the fp16 run: 2-bit codes, its default
+CODES1 = at("runs", HOST, "gpu_bytes_per_token")  # of the int8 run: 1-bit codes, its default
 DEVICE_B = ratio(at("runs", DEV, "gpu_allocated_gb"), at("tokens"), 1e9)
 
 
 def bytes_a_token(ds: list) -> dict[str, float]:
-    """The capacity plan's bytes a token at dim 128, from (DH, RATES, INT8)."""
-    dh, rates, int8 = ds
-    return {"device": DEVICE_B(dh), "codes2": CODES2(rates), "codes1": CODES1(rates),
+    """The capacity plan's bytes a token at dim 128, from (DH, INT8)."""
+    dh, int8 = ds
+    if at("runs", HOST, "stats", "codes_bits")(dh) != 2 or at("runs", HOST, "stats", "codes_bits")(int8) != 1:
+        raise ValueError("the plan's 2-bit and 1-bit codes come from the fp16 and int8 runs' codes+host tiers")
+    return {"device": DEVICE_B(dh), "codes2": CODES2(dh), "codes1": CODES1(int8),
             "device_int8": at("runs", DEV, "gpu_bytes_per_token")(int8),
             "fp16": at("runs", DEV, "stats", "resident_bytes")(dh) / dh["tokens"],
             "int8": at("runs", DEV, "stats", "resident_bytes")(int8) / int8["tokens"]}
 
 
-CAP_FILES = (DH, RATES, INT8)
+CAP_FILES = (DH, INT8)
 CT = "| model | documents | tokens | GPU memory, device tier fp16 |"
 # Page constants of the plan: an H200's 141 GB counted at 80%; ColBERT 180 tokens, ColPali 1,030.
 H200_BYTES = 141e9 * 0.8
@@ -850,7 +807,7 @@ def capacity_rows() -> list[Fig]:
 
 SCALE_FIGS = [
     *measured_rows(),
-    *rate_rows(),
+    *RATE_FIGS,
     Fig(SCALE, "`dups`: 1M docs, #M tokens", DH, at("tokens", times=1e-6)),
     Fig(SCALE, "`topics`: 1M docs, #M tokens", "tiers-topics-1000000-float16-H200.json", at("tokens", times=1e-6)),
     Fig(SCALE, "most of all in the int8 codes tiers (# against # on `dups`)", "tiers-dups-1000000-int8-H200.json",
@@ -882,10 +839,11 @@ SCALE_FIGS = [
     # The capacity plan's bytes a token, and the table computed from them.
     Fig(SCALE, "1M `dups` documents): # B in the device tier, fp16 (on an H200: # GB, `gpu_allocated_gb`", DH,
         both(DEVICE_B, at("runs", {"tier": "device"}, "gpu_allocated_gb"))),
-    Fig(SCALE, "in the codes tiers # B with 2-bit codes (fp16 stores' default) and # B with 1-bit codes", RATES,
-        both(CODES2, CODES1)),
-    Fig(SCALE, "(on an H200: `gpu_bytes_per_token` # and # in `tiers-dups-1000000-float16-H200-rates.json`", RATES,
-        both(CODES2, CODES1)),
+    Fig(SCALE, "in the codes tiers # B with 2-bit codes (fp16 stores' default) and # B with 1-bit codes", CAP_FILES,
+        lambda ds: (bytes_a_token(ds)["codes2"], bytes_a_token(ds)["codes1"])),
+    Fig(SCALE, ("`gpu_bytes_per_token` # of the fp16 codes+host run in `tiers-dups-1000000-float16-H200.json` "
+                "and # of the int8 one in `tiers-dups-1000000-int8-H200.json`"), CAP_FILES,
+        lambda ds: (bytes_a_token(ds)["codes2"], bytes_a_token(ds)["codes1"])),
     Fig(SCALE, "The exact tokens take # (fp16) or # (int8) B a token in host memory", CAP_FILES,
         lambda ds: (bytes_a_token(ds)["fp16"], bytes_a_token(ds)["int8"])),
     Fig(SCALE, "(fp16: # B a token at dim 128, int8: # B)", CAP_FILES,
@@ -896,7 +854,7 @@ SCALE_FIGS = [
         CAP_FILES, lambda ds: (1e7 * 180 / 1e9,
                                *(math.ceil(n * round(bytes_a_token(ds)[w]) / H200_BYTES)
                                  for n, w in ((1.8e9, "device"), (1.8e10, "device"), (1.8e10, "codes2"))))),
-    Fig(SCALE, "(its build took # s at 1M documents, #M tokens,", "e2e-fastplaid-1M-H100.json",
+    Fig(SCALE, "(its build took # s at 1M documents, #M tokens,", FP,
         both(at("build_s"), at("tokens", times=1e-6))),
 ]
 
@@ -977,48 +935,35 @@ CPU_POOL += [
                       for d in (ds[0], ds[2])))),
 ]
 
-# docs/scale.md: corpus size at the defaults.
-CS = "| documents | tokens | tier | candidates |"
 # (its rows: 32-token queries; the 1M runs measured two query sets, the others 32 tokens only)
 SIZES = [
-    (("250,000",), "tiers-dups-250000-float16.json", {"tier": "auto"}, 0),
-    (("1,000,000", "72.6M", "device"), DH, DEV, Q32),
-    (("1,000,000", "72.6M", "codes+host"), DH, HOST, Q32),
-    (("2,000,000", "145.2M", "device"), "tiers-dups-2000000-float16.json", {"tier": "auto"}, 0),
-    (("2,000,000", "145.2M", "codes+host"), "tiers-dups-2000000-float16-host-H200.json", HOST, 0),
-    (("4,000,000", "290.4M", "device"), "tiers-dups-4000000-float16-auto-H200.json", {"tier": "auto"}, 0),
-    (("4,000,000", "290.4M", "codes+host"), "tiers-dups-4000000-float16-host-H200.json", HOST, 0),
+    (("250,000",), "tiers-dups-250000-float16-H200.json", {"tier": "auto"}),
+    (("1,000,000", "72.6M", "device"), DH, DEV),
+    (("1,000,000", "72.6M", "codes+host"), DH, HOST),
+    (("2,000,000", "145.2M", "device"), "tiers-dups-2000000-float16-H200.json", {"tier": "auto"}),
+    (("2,000,000", "145.2M", "codes+host"), "tiers-dups-2000000-float16-H200.json", HOST),
 ]
+T2M = "tiers-dups-2000000-float16-H200.json"
 CORPUS_SIZE = [
     *[Fig(SCALE, Cell(CS, key, col), file, get)
-      for key, file, run, row in SIZES
-      for col, get in (("tokens", lambda d: Qty(d["tokens"])), ("recall@10", at("runs", run, "rows", row, "recall10")),
-                       ("batched QPS", at("runs", run, "rows", row, "batch_qps")),
-                       ("p50 ms", at("runs", run, "rows", row, "single_p50_ms")))],
-    Fig(SCALE, "`tiers-dups-2000000-float16-host-H200.json`: # GB on the GPU, #% of the device tier's #.",
-        ("tiers-dups-2000000-float16-host-H200.json", "tiers-dups-2000000-float16.json"),
-        lambda ds: (ds[0]["runs"][0]["gpu_allocated_gb"], 100 * ds[0]["runs"][0]["gpu_allocated_gb"] / ds[1]["runs"][0]["gpu_allocated_gb"],
-                    ds[1]["runs"][0]["gpu_allocated_gb"])),
-    Fig(SCALE, ("`tiers-dups-4000000-float16-host-H200.json`; # GB on the "
-                "GPU in the codes+host tier, #% of the device tier's #."),
-        ("tiers-dups-4000000-float16-host-H200.json", "tiers-dups-4000000-float16-auto-H200.json"),
-        lambda ds: (ds[0]["runs"][0]["gpu_allocated_gb"], 100 * ds[0]["runs"][0]["gpu_allocated_gb"] / ds[1]["runs"][0]["gpu_allocated_gb"],
-                    ds[1]["runs"][0]["gpu_allocated_gb"])),
-    Fig(SCALE, "`large-dups-5600000.json`): codes+host, recall #, # QPS, p50 # ms.",
-        "large-dups-5600000.json",
-        both(at("runs", 0, "search", "recall10"), at("runs", 0, "search", "batch_qps"), at("runs", 0, "search", "single_p50_ms"))),
+      for key, file, run in SIZES
+      for col, get in (("tokens", lambda d: Qty(d["tokens"])), ("recall@10", at("runs", run, "rows", Q64, "recall10")),
+                       ("batched QPS", at("runs", run, "rows", Q64, "batch_qps")),
+                       ("p50 ms", at("runs", run, "rows", Q64, "single_p50_ms")))],
+    Fig(SCALE, "(`tiers-dups-2000000-float16-H200.json`: # GB on the GPU in the codes+host tier, #% of the device tier's #)",
+        T2M, both(at("runs", HOST, "gpu_allocated_gb"), share({"tier": "auto"}), at("runs", {"tier": "auto"}, "gpu_allocated_gb"))),
     Fig(SCALE, ("20 adds of 10,000 documents into the codes+host tier reach "
                 "recall@10 # at # QPS against # at # for one bulk build"),
-        "grow-dups-200000-host-H100.json",
+        "grow-dups-200000-host-H200.json",
         both(at("modes", {"mode": "grow20"}, "search", 0, "recall10"), at("modes", {"mode": "grow20"}, "search", 0, "batch_qps"),
              at("modes", {"mode": "bulk"}, "search", 0, "recall10"), at("modes", {"mode": "bulk"}, "search", 0, "batch_qps"))),
-    Fig(SCALE, ("8 candidates a program with a float16 decode and 32-token tiles, # ms "
-                "a query, against # for one candidate a program with a float32 decode"),
-        "codes-kernel-8192.json",
+    Fig(SCALE, "the index retrains as the corpus grows (#, #, then # lists)", "grow-dups-200000-host-H200.json",
+        lambda d: tuple(t["nlist"] for t in at("modes", {"mode": "grow20"}, "trainings")(d))),
+    Fig(SCALE, ("8 candidates a program with a float16 decode and 32-token tiles, # "
+                "ms a query, against # for one candidate a program with a float32 decode"),
+        "codes-kernel-H200.json",
         lambda d: (at("rows", {"group": 8, "half": True, "block_d": 32, "warps": 2})(d)["ms_per_query"],
                    at("rows", {"group": 1, "half": False, "block_d": 16, "stages": 2, "warps": 2})(d)["ms_per_query"])),
-    Fig(SCALE, "At 1M, 128 documents reranked exactly give the same recall as 160 (# both,", "tiers-dups-1000000-float16-exact.json",
-        lambda d: same(r["recall10"] for r in d["runs"][0]["rows"])),
 ]
 
 # Quality, storage, checksums, Ray (docs/benchmarks.md).
@@ -1028,9 +973,11 @@ OTHER = [
         lambda d: (same((d["text_path"]["mrr10"], d["embeddings_path"]["mrr10"])), d["pages"])),
     Fig(BENCH, "default settings: MRR@10 #, Recall@10 #, Recall@100 #, identical to exhaustive MaxSim", "quality-manpages-dev-cpu.json",
         lambda d: same(tuple(d[run][k] for k in ("mrr10", "recall10", "recall100")) for run in ("mvdb_k100", "exhaustive"))),
-    Fig(BENCH, "ingest # GB/s, open # ms, gather of 1,000 random documents # ms median, `load_all` to the GPU # GB/s.",
-        "storage-1M-H100-machine.json",
-        both(at("ingest_gbps"), at("open_seconds_median", times=1000), at("gather_1000_ms_median"), at("load_all_gbps"))),
+    Fig(BENCH, "ingest # GB/s, open # ms, gather of 1,000 random documents # ms median.",
+        "storage-1000000-cpu.json",
+        both(at("ingest_gbps"), at("open_seconds_median", times=1000), at("gather_1000_ms_median"))),
+    Fig(BENCH, "1M documents of 80-120 tokens, dim 128, fp16: # GB)", "storage-1000000-cpu.json",
+        at("store_bytes", times=1e-9)),
     Fig(BENCH, "costs #% of the reopen time (# s against # s for # GB)", "open-checksums-40000-cpu.json",
         lambda d: (100 * d["overhead"], min(d["open_s_checksums_True"]), min(d["open_s_checksums_False"]), d["bytes"] / 1e9)),
     Fig(BENCH, "documents, 768k tokens): # docs/s with one worker; more workers are slower", "ray-ingest-8000-cpu.json",
@@ -1038,7 +985,7 @@ OTHER = [
             r["docs_per_s"] < at("runs", {"workers": 1}, "docs_per_s")(d) for r in d["runs"] if r["workers"] > 1) else None),
 ]
 
-FIGURES: list[Fig] = [*KERNELS, *SEARCH_1M, *LARGE_FIGS, *FIRST_QUERY, *MULTIGPU, *SERVING, *TRAINING,
+FIGURES: list[Fig] = [*KERNELS, *SEARCH_1M, *LARGE_FIGS, *FIRST_QUERY, *SERVING, *TRAINING,
                       *SPARTON, *HYBRID, *GROW, *DEFAULTS, *E2E_FIGS, *INSTALLS, *TEXT, *HEADLINES, *SCALE_FIGS, *CROSSOVER, *CPU_POOL, *CORPUS_SIZE,
                       *OTHER]
 
@@ -1129,21 +1076,8 @@ def test_bytes_a_token_are_the_capacity_plans():
 
 
 
-# Results files from before the benchmark runner: they lack some of what it records. The list only
-# shrinks: a re-run through `python -m benchmarks run` replaces a file, or the file goes with the
-# figures that cite it.
+# What the benchmark runner records in every file (`python -m benchmarks run`).
 PROVENANCE = ("suite", "command", "date", "machine", "versions")
-BEFORE_THE_RUNNER = {
-    "codes-kernel-8192.json", "e2e-fastplaid-1M-H100.json", "grow-dups-200000-host-H100.json",
-    "large-dups-5600000-H200.json", "large-dups-5600000.json", "multigpu-2M-2xH200.json",
-    "serve-1000000-H100-threads8-1.json", "serve-1000000-H100-threads8-2.json", "serve-1000000-H100-threads8-3.json",
-    "serve-1000000-H200-before-after.json", "storage-1M-H100-machine.json",
-    "tiers-dups-1000000-float16-H200-rates.json", "tiers-dups-1000000-float16-exact.json",
-    "tiers-dups-1000000-int8-H200-rates.json", "tiers-dups-200000-float16-exact.json",
-    "tiers-dups-200000-float16-pool.json", "tiers-dups-2000000-float16-host-H200.json",
-    "tiers-dups-2000000-float16.json", "tiers-dups-250000-float16.json", "tiers-dups-4000000-float16-auto-H200.json",
-    "tiers-dups-4000000-float16-host-H200.json", "tiers-topics-1000000-int8-H200-rates.json",
-}
 
 
 def test_results_files_record_how_they_were_made():
@@ -1153,7 +1087,4 @@ def test_results_files_record_how_they_were_made():
         missing = [k for k in PROVENANCE if not (isinstance(d, dict) and d.get(k))]
         if missing:
             lacking[p.name] = missing
-    new = {n: m for n, m in lacking.items() if n not in BEFORE_THE_RUNNER}
-    assert not new, f"results files without {', '.join(PROVENANCE)} (write them with `python -m benchmarks run`): {new}"
-    stale = sorted(BEFORE_THE_RUNNER - set(lacking))
-    assert not stale, f"re-run or removed: take these off BEFORE_THE_RUNNER: {stale}"
+    assert not lacking, f"results files without {', '.join(PROVENANCE)} (write them with `python -m benchmarks run`): {lacking}"
