@@ -15,7 +15,7 @@ __all__ = ["open"]
 
 def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=None, nlist=None,  # noqa: A001
          residency="auto", devices=None, progress=None, checksums=True, encoder=None, max_gpu_bytes=None,
-         code_bits=None, warm=False):
+         code_bits=None, warm=False, pool_factor=None, pool_protected=None):
     """Open (or create) a database directory.
 
     ``dtype``: "float16" (the default) or "int8" for a new database; for an existing one, None or
@@ -47,6 +47,12 @@ def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=No
     ``warm``: True runs ``db.warmup()`` before returning (every kernel variant its searches
     launch compiled and tuned: the first query runs at the warm speed), or an int, the longest
     query to warm for (``warmup(max_query_tokens=...)``).
+    ``pool_factor``: token pooling (:func:`mvdb.pool`) of every document this database stores:
+    each document's tokens clustered into ``tokens // pool_factor`` means, its first
+    ``pool_protected`` tokens (default 1: a [CLS]) kept as they are; recorded in the database
+    (``stats()["pooling"]``) and applied by ``add`` / ``add_texts`` / ``mvdb ingest``; queries are
+    never pooled. Given for a database that records another pooling, or holds documents stored
+    without any, it is refused (InvalidInputError): one database pools its documents one way.
     """
     if not isinstance(warm, (bool, int)):
         raise InvalidTypeError(f"warm: expected a bool or a positive int, got {type(warm).__name__}")
@@ -58,11 +64,13 @@ def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=No
     if devices is not None or is_sharded(path):
         db = ShardedDatabase(path, devices=devices, dim=dim, dtype=dtype, device=device, read_only=read_only,
                              index=index, nlist=nlist, residency=residency, progress=progress, checksums=checksums,
-                             encoder=encoder, max_gpu_bytes=max_gpu_bytes, code_bits=code_bits)
+                             encoder=encoder, max_gpu_bytes=max_gpu_bytes, code_bits=code_bits,
+                             pool_factor=pool_factor, pool_protected=pool_protected)
     else:
         db = Database(path, dim=dim, dtype=dtype, device=device, read_only=read_only, index=index, nlist=nlist,
                       residency=residency, progress=progress, checksums=checksums, encoder=encoder,
-                      max_gpu_bytes=max_gpu_bytes, code_bits=code_bits)
+                      max_gpu_bytes=max_gpu_bytes, code_bits=code_bits, pool_factor=pool_factor,
+                      pool_protected=pool_protected)
     if warm is not False:
         try:
             db.warmup(None if warm is True else warm)

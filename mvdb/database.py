@@ -37,8 +37,9 @@ from mvdb.engine.search import search as run_search
 from mvdb.engine.state import Engine, resolve_config
 from mvdb.errors import InvalidInputError, InvalidTypeError
 from mvdb.explain import ExplainMethods
+from mvdb.pooling import POOLING_KEY, pool_packed, pooling_arg, resolve_pooling, with_pooling
 from mvdb.storage import Store
-from mvdb.text import TextMethods, check_encoder, recorded_encoder
+from mvdb.text import TextMethods, check_encoder, check_pooling_encoder, recorded_encoder
 from mvdb.warm import SOURCE_DOCS, WARM_BATCHES, check_query_tokens, check_stop, default_query_tokens, warm
 
 __all__ = ["Database", "Hit", "rerank"]
@@ -48,8 +49,12 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
     """See the module docstring; create with :func:`mvdb.open`. ``encoder``: the model of
     ``add_texts`` / ``search_text`` (:mod:`mvdb.text`), None for embeddings only."""
 
+    _pools = True
+
     def __init__(self, path, *, dim=None, dtype=None, device="auto", read_only=False, index=None, nlist=None,
-                 residency="auto", progress=None, checksums=True, encoder=None, max_gpu_bytes=None, code_bits=None):
+                 residency="auto", progress=None, checksums=True, encoder=None, max_gpu_bytes=None, code_bits=None,
+                 pool_factor=None, pool_protected=None):
+        asked = pooling_arg(pool_factor, pool_protected)
         path = open_args(path, dim=dim, dtype=dtype, index=index, nlist=nlist, residency=residency,
                          read_only=read_only, checksums=checksums, progress=progress, max_gpu_bytes=max_gpu_bytes,
                          code_bits=code_bits)
@@ -58,6 +63,7 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
         self.store = Store(path, dim=dim, dtype=dtype, read_only=read_only, checksums=checksums)
         try:
             check_encoder(self.encoder, recorded_encoder([self.store]), self.store.path, self.store.snapshot().n_live)
+            self._open_pooling(asked, read_only)
             config = resolve_config(self.store, index, nlist)
             self._engine = Engine(self.store, self.device, residency, config, Progress(progress), max_gpu_bytes,
                                   code_bits)
@@ -71,6 +77,24 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
             # made due: run here, at open, it does not fall on the first large batch of hits, where
             # it costs a GPU search pass a large share of its time (benchmarks/first_query.py).
             gc.collect()
+
+    def _open_pooling(self, asked: dict | None, read_only: bool) -> None:
+        """``mvdb.open(..., pool_factor=)``: checked against the recorded pooling, and recorded in a
+        database that holds no documents yet."""
+        rec, new = resolve_pooling(asked, self.store.config.get(POOLING_KEY), self.store.path,
+                                   self.store.snapshot().n_live)
+        if new:
+            if read_only:
+                raise InvalidInputError(f"{self.store.path}: pool_factor={asked['pool_factor']} would record "
+                                        f"pooling, but the database is opened read_only")
+            self.store.commit_config(with_pooling(self.store.config, rec))
+        check_pooling_encoder(self.encoder, rec)
+
+    @property
+    def pooling(self) -> dict | None:
+        """The database's token pooling ({"pool_factor", "protected"}; None: documents stored as given)."""
+        rec = self.store.config.get(POOLING_KEY)
+        return dict(rec) if rec else None
 
     @property
     def dim(self) -> int | None:
@@ -103,7 +127,7 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
     def close(self) -> None:
         self._pub.close()
 
-    def add(self, docs, ids=None, metadata=None, sparse=None) -> list:
+    def add(self, docs, ids=None, metadata=None, sparse=None, *, pool_factor=None, pool_protected=None) -> list:
         """Store documents ([L_i, dim] arrays / tensors) and index their tokens; returns their ids.
         ``sparse``: optional per-document sparse vectors ({term: weight} dicts or (terms, weights)
         pairs, e.g. BM25 or SPLADE weights) for the lexical channel of :meth:`search`.
@@ -111,15 +135,28 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
         Incremental: the new tokens go into the resident pages and the index (IVF: assigned to
         the current centroids and persisted; retrained when the corpus calls for more lists, or
         has grown 4x since the centroids were trained).
-        """
-        return self._add(docs, ids, metadata, sparse)
 
-    def _add(self, docs, ids=None, metadata=None, sparse=None, encoder_record: dict | None = None) -> list:
+        Token pooling (``mvdb.pool``): a database created with ``pool_factor`` (``mvdb.open``)
+        pools every document it is given, and records it; ``pool_factor`` here must be the recorded
+        one, or pools the first documents of a database without a record (which then records it).
+        The documents are checked before they are pooled, and the pooled vectors are stored.
+        """
+        return self._add(docs, ids, metadata, sparse, pooling=pooling_arg(pool_factor, pool_protected))
+
+    def _add(self, docs, ids=None, metadata=None, sparse=None, encoder_record: dict | None = None,
+             pooling: dict | None = None, pooled: bool = False) -> list:
         """``add``; with ``encoder_record``, the encoder of the vectors is recorded in the same commit
         (``add_texts``: a refused batch leaves no record behind; with no documents, the record alone:
-        a shard that gets none of a sharded batch)."""
-        config = None if encoder_record is None else dict(self.store.config, encoder=encoder_record)
+        a shard that gets none of a sharded batch). ``pooling``: the pooling asked for (see ``add``);
+        ``pooled``: ``docs`` are pooled that way already (a shard of ShardedDatabase)."""
         with self._pub.write():
+            rec, new = resolve_pooling(pooling, self.store.config.get(POOLING_KEY), self.store.path,
+                                       self.store.snapshot().n_live)
+            if rec is not None and not pooled and not (isinstance(docs, list) and not docs):
+                docs = self._pool(docs, rec)
+            config = None if encoder_record is None else dict(self.store.config, encoder=encoder_record)
+            if new:
+                config = with_pooling(config if config is not None else self.store.config, rec)
             if config is not None and isinstance(docs, list) and not docs:
                 self.store.commit_config(config)
                 out = []
@@ -127,6 +164,15 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
                 out = self.store.add(docs, ids=ids, metadata=metadata, sparse=sparse, config=config)
             self._pub.advance()
         return out
+
+    def _pool(self, docs, rec: dict):
+        """``docs`` checked (shapes, dim, finite values) and pooled on this database's device."""
+        from mvdb.storage import validate
+        from mvdb.storage.packed import Packed
+
+        tokens, lengths, _ = validate.documents(docs, self.store.dim)
+        validate.finite(tokens, lengths)
+        return Packed.of(*pool_packed(tokens, lengths, rec, device=self.device))
 
     def _text_stores(self) -> list:
         return [self.store]
@@ -205,8 +251,9 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
         """Counts, residency and index figures of the current state (see the README); ``encoder``:
         the record of the model that made the vectors (mvdb.text), None when there is none."""
         with self._pub.read() as st:
-            rec = (st.snap.manifest.get("config") or {}).get("encoder")
-            return dict(self._engine.stats(st), path=self.store.path, encoder=rec)
+            config = st.snap.manifest.get("config") or {}
+            return dict(self._engine.stats(st), path=self.store.path, encoder=config.get("encoder"),
+                        pooling=config.get(POOLING_KEY))
 
     def search(self, queries, k: int = 10, where=None, *, n_candidates: int | None = None,
                k_tokens: int | None = None, nprobe: int | None = None, sparse=None, n_sparse: int | None = None,

@@ -194,6 +194,20 @@ class Encoder:
     def __repr__(self) -> str:
         return f"mvdb.Encoder({self.name!r}, kind={self.kind!r}, dim={self.dim})"
 
+    @property
+    def pools_tokens(self) -> str | None:
+        """The class name of the model's own token pooling module (Sentence Transformers'
+        ``HierarchicalTokenPooling``, or any module named ``...TokenPooling``), or None: a model
+        that pools its document tokens itself is not pooled again by the database."""
+        modules = getattr(self.model, "_modules", None)
+        if not isinstance(modules, dict):
+            return None
+        for module in modules.values():
+            name = type(module).__name__
+            if name.endswith("TokenPooling"):
+                return name
+        return None
+
     def record(self) -> dict:
         """What the manifest keeps about this encoder (JSON values)."""
         return {"name": self.name, "kind": self.kind, "dim": self.dim,

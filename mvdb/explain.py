@@ -10,7 +10,11 @@ With text: where the database has an encoder whose tokenizer gives character off
 Transformers model) and the document's text is stored (``add_texts(..., store_text=True)``), each
 match also names the matched words: ``doc_span`` (start, end characters in the stored text) and
 ``doc_text``; a query given as a str is encoded with the encoder and gets ``query_span`` /
-``query_text`` the same way. Special tokens ([CLS], [SEP]) have no span.
+``query_text`` the same way. Special tokens ([CLS], [SEP]) have no span. ``doc_spans`` lists every
+span the document vector stands for: one token's, or in a database that pools its documents
+(``mvdb.open(..., pool_factor=)``) each word of the pooled cluster, found by encoding the stored
+text again and clustering it as it was clustered when stored; ``doc_span`` / ``doc_text`` are then
+the first of them and the words joined by spaces.
 
 :func:`explain_stored` takes a stored document as the query (what ``mvdb serve``'s ``/explain``
 does with ``query_id``); its words come from its stored text.
@@ -35,6 +39,7 @@ class TokenMatch(NamedTuple):
     doc_text: str | None = None  # the stored text there
     query_span: tuple | None = None  # the same for the query token, where the query was a str
     query_text: str | None = None
+    doc_spans: list | None = None  # every (start, end) the document vector stands for (pooled: several)
 
     def as_dict(self) -> dict:
         """The fields by name (what the server and ``mvdb explain --json`` send)."""
@@ -157,8 +162,8 @@ def _with_words(db, enc, q: np.ndarray, doc_id, q_source: str | None, q_spans) -
     doc = _doc(db, doc_id)
     out = explain_tokens(doc_id, q, doc)
     text = stored_text(db, doc_id) if enc is not None else None
-    d_spans = _spans(enc, text, doc.shape[0], is_query=False)
-    if d_spans is None and q_spans is None:
+    d_groups = _doc_spans(db, enc, text, doc.shape[0])
+    if d_groups is None and q_spans is None:
         return out
 
     def words(spans, i, source):
@@ -167,7 +172,36 @@ def _with_words(db, enc, q: np.ndarray, doc_id, q_source: str | None, q_spans) -
 
     matches = []
     for m in out.matches:
-        d_span, d_text = words(d_spans, m.doc_token, text)
+        group = d_groups[m.doc_token] if d_groups is not None and 0 <= m.doc_token < len(d_groups) else []
+        d_span = group[0] if group else None
+        d_text = " ".join(text[a:b] for a, b in group) if group else None
         q_span, q_text = words(q_spans, m.query_token, q_source)
-        matches.append(TokenMatch(*m[:4], doc_span=d_span, doc_text=d_text, query_span=q_span, query_text=q_text))
+        matches.append(TokenMatch(*m[:4], doc_span=d_span, doc_text=d_text, query_span=q_span, query_text=q_text,
+                                  doc_spans=list(group) if group else None))
     return Explanation(out.id, out.score, matches)
+
+
+def _doc_spans(db, enc, text: str | None, n: int) -> list | None:
+    """For each of a stored document's ``n`` vectors, the spans of the words it stands for in its
+    stored ``text`` (one, or a pooled cluster's); None where there are no spans."""
+    if enc is None or text is None:
+        return None
+    pooling = getattr(db, "pooling", None)
+    if not pooling or pooling.get("pool_factor", 1) == 1:
+        spans = _spans(enc, text, n, is_query=False)
+        return None if spans is None else [[s] if s is not None else [] for s in spans]
+    from mvdb.pooling import pool
+
+    vecs = enc.encode([text], is_query=False)[0]
+    spans = _spans(enc, text, vecs.shape[0], is_query=False)
+    if spans is None:
+        return None
+    pooled, groups = pool([np.asarray(vecs, dtype=np.float32)], pooling["pool_factor"], protected=pooling["protected"],
+                          return_groups=True)
+    if pooled[0].shape[0] != n:  # not the stored vectors' clustering (another model or settings)
+        return None
+    out = [[] for _ in range(n)]
+    for token, row in enumerate(groups[0]):
+        if spans[token] is not None:
+            out[int(row)].append(tuple(spans[token]))
+    return [sorted(g) for g in out]

@@ -23,7 +23,9 @@ import torch
 
 from mvdb.errors import InvalidInputError, InvalidTypeError
 
-__all__ = ["pool"]
+__all__ = ["POOLING_KEY", "pool", "pool_packed", "pooling_arg", "resolve_pooling", "with_pooling"]
+
+POOLING_KEY = "pooling"  # the manifest config's key of a database's pooling: {"pool_factor", "protected"}
 
 BATCH_TOKENS = 1 << 21  # a clustering batch on a CPU: its documents x their longest, squared
 GPU_BATCH_TOKENS = 1 << 28  # on a GPU (1 GB of float32 distances): a merge step is a few launches for every document
@@ -101,6 +103,92 @@ def pool(docs, pool_factor: float = 2, *, protected: int = 1, normalize: bool = 
     if return_groups:
         return result, [g.numpy().astype(np.int64) for g in groups]
     return result
+
+
+def pooling_arg(pool_factor, protected=None) -> dict | None:
+    """``pool_factor`` / ``pool_protected`` as given to ``mvdb.open``, ``add``, ``add_texts`` or
+    ``mvdb ingest`` -> the pooling they ask for ({"pool_factor", "protected"}), or None where
+    ``pool_factor`` is None (the database's recorded pooling applies). ``protected`` None: 1."""
+    if pool_factor is None:
+        if protected is not None:
+            raise InvalidInputError(f"pool_protected: given ({protected!r}) without pool_factor; pass both")
+        return None
+    if isinstance(pool_factor, bool) or not isinstance(pool_factor, numbers.Real):
+        raise InvalidTypeError(f"pool_factor: expected a number >= 1, got {type(pool_factor).__name__}")
+    if not 1 <= pool_factor < float("inf"):
+        raise InvalidInputError(f"pool_factor: expected a number >= 1 (1: no pooling), got {pool_factor}")
+    protected = 1 if protected is None else protected
+    if isinstance(protected, bool) or not isinstance(protected, numbers.Integral):
+        raise InvalidTypeError(f"pool_protected: expected an int >= 0, got {type(protected).__name__}")
+    if protected < 0:
+        raise InvalidInputError(f"pool_protected: expected an int >= 0, got {protected}")
+    factor = int(pool_factor) if float(pool_factor).is_integer() else float(pool_factor)
+    return {"pool_factor": factor, "protected": int(protected)}
+
+
+def _describe(rec: dict | None) -> str:
+    if rec is None or rec["pool_factor"] == 1:
+        return "no pooling"
+    return f"pool_factor {rec['pool_factor']}, {rec['protected']} protected leading token(s)"
+
+
+def resolve_pooling(asked: dict | None, recorded: dict | None, path, n_live: int) -> tuple[dict | None, bool]:
+    """The pooling a write applies (None: none) and whether the database is to record it.
+
+    A database pools its documents one way: ``asked`` (``pooling_arg``'s) must match the recorded
+    pooling; a database with no record takes one while it holds no documents (pool_factor 1 asks
+    for none, and records nothing). InvalidInputError names both where they conflict."""
+    if asked is None or asked == recorded:
+        return recorded, False
+    none = asked["pool_factor"] == 1
+    if recorded is None and none:
+        return None, False
+    if recorded is not None:
+        raise InvalidInputError(
+            f"{path}: its documents are pooled with {_describe(recorded)} (recorded in the database); "
+            f"{_describe(asked)} was asked: one database pools its documents one way. Leave pool_factor "
+            f"out (the recorded pooling applies), or write to a new database")
+    if n_live:
+        raise InvalidInputError(
+            f"{path}: holds {n_live:,} documents stored without pooling; {_describe(asked)} would mix "
+            f"pooled and unpooled documents. Add them unpooled, or pool into a new database "
+            f"(mvdb.open(new_path, pool_factor=...))")
+    return asked, True
+
+
+def with_pooling(config: dict | None, rec: dict | None) -> dict | None:
+    """``config`` (a store's manifest config, or the one a write already commits) with the pooling
+    ``rec`` recorded in it; ``config`` as it was where ``rec`` is None."""
+    if rec is None:
+        return config
+    return dict(config or {}, **{POOLING_KEY: dict(rec)})
+
+
+def pool_packed(tokens, lengths, rec: dict, device=None):
+    """Packed documents (tokens [T, dim], lengths [n]: numpy or torch) pooled as ``rec`` says ->
+    (float32 numpy tokens, int64 numpy lengths). The clustering runs on ``device`` (default: the
+    tokens' own). A document whose tokens are all unit length gets unit-length pooled vectors, as
+    its inputs (the means of unit vectors are shorter); other documents keep the plain means."""
+    t = tokens if isinstance(tokens, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(tokens))
+    if device is not None:
+        t = t.to(device)
+    t = t.float()
+    lens = np.asarray(lengths.cpu() if isinstance(lengths, torch.Tensor) else lengths, dtype=np.int64)
+    docs = list(torch.split(t, lens.tolist()))
+    if not docs:
+        return np.zeros((0, t.shape[1]), np.float32), np.zeros(0, np.int64)
+    pooled = pool(docs, rec["pool_factor"], protected=rec["protected"], normalize=False)
+    norms = torch.linalg.vector_norm(t, dim=1)
+    unit = torch.ones(len(docs), dtype=torch.bool, device=t.device)
+    bad = (norms - 1).abs() > 1e-2
+    if bad.any():
+        doc_of = torch.repeat_interleave(torch.arange(len(docs), device=t.device),
+                                         torch.from_numpy(lens).to(t.device))
+        unit[doc_of[bad]] = False
+    unit = unit.cpu().tolist()
+    out = [torch.nn.functional.normalize(p, dim=-1) if u else p for p, u in zip(pooled, unit)]
+    new_lengths = np.array([p.shape[0] for p in out], dtype=np.int64)
+    return torch.cat(out).cpu().numpy(), new_lengths
 
 
 def _ward_batch(docs: list[torch.Tensor], ks: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from mvdb.encoders import IDENTITY, TEXT_KEY, Encoder, as_encoder, differences, texts_arg
+from mvdb.pooling import pooling_arg
 from mvdb.errors import (
     DuplicateIdError,
     EncoderMismatchError,
@@ -33,7 +34,8 @@ from mvdb.errors import (
     InvalidTypeError,
 )
 
-__all__ = ["TEXT_KEY", "TextMethods", "check_encoder", "check_record", "record_config", "recorded_encoder"]
+__all__ = ["TEXT_KEY", "TextMethods", "check_encoder", "check_pooling_encoder", "check_record", "record_config",
+           "recorded_encoder"]
 
 
 
@@ -52,6 +54,17 @@ def check_encoder(encoder: Encoder | None, recorded: dict | None, path, n_live: 
     """EncoderMismatchError when ``encoder`` would mix its vectors with those of the record."""
     if encoder is not None:
         check_record(encoder.record(), recorded, path, n_live)
+
+
+def check_pooling_encoder(encoder: Encoder | None, pooling: dict | None) -> None:
+    """InvalidInputError where a database that pools its documents would pool again the tokens of
+    a model that pools them itself (its own pooling module)."""
+    own = encoder.pools_tokens if encoder is not None else None
+    if own and pooling and pooling.get("pool_factor", 1) != 1:
+        raise InvalidInputError(
+            f"encoder {encoder.name}: pools its document tokens itself ({own}); the database pools them too "
+            f"(pool_factor {pooling['pool_factor']}): they would be pooled twice. Use the model without its "
+            f"pooling module, or a database without pool_factor")
 
 
 def check_record(record: dict, recorded: dict | None, path, n_live: int) -> None:
@@ -117,6 +130,18 @@ class TextMethods:
     commit of the batch)."""
 
     encoder: Encoder | None = None
+    _pools = False  # whether ``_add`` takes ``pooling=`` (a class that pools documents as it stores them)
+
+    def _pooling_kw(self, pool_factor, pool_protected) -> dict:
+        """``_add``'s pooling argument, where one was asked for."""
+        asked = pooling_arg(pool_factor, pool_protected)
+        if asked is None:
+            return {}
+        if not self._pools:
+            raise InvalidInputError(f"pool_factor: {type(self).__name__} does not pool documents as it adds them; "
+                                    f"open the database with mvdb.open(path, pool_factor=...) where it is stored "
+                                    f"(its recorded pooling then applies to every add)")
+        return {"pooling": asked}
 
     def _text_path(self):
         return getattr(self, "path", None) or self.store.path
@@ -129,7 +154,8 @@ class TextMethods:
         """Whether the vectors are stored as float16 (then encoded to float16)."""
         return all(s.dtype == "float16" for s in self._text_stores())
 
-    def add_encoded(self, docs, encoder_record: dict, ids=None, metadata=None) -> list:
+    def add_encoded(self, docs, encoder_record: dict, ids=None, metadata=None, *, pool_factor=None,
+                    pool_protected=None) -> list:
         """``add`` of vectors that the encoder ``encoder_record`` describes made
         (``Encoder.record()``): refused as ``add_texts`` refuses another model where the database
         holds another's vectors, and recorded with the batch where it has no record. What a client
@@ -148,7 +174,8 @@ class TextMethods:
                 f"given were made by {_describe(encoder_record)} (differs in {', '.join(diff)}): they would be "
                 f"searched with another model")
         record = dict(encoder_record) if rec is None or differences(encoder_record, rec) else None
-        return self._add(docs, ids=ids, metadata=metadata, encoder_record=record)
+        return self._add(docs, ids=ids, metadata=metadata, encoder_record=record,
+                         **self._pooling_kw(pool_factor, pool_protected))
 
     def _text_encoder(self, encoder, what: str) -> Encoder:
         if encoder is None:
@@ -167,18 +194,24 @@ class TextMethods:
             raise InvalidInputError(f"encoder {enc.name}: makes {enc.dim}-d vectors; the database at "
                                     f"{self._text_path()} holds {self.dim}-d ones")
 
-    def add_texts(self, texts, ids=None, metadata=None, *, store_text: bool = False, encoder=None) -> list:
+    def add_texts(self, texts, ids=None, metadata=None, *, store_text: bool = False, encoder=None,
+                  pool_factor=None, pool_protected=None) -> list:
         """Encode ``texts`` (a list of str) as documents and store them; returns their ids (as
         ``add``). ``store_text=True`` keeps each text in its metadata under ``"text"`` (merged with
         ``metadata``; an error if a dict already holds another value there). ``encoder``: this
         call's model (default: the handle's, from ``mvdb.open(..., encoder=)``), checked against
         the database's record. Everything is checked, then every text encoded, then stored in one
         commit: a bad text, a bad output of the model or an id already stored leaves the database
-        as it was. The first call on a database records the encoder (``stats()["encoder"]``)."""
+        as it was. The first call on a database records the encoder (``stats()["encoder"]``).
+        ``pool_factor`` / ``pool_protected``: token pooling of the documents, as in ``add`` (a
+        database created with ``pool_factor`` pools them without being asked)."""
         from mvdb.storage import validate  # the storage layer: not for a client that never adds texts
         from mvdb.storage.packed import Packed
 
         enc = self._text_encoder(encoder, "add_texts")
+        asked = pooling_arg(pool_factor, pool_protected)
+        self._pooling_kw(pool_factor, pool_protected)  # refused before the encoding where not supported
+        check_pooling_encoder(enc, asked or getattr(self, "pooling", None))
         texts, _ = texts_arg(texts)
         meta = merge_text(texts, metadata, store_text)
         validate.metadata(meta, len(texts))  # JSON values: checked before the encoding, not after
@@ -196,7 +229,8 @@ class TextMethods:
         vecs = Packed.of(tokens, lengths)
         self._check_dim(enc)
         # checked against the record now the dim is known, and recorded with the batch where there is none
-        return self.add_encoded(vecs, enc.record(), ids=ids, metadata=meta)
+        pool = {} if asked is None else {"pool_factor": pool_factor, "pool_protected": pool_protected}
+        return self.add_encoded(vecs, enc.record(), ids=ids, metadata=meta, **pool)
 
     def search_text(self, queries, k: int = 10, where=None, *, encoder=None, **options):
         """Encode ``queries`` (one str, or a list) as queries (``is_query=True``) and ``search``

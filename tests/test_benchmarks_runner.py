@@ -368,7 +368,19 @@ def _install(r):
     assert os.path.dirname(os.path.dirname(case["smoke"]["torch_file"])) == here, (case["smoke"]["torch_file"], here)
 
 
-CHECKS = {"kernels": _kernels, "kernel-floor": _kernel_floor, "codes-kernel": _codes_kernel, "e2e": _e2e,
+def _pool_quality(r):
+    assert r["pages"] == 40
+    rows = {f["pool_factor"]: f for f in r["factors"]}
+    assert sorted(rows) == [1, 2, 3, 4]
+    assert rows[1]["pooling"] is None and rows[1]["tokens"] == r["doc_tokens"]
+    assert rows[1]["recall10_vs_unpooled_exhaustive"] == 1.0  # a flat index's defaults on a CPU: exact
+    for f in (2, 3, 4):
+        assert rows[f]["pooling"] == {"pool_factor": f, "protected": 1}
+        assert rows[f]["tokens"] < rows[f - 1]["tokens"] and _unit(rows[f]["mrr10"]) and rows[f]["pool_docs_per_s"] > 0
+        assert rows[f]["mrr10"] == rows[f]["exhaustive_pooled_mrr10"]  # exact over the pooled pages
+
+
+CHECKS = {"pool-quality": _pool_quality, "kernels": _kernels, "kernel-floor": _kernel_floor, "codes-kernel": _codes_kernel, "e2e": _e2e,
           "fastplaid": _fastplaid, "tiers": _tiers, "large": _large, "grow": _grow, "multigpu": _multigpu,
           "ray-ingest": _ray_ingest, "serve": _serve, "training": _training, "sparton": _sparton, "hybrid": _hybrid,
           "quality": _quality, "text-api": _text_api, "text-ingest": _text_ingest, "storage": _storage, "open-checksums": _open_checksums,

@@ -26,6 +26,7 @@ import json
 import math
 import re
 import statistics
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
@@ -100,7 +101,8 @@ class Fig:
     pick: str | None = None    # a phrase inside the cell
 
     def id(self) -> str:
-        where = f"{'/'.join(self.at.after + self.at.row)}:{self.at.col}" if isinstance(self.at, Cell) else self.at
+        where = (f"{zlib.crc32(self.at.table.encode()) % 4096:03x}:{'/'.join(self.at.after + self.at.row)}:{self.at.col}"
+                 if isinstance(self.at, Cell) else self.at)  # the table's tag: tables with rows alike
         return f"{self.page}:{where}{'' if self.pick is None else ':' + self.pick}"[:120]
 
 
@@ -462,6 +464,9 @@ FIRST_QUERY = [
         "first-query-dups-200000-serve-H200.json",
         both(at("runs", 0, "listening_s"), at("runs", 0, "ready_s"), at("runs", 0, "first_10s_qps"),
              at("runs", 0, "last_10s_qps"), at("runs", 0, "first_over_steady", times=100))),
+    Fig("docs/guides/serving.md", ("a server was ready # s after it listened, and its first 10 s under 16 clients "
+                                   "ran at #% of its steady rate"), "first-query-dups-200000-serve-H200.json",
+        lambda d: (at("runs", 0, "ready_s")(d) - at("runs", 0, "listening_s")(d), at("runs", 0, "first_over_steady", times=100)(d))),
 ]
 
 
@@ -789,18 +794,23 @@ def gpu_bytes(ds: list, tokens: float, which: str) -> float:
     return tokens * round(bytes_a_token(ds)[which])
 
 
-def capacity_rows() -> list[Fig]:
+CT_POOLED = "| model | documents | vectors, pool_factor 2 |"
+
+
+def capacity_rows(table: str = CT, pool_factor: int = 1) -> list[Fig]:
+    """The plan's rows; with ``pool_factor``, of documents pooled by it (1 + (n - 1) // f vectors)."""
     figs = []
     for model, docs in CAP_ROWS:
-        n = {"10M": 1e7, "100M": 1e8, "1B": 1e9}[docs] * DOC_TOKENS[model]
+        per_doc = DOC_TOKENS[model] if pool_factor == 1 else 1 + (DOC_TOKENS[model] - 1) // pool_factor
+        n = {"10M": 1e7, "100M": 1e8, "1B": 1e9}[docs] * per_doc
         key = (model, docs)
-        figs.append(Fig(SCALE, Cell(CT, key, "tokens"), CAP_FILES, lambda ds, n=n: Qty(n)))
+        figs.append(Fig(SCALE, Cell(table, key, 2), CAP_FILES, lambda ds, n=n: Qty(n)))
         for col, which in ((3, "device"), (5, "codes2"), (7, "codes1")):
             # the GPU memory, then the H200s it takes, rounded up
-            figs.append(Fig(SCALE, Cell(CT, key, col), CAP_FILES, lambda ds, n=n, w=which: Qty(gpu_bytes(ds, n, w))))
-            figs.append(Fig(SCALE, Cell(CT, key, col + 1), CAP_FILES,
+            figs.append(Fig(SCALE, Cell(table, key, col), CAP_FILES, lambda ds, n=n, w=which: Qty(gpu_bytes(ds, n, w))))
+            figs.append(Fig(SCALE, Cell(table, key, col + 1), CAP_FILES,
                             lambda ds, n=n, w=which: math.ceil(gpu_bytes(ds, n, w) / H200_BYTES)))
-        figs.append(Fig(SCALE, Cell(CT, key, 9), CAP_FILES,
+        figs.append(Fig(SCALE, Cell(table, key, 9), CAP_FILES,
                         lambda ds, n=n: tuple(Qty(n * round(bytes_a_token(ds)[w])) for w in ("fp16", "int8"))))
     return figs
 
@@ -849,6 +859,9 @@ SCALE_FIGS = [
     Fig(SCALE, "(fp16: # B a token at dim 128, int8: # B)", CAP_FILES,
         lambda ds: (bytes_a_token(ds)["fp16"], bytes_a_token(ds)["int8"])),
     *capacity_rows(),
+    *capacity_rows(CT_POOLED, pool_factor=2),
+    Fig(SCALE, "vectors, # of a 180-token ColBERT passage and # of a 1,030-token ColPali page", CAP_FILES,
+        lambda ds: (1 + 179 // 2, 1 + 1029 // 2)),
     Fig("docs/guides/scale-out.md", ("10M ColBERT passages (#B tokens) need # H200s with the tokens "
                                      "on the GPU, or one with the codes tier; 100M need #, or #."),
         CAP_FILES, lambda ds: (1e7 * 180 / 1e9,
@@ -966,6 +979,21 @@ CORPUS_SIZE = [
                    at("rows", {"group": 1, "half": False, "block_d": 16, "stages": 2, "warps": 2})(d)["ms_per_query"])),
 ]
 
+# Token pooling's quality (docs/guides/database.md), one runner file.
+PQ = "pool-quality-manpages-dev-cpu.json"
+PQT = "| pool_factor | vectors stored | MRR@10 |"
+POOL_QUALITY = [
+    Fig("docs/guides/database.md", Cell(PQT, (str(f),), col), PQ, at("factors", {"pool_factor": f}, key))
+    for f in (1, 2, 3, 4)
+    for col, key in (("vectors stored", "tokens"), ("MRR@10", "mrr10"), ("recall@10 of the page", "recall10"),
+                     ("top 10 shared", "recall10_vs_unpooled_exhaustive"))
+] + [
+    Fig("docs/guides/database.md", "the 1,979 man pages of the dev split", PQ, lambda d: () if d["pages"] == 1979 else None),
+    Fig("docs/guides/database.md", "a quarter #;", PQ,
+        lambda d: at("factors", {"pool_factor": 1}, "mrr10")(d) - at("factors", {"pool_factor": 4}, "mrr10")(d)),
+]
+
+
 # Quality, storage, checksums, Ray (docs/benchmarks.md).
 OTHER = [
     Fig("docs/guides/text.md", "the MRR@10 of the embeddings path on the same pages, # on all # pages",
@@ -986,7 +1014,7 @@ OTHER = [
 ]
 
 FIGURES: list[Fig] = [*KERNELS, *SEARCH_1M, *LARGE_FIGS, *FIRST_QUERY, *SERVING, *TRAINING,
-                      *SPARTON, *HYBRID, *GROW, *DEFAULTS, *E2E_FIGS, *INSTALLS, *TEXT, *HEADLINES, *SCALE_FIGS, *CROSSOVER, *CPU_POOL, *CORPUS_SIZE,
+                      *SPARTON, *HYBRID, *GROW, *DEFAULTS, *E2E_FIGS, *INSTALLS, *TEXT, *HEADLINES, *SCALE_FIGS, *CROSSOVER, *CPU_POOL, *CORPUS_SIZE, *POOL_QUALITY,
                       *OTHER]
 
 

@@ -35,6 +35,11 @@ from mvdb.errors import InvalidInputError, MvdbError
               help="Train and persist the token index at the end (else the first writable open does).")
 @click.option("--shards", default=0, show_default=True,
               help="Create DB sharded into this many shards (mvdb.open(DB, devices=[...]) then puts one per device).")
+@click.option("--pool-factor", type=float, default=None,
+              help="Token pooling: cluster each document's tokens into tokens/N means (mvdb.pool), recorded in "
+                   "DB; a DB that records one pools with it [default: DB's, else none].")
+@click.option("--pool-protected", type=int, default=None,
+              help="With --pool-factor: leading tokens (a [CLS]) kept as they are [default: 1].")
 @click.option("--metadata", "metadata_file", type=click.Path(dir_okay=False), default=None,
               help="JSON lines: one object (or null) per document, in the order of the sources' documents.")
 @JSON_OUT
@@ -43,7 +48,8 @@ from mvdb.errors import InvalidInputError, MvdbError
 @DEBUG
 def ingest(db: str, sources: tuple[str, ...], model: str | None, text_field: str | None, id_field: str | None,
            store_text: bool | None, batch_size: int | None, dtype: str | None, batch: int, build_index: bool,
-           shards: int, metadata_file: str | None, as_json: bool, device: str, quiet: bool) -> None:
+           shards: int, pool_factor: float | None, pool_protected: int | None, metadata_file: str | None, as_json: bool,
+           device: str, quiet: bool) -> None:
     """Add documents to DB (created if missing): embeddings from files, or texts that --model encodes.
 
     Embedding SOURCES: packed X.npy + X.lengths.npy (optional X.ids.npy; side files given among
@@ -69,10 +75,18 @@ def ingest(db: str, sources: tuple[str, ...], model: str | None, text_field: str
 
     Example: mvdb ingest my.mvdb docs.npz more_docs/ --metadata docs.metadata.jsonl
 
+    --pool-factor N pools each document's tokens to about 1/N as many (Ward clusters, their
+    means; queries are never pooled) and records it in DB: later ingests, adds and add_texts pool
+    the same way. A DB that holds unpooled documents, or records another factor, refuses it.
+
     Example: mvdb ingest texts.mvdb pages.jsonl.gz --model minilm --device cuda
     """
     from mvdb.engine.args import device_arg
     from mvdb.ingest.texts import is_text_source
+    from mvdb.pooling import pooling_arg
+
+    pooling = pooling_arg(None if pool_factor is None else (int(pool_factor) if pool_factor.is_integer() else pool_factor),
+                          pool_protected)
 
     if batch < 1:
         raise InvalidInputError(f"--batch: expected 1 or more documents, got {batch}")
@@ -91,7 +105,7 @@ def ingest(db: str, sources: tuple[str, ...], model: str | None, text_field: str
                                     "fields of a JSON line)")
         summary = _ingest_texts(db, sources, model, text_field=text_field or "text", id_field=id_field or "id",
                                 store_text=store_text is not False, batch_size=batch_size, dtype=dtype, batch=batch,
-                                shards=shards, device=device, quiet=quiet)
+                                shards=shards, device=device, quiet=quiet, pooling=pooling)
     else:
         given = [name for name, v in (("--model", model), ("--text-field", text_field), ("--id-field", id_field),
                                       ("--store-text/--no-store-text", store_text), ("--batch-size", batch_size))
@@ -99,7 +113,7 @@ def ingest(db: str, sources: tuple[str, ...], model: str | None, text_field: str
         if given:
             raise InvalidInputError(f"{given[0]}: for text sources (.jsonl, .jsonl.gz, .txt, a directory of .txt / "
                                     f".md files), but {sources[0]} is an embedding source")
-        summary = _ingest_embeddings(db, sources, dtype, batch, shards, quiet, metadata_file)
+        summary = _ingest_embeddings(db, sources, dtype, batch, shards, quiet, metadata_file, pooling, device)
     if build_index:
         import mvdb
 
@@ -119,7 +133,7 @@ def ingest(db: str, sources: tuple[str, ...], model: str | None, text_field: str
 
 
 def _ingest_embeddings(db: str, sources: tuple[str, ...], dtype: str | None, batch: int, shards: int, quiet: bool,
-                       metadata_file: str | None) -> dict:
+                       metadata_file: str | None, pooling: dict | None = None, device: str = "auto") -> dict:
     """Check every embedding source, then add their documents (DB removed again if this created
     it and a bad document stopped it before any was stored); the summary."""
     from mvdb.ingest import open_source, sources_of
@@ -135,7 +149,7 @@ def _ingest_embeddings(db: str, sources: tuple[str, ...], dtype: str | None, bat
         dim = dims.pop()
         meta = _read_metadata(metadata_file, sum(src.n for src in srcs)) if metadata_file else None
         with removed_if_failed(db):
-            return _ingest(db, srcs, dim, dtype, batch, shards, quiet, meta)
+            return _ingest(db, srcs, dim, dtype, batch, shards, quiet, meta, pooling, device)
 
 
 @contextlib.contextmanager
@@ -177,9 +191,11 @@ def _read_metadata(path: str, n: int) -> list:
 
 
 def _ingest(db: str, srcs: list, dim: int, dtype: str | None, batch: int, shards: int, quiet: bool,
-            metadata: list | None = None) -> dict:
+            metadata: list | None = None, pooling: dict | None = None, device: str = "auto") -> dict:
     """Add the documents of the checked sources ``srcs`` to DB (created if missing); a summary."""
+    from mvdb.engine.args import device_arg
     from mvdb.ingest import add_new
+    from mvdb.ingest.writer import Pooled, open_pooling
     from mvdb.shards.placement import PlacedStores
     from mvdb.storage import Store
 
@@ -190,6 +206,9 @@ def _ingest(db: str, srcs: list, dim: int, dtype: str | None, batch: int, shards
             if st.dim is not None and st.dim != dim:
                 raise InvalidInputError(f"{p}: stores dim {st.dim}, but the sources have dim {dim}")
         st = PlacedStores(stores) if len(stores) > 1 or shards else stores[0]
+        rec = open_pooling(stores, pooling, db)
+        if rec is not None:
+            st = Pooled(st, rec, device_arg(device))
         added = skipped = tokens_added = at = 0
         t0 = time.perf_counter()
         for src in srcs:
@@ -203,7 +222,7 @@ def _ingest(db: str, srcs: list, dim: int, dtype: str | None, batch: int, shards
                     got, skip, got_tokens = add_new(st, ids, toks, lens, also_known=src.legacy_ids(ids), metadata=meta)
                     added += got
                     skipped += skip
-                    tokens_added += got_tokens
+                    tokens_added = st.tokens if rec is not None else tokens_added + got_tokens
                     dt = max(time.perf_counter() - t0, 1e-9)
                     rate["text"] = f"{added / dt:,.0f} docs/s, {tokens_added / dt:,.0f} tokens/s"
                     bar.update(len(ids))
@@ -220,7 +239,8 @@ def _summary(db: str, added: int, skipped: int, tokens: int, documents: int, sec
 
 
 def _ingest_texts(db: str, sources: tuple[str, ...], spec: str, *, text_field: str, id_field: str, store_text: bool,
-                  batch_size: int | None, dtype: str | None, batch: int, shards: int, device: str, quiet: bool) -> dict:
+                  batch_size: int | None, dtype: str | None, batch: int, shards: int, device: str, quiet: bool,
+                  pooling: dict | None = None) -> dict:
     """Check every text source, load the model, then encode and add the documents not stored yet,
     ``batch`` a commit, each commit recording the model (as ``add_texts``); the summary."""
     from mvdb.cli.arguments import load_model, model_checked
@@ -236,6 +256,12 @@ def _ingest_texts(db: str, sources: tuple[str, ...], spec: str, *, text_field: s
         st = PlacedStores(stores)  # one store, or the shards: each document to the least loaded
         with model_checked(spec):
             check_record(enc.record(), recorded_encoder(stores), db, len(st))
+        from mvdb.engine.args import device_arg
+        from mvdb.ingest.writer import Pooled, open_pooling
+
+        rec = open_pooling(stores, pooling, db, enc)
+        if rec is not None:
+            st = Pooled(st, rec, device_arg(device))
         held = {s.manifest["id_type"] for s in stores} - {None}
         if held and srcs[0].id_type not in held:
             raise InvalidInputError(f"{db}: holds {held.pop()} ids, but {srcs[0].path} has {srcs[0].id_type} ids")
@@ -259,7 +285,7 @@ def _ingest_texts(db: str, sources: tuple[str, ...], spec: str, *, text_field: s
                     st.add_packed(tokens, lengths, ids=[ids[i] for i in new],
                                   metadata=None if metas is None else [metas[i] for i in new],
                                   encoder_record=enc.record())
-                    meter.stored(len(new), int(lengths.sum()))
+                    meter.stored(len(new), int(lengths.sum()) if rec is None else st.tokens - meter.tokens)
         summary = meter.summary(db, len(st), quiet)
     return dict(summary, model=enc.name)
 

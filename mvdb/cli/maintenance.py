@@ -32,12 +32,14 @@ def info(db: str, as_json: bool) -> None:
                         "id_type": m["id_type"], "segments": len(m["segments"]),
                         "tokens": sum(s["n_tokens"] for s in m["segments"]),
                         "deleted": sum(len(s["deleted"]) for s in m["segments"]), "generation": m["generation"],
-                        "bytes": sum(s["file_size"] for s in m["segments"]), "index": _index_info(m)})
+                        "bytes": sum(s["file_size"] for s in m["segments"]), "index": _index_info(m),
+                        "pooling": _pooling_info((m.get("config") or {}).get("pooling"))})
     if len(per) == 1 and per[0]["path"] == db:
         out = per[0]
     else:
         out = {"path": db, "shards": len(per), "documents": sum(p["documents"] for p in per),
-               "tokens": sum(p["tokens"] for p in per), "bytes": sum(p["bytes"] for p in per), "per_shard": per}
+               "tokens": sum(p["tokens"] for p in per), "bytes": sum(p["bytes"] for p in per),
+               "pooling": per[0]["pooling"] if per else "none", "per_shard": per}
     if as_json:
         click.echo(json.dumps(out))
     else:
@@ -48,6 +50,12 @@ def info(db: str, as_json: bool) -> None:
                                f"index {p['index']}")
             else:
                 click.echo(f"{key}: {value}")
+
+
+def _pooling_info(rec: dict | None) -> str:
+    if not rec or rec.get("pool_factor", 1) == 1:
+        return "none (documents stored as given)"
+    return f"pool_factor {rec['pool_factor']}, {rec['protected']} protected leading token(s)"
 
 
 def _index_info(m: dict) -> str:

@@ -24,3 +24,42 @@ def add_new(store, ids: list, tokens: np.ndarray, lengths: np.ndarray, also_know
         meta = None if metadata is None else [m for m, k in zip(metadata, keep) if k]
         store.add_packed(tokens[np.repeat(keep, lengths)], lengths[keep], ids=kept, metadata=meta)
     return int(keep.sum()), int((~keep).sum()), int(lengths[keep].sum())
+
+
+class Pooled:
+    """A store (a Store, or shards placing documents) whose batches are pooled (``mvdb.pool``)
+    before they are added: ``mvdb ingest --pool-factor``. ``rec``: the pooling; ``device``: where
+    the clustering runs. ``tokens`` counts the pooled tokens stored."""
+
+    def __init__(self, store, rec: dict, device):
+        self.store, self.rec, self.device = store, rec, device
+        self.tokens = 0
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def contains(self, ids) -> np.ndarray:
+        return self.store.contains(ids)
+
+    def add_packed(self, tokens, lengths, ids, metadata=None, **kw) -> None:
+        from mvdb.pooling import pool_packed
+
+        tokens, lengths = pool_packed(tokens, lengths, self.rec, device=self.device)
+        self.store.add_packed(tokens, lengths, ids=ids, metadata=metadata, **kw)
+        self.tokens += int(lengths.sum())
+
+
+def open_pooling(stores: list, asked: dict | None, path, encoder=None) -> dict | None:
+    """The pooling of an ingest into ``stores`` (``--pool-factor``, else the recorded one): checked
+    against the record (and the model, which must not pool itself), and recorded in every store
+    where it is new (the database holds no documents then)."""
+    from mvdb.pooling import POOLING_KEY, resolve_pooling, with_pooling
+    from mvdb.text import check_pooling_encoder
+
+    recorded = next((st.config.get(POOLING_KEY) for st in stores if st.config.get(POOLING_KEY)), None)
+    rec, new = resolve_pooling(asked, recorded, path, sum(len(st) for st in stores))
+    check_pooling_encoder(encoder, rec)
+    if new:
+        for st in stores:
+            st.commit_config(with_pooling(st.config, rec))
+    return rec

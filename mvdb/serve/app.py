@@ -277,7 +277,7 @@ async def explain(s: Served, args):
     """Why ``doc_id`` scores what it does for ``query`` (a text, with ``--model``; or embeddings
     [Lq, dim]) or for the stored document ``query_id``: ``{id, score, matches, text}``, one match
     per query token (query_token, doc_token, similarity, share, and where the text is stored and the
-    model gives them: doc_span, doc_text, query_span, query_text); ``text``: the stored texts of
+    model gives them: doc_span, doc_text, doc_spans, query_span, query_text); ``text``: the stored texts of
     the document and the query."""
     if "doc_id" not in args or ("query" not in args and "query_id" not in args):
         raise errors.InvalidInputError("explain: expected doc_id (the document to explain) and query (a text, or "

@@ -47,7 +47,8 @@ from mvdb.shards.placement import contains_any, membership, owners, place
 from mvdb.storage import VerifyReport, validate
 from mvdb.storage.manifest import MANIFEST
 from mvdb.warm import check_query_tokens, check_stop, default_query_tokens
-from mvdb.text import TextMethods, check_encoder, recorded_encoder
+from mvdb.pooling import pool_packed, pooling_arg, resolve_pooling, with_pooling
+from mvdb.text import TextMethods, check_encoder, check_pooling_encoder, recorded_encoder
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -59,8 +60,11 @@ class ShardedDatabase(TextMethods, ExplainMethods, DatabaseAPI):
     """The :class:`mvdb.Database` API over one shard per device; see the module docstring.
     ``encoder``: as for ``Database`` (:mod:`mvdb.text`); its record goes into every shard."""
 
+    _pools = True
+
     def __init__(self, path, *, devices=None, dim=None, dtype=None, device="auto", read_only=False, encoder=None,
-                 **options):
+                 pool_factor=None, pool_protected=None, **options):
+        asked = pooling_arg(pool_factor, pool_protected)
         path = open_args(path, dim=dim, dtype=dtype, read_only=read_only, **options)
         self.path = path
         self.encoder = as_encoder(encoder)
@@ -102,6 +106,14 @@ class ShardedDatabase(TextMethods, ExplainMethods, DatabaseAPI):
                                             read_only=read_only, **options))
             stores = [s.store for s in self.shards]
             check_encoder(self.encoder, recorded_encoder(stores), path, sum(len(s) for s in self.shards))
+            rec, new = resolve_pooling(asked, self.pooling, path, sum(len(s) for s in self.shards))
+            if new:
+                if read_only:
+                    raise InvalidInputError(f"{path}: pool_factor={asked['pool_factor']} would record pooling, but "
+                                            f"the database is opened read_only")
+                for s in self.shards:
+                    s.store.commit_config(with_pooling(s.store.config, rec))
+            check_pooling_encoder(self.encoder, rec)
         except BaseException:
             self.close()
             if created and not any(len(s) for s in self.shards):
@@ -172,23 +184,34 @@ class ShardedDatabase(TextMethods, ExplainMethods, DatabaseAPI):
         ids = list(ids)
         return owners([membership(s.store, ids) for s in self._open()], ids)
 
-    def add(self, docs, ids=None, metadata=None, sparse=None) -> list:
+    @property
+    def pooling(self) -> dict | None:
+        """The database's token pooling (every shard records the same), as ``Database.pooling``."""
+        return next((s.pooling for s in self.shards if s.pooling), None)
+
+    def add(self, docs, ids=None, metadata=None, sparse=None, *, pool_factor=None, pool_protected=None) -> list:
         """Store documents, each on the shard holding the fewest tokens; returns their (global) ids.
         Everything is checked before any shard writes. Writes are serialised across threads (ids
-        are allocated over all shards); searches run concurrently with them."""
-        return self._add(docs, ids, metadata, sparse)
+        are allocated over all shards); searches run concurrently with them. Pooling as in
+        ``Database.add``: the documents are pooled before they are placed."""
+        return self._add(docs, ids, metadata, sparse, pooling=pooling_arg(pool_factor, pool_protected))
 
-    def _add(self, docs, ids=None, metadata=None, sparse=None, encoder_record: dict | None = None) -> list:
+    def _add(self, docs, ids=None, metadata=None, sparse=None, encoder_record: dict | None = None,
+             pooling: dict | None = None) -> list:
         """``add``; with ``encoder_record`` (``add_texts``), every shard records the encoder once the
-        whole batch passed its checks (with its part of the batch, or alone)."""
+        whole batch passed its checks (with its part of the batch, or alone); the pooling likewise."""
         with self._writer:
-            return self._add_locked(docs, ids, metadata, sparse, encoder_record)
+            return self._add_locked(docs, ids, metadata, sparse, encoder_record, pooling)
 
-    def _add_locked(self, docs, ids, metadata, sparse, encoder_record) -> list:
+    def _add_locked(self, docs, ids, metadata, sparse, encoder_record, pooling=None) -> list:
         for s in self._open():
             s.store.check_writable()
+        rec, new = resolve_pooling(pooling, self.pooling, self.path, len(self))
         tokens, lengths, _ = validate.documents(docs, self.dim)  # shapes, dtypes, dim
         validate.finite(tokens, lengths)  # here, not per shard: one bad document and no shard writes
+        if rec is not None and len(lengths):
+            docs = Packed.of(*pool_packed(tokens, lengths, rec, device=self.shards[0].device))
+            tokens, lengths = docs.tokens, np.diff(docs.offsets)
         n = len(lengths)
         id_type = next((s.store.manifest["id_type"] for s in self.shards if s.store.manifest["id_type"]), None)
         next_id = max(s.store.manifest["next_id"] for s in self.shards)
@@ -208,12 +231,13 @@ class ShardedDatabase(TextMethods, ExplainMethods, DatabaseAPI):
             part = jobs[id(shard)]
             return shard._add([items[i] for i in part], ids=[ids[i] for i in part],
                               metadata=None if metadata is None else [metadata[i] for i in part],
-                              sparse=None if sparse is None else [sparse[i] for i in part], encoder_record=encoder_record)
+                              sparse=None if sparse is None else [sparse[i] for i in part], encoder_record=encoder_record,
+                              pooling=rec if new else None, pooled=True)
 
-        if encoder_record is not None:
+        if encoder_record is not None or new:
             for s in self.shards:
                 if id(s) not in jobs:
-                    s._add([], encoder_record=encoder_record)
+                    s._add([], encoder_record=encoder_record, pooling=rec if new else None, pooled=True)
 
         self._each(add_part, [s for s in self.shards if id(s) in jobs])
         return ids

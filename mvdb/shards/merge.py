@@ -56,6 +56,7 @@ def merge_stats(per_shard: list[dict], path=None) -> dict:
         values = {p.get(key) for p in per_shard} - {None}
         out[key] = values.pop() if len(values) == 1 else None
     out["encoder"] = next((p["encoder"] for p in per_shard if p.get("encoder")), None)  # recorded on every shard
+    out["pooling"] = next((p["pooling"] for p in per_shard if p.get("pooling")), None)  # recorded on every shard
     out["devices"] = [p.get("device") for p in per_shard]
     out["shards"] = list(per_shard)
     return out

@@ -223,14 +223,16 @@
   function matchedSpans(matches) {
     const spans = new Map();
     for (const m of matches) {
-      if (!m.doc_span) continue;
-      const [start, end] = m.doc_span;
-      const key = `${start}:${end}`;
-      const s = spans.get(key) || { start, end, similarity: -Infinity, share: 0, queries: [] };
-      s.similarity = Math.max(s.similarity, m.similarity);
-      s.share += m.share;
-      s.queries.push(m.query_text ?? `#${m.query_token}`);
-      spans.set(key, s);
+      // every word the matched vector stands for: one token's, or a pooled cluster's
+      const words = m.doc_spans || (m.doc_span ? [m.doc_span] : []);
+      for (const [start, end] of words) {
+        const key = `${start}:${end}`;
+        const s = spans.get(key) || { start, end, similarity: -Infinity, share: 0, queries: [] };
+        s.similarity = Math.max(s.similarity, m.similarity);
+        s.share += m.share;
+        s.queries.push(m.query_text ?? `#${m.query_token}`);
+        spans.set(key, s);
+      }
     }
     return [...spans.values()].sort((a, b) => a.start - b.start || b.end - a.end);
   }
