@@ -10,6 +10,8 @@ install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
 	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev,docs,cpu,pylate,distributed,serve,demo,langchain,llamaindex]"
 	@$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps pylate==1.6.0 colpali-engine==0.3.18
+# Sentence Transformers 6 (MultiVectorEncoder) beside the 5.3 that PyLate pins: tests/test_multivector.py
+	@$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps --upgrade --target .st6 "sentence-transformers==6.2.0"
 # the browser test of /ui (tests/test_ui.py) drives Debian's chromium: installed where it is missing and we are root
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 		&& { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1; } \

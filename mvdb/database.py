@@ -83,12 +83,12 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
         database that holds no documents yet."""
         rec, new = resolve_pooling(asked, self.store.config.get(POOLING_KEY), self.store.path,
                                    self.store.snapshot().n_live)
+        check_pooling_encoder(self.encoder, rec)  # before anything is recorded
         if new:
             if read_only:
                 raise InvalidInputError(f"{self.store.path}: pool_factor={asked['pool_factor']} would record "
                                         f"pooling, but the database is opened read_only")
             self.store.commit_config(with_pooling(self.store.config, rec))
-        check_pooling_encoder(self.encoder, rec)
 
     @property
     def pooling(self) -> dict | None:

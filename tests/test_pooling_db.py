@@ -153,11 +153,27 @@ def test_a_model_that_pools_itself_is_not_pooled_again(tmp_path):
     assert enc.pools_tokens == "HierarchicalTokenPooling"
     with pytest.raises(InvalidInputError, match="pooled twice"):
         mvdb.open(tmp_path / "db", device="cpu", encoder=enc, pool_factor=2)
+    with mvdb.open(tmp_path / "db", device="cpu") as db:
+        assert db.pooling is None  # the refused open recorded nothing
+    with pytest.raises(InvalidInputError, match="pooled twice"):
+        mvdb.open(tmp_path / "sh", devices=["cpu", "cpu"], encoder=enc, pool_factor=2)
+    with mvdb.open(tmp_path / "sh", devices=["cpu", "cpu"]) as db:
+        assert db.pooling is None and all(s.pooling is None for s in db.shards)
     with mvdb.open(tmp_path / "db2", device="cpu", encoder=enc) as db:
         with pytest.raises(InvalidInputError, match="pooled twice"):
             db.add_texts(["a b c"], pool_factor=2)
         db.add_texts(["a b c"])  # its own pooling only
         assert db.pooling is None and len(db) == 1
+
+
+def _touching_joined(spans):
+    out = []
+    for a, b in spans:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
 
 
 def test_explain_names_every_word_a_pooled_vector_stands_for(tmp_path):
@@ -176,7 +192,8 @@ def test_explain_names_every_word_a_pooled_vector_stands_for(tmp_path):
         e = db.explain(texts[0].split()[0] + " " + texts[0].split()[-1], ids[0])
         covered = set()
         for m in e.matches:
-            want = sorted(tuple(spans[t]) for t in np.flatnonzero(groups[0] == m.doc_token) if spans[t] is not None)
+            want = _touching_joined(sorted(tuple(spans[t]) for t in np.flatnonzero(groups[0] == m.doc_token)
+                                           if spans[t] is not None))
             assert (m.doc_spans or []) == want
             if want:
                 assert m.doc_span == want[0]
@@ -190,3 +207,37 @@ def test_explain_names_every_word_a_pooled_vector_stands_for(tmp_path):
                       for r in range(stored.shape[0])]
         assert sorted(s for g in per_vector for s in g) == sorted(all_spans)
         assert any(len(g) > 1 for g in per_vector) or many == []
+
+
+def test_shards_that_disagree_on_pooling_are_refused(tmp_path):
+    from mvdb.errors import FormatError
+
+    docs = _docs(4)
+    with mvdb.open(tmp_path / "db", devices=["cpu", "cpu"]) as db:
+        db.add(docs[:1])
+        holder = next(s for s in db.shards if len(s))
+        other = next(s for s in db.shards if not len(s))
+        other_path = other.store.path
+    with mvdb.open(other_path, device="cpu", pool_factor=2):  # one shard written on its own
+        pass
+    with pytest.raises(FormatError, match="disagree on token pooling"):
+        mvdb.open(tmp_path / "db", devices=["cpu", "cpu"])
+    assert holder is not None
+
+
+def test_a_sharded_database_reports_its_pooling_from_the_open(tmp_path):
+    with mvdb.open(tmp_path / "db", devices=["cpu", "cpu"], pool_factor=3) as db:
+        assert db.stats()["pooling"] == {"pool_factor": 3, "protected": 1}
+
+
+def test_an_ingest_that_stores_nothing_records_no_pooling(tmp_path):
+    docs = _docs(5)
+    bad = [d.copy() for d in docs]
+    bad[2][1, 0] = np.nan
+    np.savez(tmp_path / "bad.npz", tokens=np.concatenate(bad), lengths=np.array([len(d) for d in bad]))
+    mvdb.open(tmp_path / "db", device="cpu").close()  # an existing, empty database
+    r = CliRunner().invoke(cli, ["ingest", str(tmp_path / "db"), str(tmp_path / "bad.npz"), "--pool-factor", "2",
+                                 "--no-index", "--device", "cpu"])
+    assert r.exit_code != 0 and "document 2" in r.output, r.output  # named as given, before pooling
+    with mvdb.open(tmp_path / "db", device="cpu") as db:
+        assert len(db) == 0 and db.pooling is None

@@ -7,6 +7,8 @@ preceded by a marker comment:
 - ``<!-- readme-test: gpu -->``: runs only where CUDA is present;
 - ``<!-- readme-test: server (...) -->``: the test first serves an empty database on
   127.0.0.1:8000 (the address the block connects to);
+- ``<!-- readme-test: st6 -->``: runs with Sentence Transformers 6 first on the path (``make
+  install`` puts it in ``.st6``, beside the 5.3 that PyLate pins);
 - ``<!-- readme-test: skip (reason) -->``: not run; the reason must say why (and is listed by
   ``test_every_block_is_run_or_says_why_not``).
 
@@ -52,7 +54,7 @@ RUNNABLE = [b for b in BLOCKS if b["lang"] in ("python", "bash") and b["mark"] !
 def test_every_block_is_run_or_says_why_not():
     for b in BLOCKS:
         assert b["lang"] in ("python", "bash", *NOT_CODE), f"{b['where']}: a code block needs a language"
-        assert b["mark"] in (None, "gpu", "server", "skip"), f"{b['where']}: unknown marker {b['mark']}"
+        assert b["mark"] in (None, "gpu", "server", "st6", "skip"), f"{b['where']}: unknown marker {b['mark']}"
         if b["mark"] == "skip":
             assert b["why"].startswith("(") and len(b["why"]) > 10, f"{b['where']}: skip without a reason"
     assert len(RUNNABLE) >= 15
@@ -87,10 +89,16 @@ def test_readme_block_runs(block, tmp_path):
             server = Server(str(tmp_path / "served.mvdb"), port=8000, device="cpu")
         except Exception as e:  # noqa: BLE001 - the port is taken on this machine
             pytest.skip(f"cannot serve on 127.0.0.1:8000 here: {e}")
+    env = _env()
+    if block["mark"] == "st6":
+        st6 = ROOT / ".st6"
+        if not (st6 / "sentence_transformers").is_dir():
+            pytest.skip(f"no Sentence Transformers 6 in {st6} (make install puts it there)")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(st6), env.get("PYTHONPATH", "")) if p)
     cmd = [sys.executable, "-c", block["body"]] if block["lang"] == "python" else ["bash", "-euo", "pipefail", "-c",
                                                                                  block["body"]]
     try:
-        r = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
+        r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     finally:
         if server is not None:
             server.stop()

@@ -206,9 +206,9 @@ def _ingest(db: str, srcs: list, dim: int, dtype: str | None, batch: int, shards
             if st.dim is not None and st.dim != dim:
                 raise InvalidInputError(f"{p}: stores dim {st.dim}, but the sources have dim {dim}")
         st = PlacedStores(stores) if len(stores) > 1 or shards else stores[0]
-        rec = open_pooling(stores, pooling, db)
+        rec, new = open_pooling(stores, pooling, db)
         if rec is not None:
-            st = Pooled(st, rec, device_arg(device))
+            st = Pooled(st, rec, device_arg(device), record=new, stores=stores)
         added = skipped = tokens_added = at = 0
         t0 = time.perf_counter()
         for src in srcs:
@@ -259,9 +259,9 @@ def _ingest_texts(db: str, sources: tuple[str, ...], spec: str, *, text_field: s
         from mvdb.engine.args import device_arg
         from mvdb.ingest.writer import Pooled, open_pooling
 
-        rec = open_pooling(stores, pooling, db, enc)
+        rec, new = open_pooling(stores, pooling, db, enc)
         if rec is not None:
-            st = Pooled(st, rec, device_arg(device))
+            st = Pooled(st, rec, device_arg(device), record=new, stores=stores)
         held = {s.manifest["id_type"] for s in stores} - {None}
         if held and srcs[0].id_type not in held:
             raise InvalidInputError(f"{db}: holds {held.pop()} ids, but {srcs[0].path} has {srcs[0].id_type} ids")

@@ -39,7 +39,8 @@ def info(db: str, as_json: bool) -> None:
     else:
         out = {"path": db, "shards": len(per), "documents": sum(p["documents"] for p in per),
                "tokens": sum(p["tokens"] for p in per), "bytes": sum(p["bytes"] for p in per),
-               "pooling": per[0]["pooling"] if per else "none", "per_shard": per}
+               "pooling": next((p["pooling"] for p in per if not p["pooling"].startswith("none")),
+                               per[0]["pooling"] if per else "none"), "per_shard": per}
     if as_json:
         click.echo(json.dumps(out))
     else:

@@ -28,11 +28,14 @@ def add_new(store, ids: list, tokens: np.ndarray, lengths: np.ndarray, also_know
 
 class Pooled:
     """A store (a Store, or shards placing documents) whose batches are pooled (``mvdb.pool``)
-    before they are added: ``mvdb ingest --pool-factor``. ``rec``: the pooling; ``device``: where
-    the clustering runs. ``tokens`` counts the pooled tokens stored."""
+    before they are added: ``mvdb ingest --pool-factor``, and the Ray ingest into a database that
+    pools. ``rec``: the pooling; ``device``: where the clustering runs; ``record``: the stores
+    (``stores``) take the pooling's record with the first batch stored (not before: an ingest that
+    stores nothing leaves no record). ``tokens`` counts the pooled tokens stored."""
 
-    def __init__(self, store, rec: dict, device):
+    def __init__(self, store, rec: dict, device, record: bool = False, stores: list | None = None):
         self.store, self.rec, self.device = store, rec, device
+        self.pending = list(stores or [store]) if record else []
         self.tokens = 0
 
     def __len__(self) -> int:
@@ -42,24 +45,27 @@ class Pooled:
         return self.store.contains(ids)
 
     def add_packed(self, tokens, lengths, ids, metadata=None, **kw) -> None:
-        from mvdb.pooling import pool_packed
+        from mvdb.pooling import pool_packed, with_pooling
+        from mvdb.storage import validate
 
+        tokens, lengths, _ = validate.packed(tokens, lengths, None)
+        validate.finite(tokens, lengths)  # named by the documents as given, not by their pooled vectors
         tokens, lengths = pool_packed(tokens, lengths, self.rec, device=self.device)
         self.store.add_packed(tokens, lengths, ids=ids, metadata=metadata, **kw)
         self.tokens += int(lengths.sum())
+        for st in self.pending:
+            st.commit_config(with_pooling(st.config, self.rec))
+        self.pending = []
 
 
-def open_pooling(stores: list, asked: dict | None, path, encoder=None) -> dict | None:
-    """The pooling of an ingest into ``stores`` (``--pool-factor``, else the recorded one): checked
-    against the record (and the model, which must not pool itself), and recorded in every store
-    where it is new (the database holds no documents then)."""
-    from mvdb.pooling import POOLING_KEY, resolve_pooling, with_pooling
+def open_pooling(stores: list, asked: dict | None, path, encoder=None) -> tuple[dict | None, bool]:
+    """The pooling of an ingest into ``stores`` (``--pool-factor``, else the recorded one), checked
+    against the record (and the model, which must not pool itself): (the pooling or None, whether
+    it is new to record; :class:`Pooled` records it with the first batch)."""
+    from mvdb.pooling import POOLING_KEY, resolve_pooling
     from mvdb.text import check_pooling_encoder
 
     recorded = next((st.config.get(POOLING_KEY) for st in stores if st.config.get(POOLING_KEY)), None)
     rec, new = resolve_pooling(asked, recorded, path, sum(len(st) for st in stores))
     check_pooling_encoder(encoder, rec)
-    if new:
-        for st in stores:
-            st.commit_config(with_pooling(st.config, rec))
-    return rec
+    return rec, new

@@ -92,8 +92,12 @@ class ShardWriter:
     def write(self, ids: list, tokens: np.ndarray, lengths: np.ndarray) -> tuple[int, int]:
         """Commit the documents not stored yet; (added, skipped)."""
         from mvdb.ingest import add_new
+        from mvdb.ingest.writer import Pooled
+        from mvdb.pooling import POOLING_KEY
 
-        added, skipped, _ = add_new(self.store, ids, tokens, lengths)
+        rec = self.store.config.get(POOLING_KEY)  # a database that pools: these documents too
+        store = Pooled(self.store, rec, "cpu") if rec else self.store
+        added, skipped, _ = add_new(store, ids, tokens, lengths)
         return added, skipped
 
     def close(self) -> None:

@@ -18,6 +18,7 @@ shard on ``device``).
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -106,17 +107,19 @@ class ShardedDatabase(TextMethods, ExplainMethods, DatabaseAPI):
                                             read_only=read_only, **options))
             stores = [s.store for s in self.shards]
             check_encoder(self.encoder, recorded_encoder(stores), path, sum(len(s) for s in self.shards))
+            self._check_shards_pool_alike()
             rec, new = resolve_pooling(asked, self.pooling, path, sum(len(s) for s in self.shards))
+            check_pooling_encoder(self.encoder, rec)  # before anything is recorded
             if new:
                 if read_only:
                     raise InvalidInputError(f"{path}: pool_factor={asked['pool_factor']} would record pooling, but "
                                             f"the database is opened read_only")
                 for s in self.shards:
-                    s.store.commit_config(with_pooling(s.store.config, rec))
-            check_pooling_encoder(self.encoder, rec)
+                    s._add([], pooling=rec, pooled=True)  # the record alone, published to the shard's state
         except BaseException:
+            empty = not any(s.store.snapshot().n_live for s in self.shards)  # counted before the shards close
             self.close()
-            if created and not any(len(s) for s in self.shards):
+            if created and empty:
                 for s in self.shards:
                     s.store.discard_new()
                 _remove_new(path, created, names)
@@ -189,6 +192,17 @@ class ShardedDatabase(TextMethods, ExplainMethods, DatabaseAPI):
         """The database's token pooling (every shard records the same), as ``Database.pooling``."""
         return next((s.pooling for s in self.shards if s.pooling), None)
 
+    def _check_shards_pool_alike(self) -> None:
+        """FormatError where the shards disagree on pooling: two records, or a record on one shard
+        and unpooled documents on another (a shard written on its own)."""
+        records = {json.dumps(s.pooling, sort_keys=True) for s in self.shards if s.pooling}
+        unpooled = [s.store.path for s in self.shards if not s.pooling and len(s)]
+        if len(records) > 1 or (records and unpooled):
+            raise FormatError(f"{self.path}: its shards disagree on token pooling ({', '.join(sorted(records))}"
+                              f"{'; unpooled documents in ' + ', '.join(map(str, unpooled)) if unpooled else ''}): "
+                              f"a shard was written on its own; export the documents and ingest them into a new "
+                              f"database")
+
     def add(self, docs, ids=None, metadata=None, sparse=None, *, pool_factor=None, pool_protected=None) -> list:
         """Store documents, each on the shard holding the fewest tokens; returns their (global) ids.
         Everything is checked before any shard writes. Writes are serialised across threads (ids
@@ -232,14 +246,14 @@ class ShardedDatabase(TextMethods, ExplainMethods, DatabaseAPI):
             return shard._add([items[i] for i in part], ids=[ids[i] for i in part],
                               metadata=None if metadata is None else [metadata[i] for i in part],
                               sparse=None if sparse is None else [sparse[i] for i in part], encoder_record=encoder_record,
-                              pooling=rec if new else None, pooled=True)
-
-        if encoder_record is not None or new:
-            for s in self.shards:
-                if id(s) not in jobs:
-                    s._add([], encoder_record=encoder_record, pooling=rec if new else None, pooled=True)
+                              pooling=rec, pooled=True)
 
         self._each(add_part, [s for s in self.shards if id(s) in jobs])
+        # the shards that got none of the batch record what the others recorded with theirs, after them
+        if encoder_record is not None or rec is not None:
+            for s in self.shards:
+                if id(s) not in jobs and (encoder_record is not None or s.pooling is None):
+                    s._add([], encoder_record=encoder_record, pooling=rec, pooled=True)
         return ids
 
     def _text_stores(self) -> list:
