@@ -166,18 +166,10 @@ def test_a_model_that_pools_itself_is_not_pooled_again(tmp_path):
         assert db.pooling is None and len(db) == 1
 
 
-def _touching_joined(spans):
-    out = []
-    for a, b in spans:
-        if out and out[-1][1] == a:
-            out[-1] = (out[-1][0], b)
-        else:
-            out.append((a, b))
-    return out
-
-
 def test_explain_names_every_word_a_pooled_vector_stands_for(tmp_path):
     from test_text import _texts, _tiny_sentence_transformer
+
+    from mvdb.explain import _merged  # touching word pieces ("com" + "##press") as one span
 
     model = _tiny_sentence_transformer(tmp_path / "tiny", "cpu")
     texts = _texts(20)
@@ -192,7 +184,7 @@ def test_explain_names_every_word_a_pooled_vector_stands_for(tmp_path):
         e = db.explain(texts[0].split()[0] + " " + texts[0].split()[-1], ids[0])
         covered = set()
         for m in e.matches:
-            want = _touching_joined(sorted(tuple(spans[t]) for t in np.flatnonzero(groups[0] == m.doc_token)
+            want = _merged(sorted(tuple(spans[t]) for t in np.flatnonzero(groups[0] == m.doc_token)
                                            if spans[t] is not None))
             assert (m.doc_spans or []) == want
             if want:
