@@ -1,5 +1,6 @@
-"""The batched text-encoding pipeline of :class:`mvdb.Encoder` over a Sentence Transformers or
-PyLate model: what ``add_texts`` and ``search_text`` run through.
+"""The batched text-encoding pipeline of :class:`mvdb.Encoder` over a Sentence Transformers
+(``SentenceTransformer`` or 6's ``MultiVectorEncoder``) or PyLate model: what ``add_texts`` and
+``search_text`` run through.
 
 The model's generic encode loop spends its time outside the model: it synchronises with the
 device for every padding position of every text and copies every text's output to the host on
@@ -14,7 +15,9 @@ copied to the host in few transfers, each straight into its place.
 
 The vectors are the model's own: the same tokenizer, prompts, truncation, forward, masks (for
 PyLate its skiplist and query expansion) and normalisation as its ``encode`` with
-``output_value="token_embeddings"``. A call of at most one chunk of texts makes the same batches
+``output_value="token_embeddings"``. A ``MultiVectorEncoder`` is run through its own
+``preprocess`` (prompt, query expansion, each task's length) and forward by task, and its
+scoring mask (known after the forward: one wait for the device a batch) picks the vectors. A call of at most one chunk of texts makes the same batches
 as that ``encode``; larger calls are sorted a chunk at a time, which changes only the padding of
 the batches (differences of the order of the model dtype's rounding).
 """
@@ -43,6 +46,8 @@ _MAP_NORESERVE = 0x4000  # Linux mmap flag: do not reserve swap for the mapping 
 
 def supported(model, kind: str) -> bool:
     """Whether the pipeline can stand in for ``model``'s own encode (else the adapter calls it)."""
+    if kind == "multi-vector":  # Sentence Transformers 6: its own preprocess and forward, by task
+        return all(hasattr(model, a) for a in ("preprocess", "forward", "device", "_resolve_prompt"))
     if not all(hasattr(model, a) for a in ("tokenize", "forward", "device")):
         return False
     if kind == "pylate":
@@ -57,6 +62,10 @@ def prompt(model, kind: str, is_query: bool) -> str | None:
     them) puts before each text."""
     prompts = getattr(model, "prompts", None) or {}
     name = "query" if is_query else "document"
+    if kind == "multi-vector":  # encode_query's "query"; encode_document's first of document / passage / corpus
+        names = ("query",) if is_query else ("document", "passage", "corpus")
+        found = next((n for n in names if n in prompts), None)
+        return model._resolve_prompt(None, found) or None
     if kind == "sentence-transformers" and hasattr(model, "encode_query") and name in prompts:
         return prompts[name] or None
     default = getattr(model, "default_prompt_name", None)
@@ -150,7 +159,13 @@ class FastTokens:
 
 
 def _tokenize(model, kind: str, batch: list[str], is_query: bool) -> dict:
+    if kind == "multi-vector":  # the prompt, expansion and lengths of the task, as its encode does
+        return dict(model.preprocess(batch, prompt=prompt(model, kind, is_query), task=_task(is_query)))
     return model.tokenize(texts=batch, is_query=is_query) if kind == "pylate" else model.tokenize(batch)
+
+
+def _task(is_query: bool) -> str:
+    return "query" if is_query else "document"
 
 
 def batches(model, kind: str, texts: list[str], is_query: bool, batch_size: int, pin: bool):
@@ -211,9 +226,11 @@ def encode(model, kind: str, texts: list[str], *, is_query: bool, batch_size: in
     float16), lengths [n] int64), documents in the order of ``texts``. ``progress``: a step with
     ``update(n_texts)``."""
     out_dtype = torch.float16 if np.dtype(out_dtype) == np.float16 else torch.float32
-    p = prompt(model, kind, is_query)
+    p = prompt(model, kind, is_query) if kind != "multi-vector" else None  # a MultiVectorEncoder's preprocess adds it
     if p:
         texts = [p + t for t in texts]
+    if kind == "multi-vector":
+        normalize = "none"  # its Normalize module, where it has one, normalised them already
     device = torch.device(model.device)
     return _run(model, kind, texts, is_query, batch_size, normalize, out_dtype, progress, device)
 
@@ -225,10 +242,15 @@ def _run(model, kind, texts, is_query, batch_size, normalize, out_dtype, progres
     with torch.inference_mode():
         try:
             for c0, c1, rows, feats in batches(model, kind, texts, is_query, batch_size, device.type == "cuda"):
-                keep = _keep(model, kind, feats, is_query)  # on the host: no wait for the device
-                flat = _pinned(keep.flatten().nonzero().flatten(), device)
-                feats = _to_device(feats, device)
-                out = model(feats) if kind == "sentence-transformers" else model.forward(input=feats)
+                if kind == "multi-vector":  # its scoring mask comes out of its forward: one wait a batch
+                    out = model(_to_device(feats, device), task=_task(is_query))
+                    keep = out["attention_mask"].bool().cpu()
+                    flat = keep.flatten().nonzero().flatten().to(device)
+                else:
+                    keep = _keep(model, kind, feats, is_query)  # on the host: no wait for the device
+                    flat = _pinned(keep.flatten().nonzero().flatten(), device)
+                    feats = _to_device(feats, device)
+                    out = model(feats) if kind == "sentence-transformers" else model.forward(input=feats)
                 emb = out["token_embeddings"]
                 emb = emb.reshape(-1, emb.shape[-1]).index_select(0, flat.to(device, non_blocking=True))
                 parts.append((_normalised(emb, normalize).to(out_dtype), keep.sum(dim=1)))
@@ -251,6 +273,9 @@ def _max_tokens(model, kind: str, is_query: bool) -> int | None:
     """The most vectors the model makes for one text (its limit as the adapter set it), if known."""
     if kind == "pylate":
         n = getattr(model, "query_length" if is_query else "document_length", None)
+    elif kind == "multi-vector":
+        n = getattr(model[0], "query_length" if is_query else "document_length", None)
+        n = max(n or 0, ((getattr(model[0], "query_expansion", None) or {}).get("length") or 0) if is_query else 0)
     else:
         n = getattr(model, "max_seq_length", None)
     return n if isinstance(n, int) and n > 0 else None

@@ -40,7 +40,7 @@ def test_under_sentence_transformers_6():
 SKIP = [",", ":", "(", ")"]  # words of the tiny model's vocabulary: dropped from documents
 
 
-def _model(tmp_path, pooling: bool = False):
+def _model(tmp_path, pooling: bool = False, device: str = "cpu"):
     import torch
     from sentence_transformers import MultiVectorEncoder
     from sentence_transformers.base.modules import Dense, Normalize, Transformer
@@ -56,28 +56,40 @@ def _model(tmp_path, pooling: bool = False):
     if pooling:
         modules.append(HierarchicalTokenPooling(pool_factor=2))
     modules.append(Normalize(module_input_name="token_embeddings"))
-    return MultiVectorEncoder(modules=modules, device="cpu")
+    return MultiVectorEncoder(modules=modules, device=device)
 
 
 @needs_mve
-def test_the_vectors_are_the_models_own(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_vectors_are_the_models_own(tmp_path, monkeypatch, device):
+    """Through mvdb's pipeline in several chunks (each sorted, run, put back in text order)."""
+    import torch
     from test_text import _texts
 
-    model = _model(tmp_path)
+    from mvdb import text_pipeline
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    monkeypatch.setattr(text_pipeline, "CHUNK_BATCHES", 2)
+    model = _model(tmp_path, device=device)
     texts = _texts(30)
     enc = mvdb.Encoder(model, name="tiny-mve", batch_size=8)
     assert enc.kind == "multi-vector"
     assert (enc.normalize, enc.document_max_tokens, enc.query_max_tokens) == ("model", 48, 16)
+    assert enc._pipeline() is not None  # mvdb's batched pipeline runs it (pipeline=False: the model's encode)
+    own_loop = mvdb.Encoder(model, name="tiny-mve", batch_size=8, pipeline=False)
+    for a, b in zip(enc.encode(texts, progress=False), own_loop.encode(texts, progress=False)):
+        np.testing.assert_allclose(a, b, atol=1e-4)
     docs = enc.encode(texts, is_query=False, progress=False)
     own = model.encode_document(texts, convert_to_numpy=True)
     assert [d.shape for d in docs] == [o.shape for o in own]
     for d, o in zip(docs, own):
-        np.testing.assert_allclose(d, o, atol=1e-5)
+        np.testing.assert_allclose(d, o, atol=1e-4)
     queries = enc.encode(texts[:5], is_query=True, progress=False)
     own_q = model.encode_query(texts[:5], convert_to_numpy=True)
     assert all(q.shape[0] == 16 for q in queries)  # expanded to the model's fixed query width
     for q, o in zip(queries, own_q):
-        np.testing.assert_allclose(q, o, atol=1e-5)
+        np.testing.assert_allclose(q, o, atol=1e-4)
     # the skiplist is the model's: fewer document vectors than tokens where the text has those words
     full = model.tokenizer(texts[:30], truncation=True, max_length=48)["input_ids"]
     skip_ids = {model.tokenizer.convert_tokens_to_ids(w) for w in SKIP}

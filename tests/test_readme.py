@@ -57,6 +57,9 @@ def test_every_block_is_run_or_says_why_not():
         assert b["mark"] in (None, "gpu", "server", "st6", "skip"), f"{b['where']}: unknown marker {b['mark']}"
         if b["mark"] == "skip":
             assert b["why"].startswith("(") and len(b["why"]) > 10, f"{b['where']}: skip without a reason"
+    for b in RUNNABLE:  # run, it would change the environment the other tests run in
+        assert not re.search(r"\bpip3?\s+install\b|-m\s+pip\s+install\b", b["body"]), \
+            f"{b['where']}: installs packages; mark it skip (the install test covers installs)"
     assert len(RUNNABLE) >= 15
     skipped = [b for b in BLOCKS if b["mark"] == "skip"]
     assert len(skipped) <= 6, f"keep skipped blocks few: {[b['where'] for b in skipped]}"
