@@ -109,6 +109,11 @@ SUITES: tuple[Suite, ...] = (
     Suite("pool-quality", "pool_quality.py", (),
           "token pooling at factors 1-4 on the man pages with MiniLM: MRR@10, recall, tokens, memory, pooling docs/s",
           "optional", TEXT),
+    Suite("pool-speed", "pool_speed.py", ("--texts", "60000"),
+          "token pooling's documents/s against Sentence Transformers' HierarchicalTokenPooling, ingest with "
+          "and without pool_factor, a MultiVectorEncoder through mvdb's pipeline against its encode_document",
+          "optional", ("--texts", "48", "--batch-size", "16", "--device", "cpu", "--check", "16",
+                       "--data", "mvdb/data/manpages-sample.jsonl.gz")),
     Suite("text-api", "text_api.py", (),
           "the text API against the embeddings path on the man pages: the same MRR@10", "no", TEXT),
     Suite("text-ingest", "text_ingest.py", ("--texts", "60000"),

@@ -47,7 +47,7 @@ _MAP_NORESERVE = 0x4000  # Linux mmap flag: do not reserve swap for the mapping 
 def supported(model, kind: str) -> bool:
     """Whether the pipeline can stand in for ``model``'s own encode (else the adapter calls it)."""
     if kind == "multi-vector":  # Sentence Transformers 6: its own preprocess and forward, by task
-        return all(hasattr(model, a) for a in ("preprocess", "forward", "device", "_resolve_prompt"))
+        return all(hasattr(model, a) for a in ("preprocess", "forward", "device", "prompts"))
     if not all(hasattr(model, a) for a in ("tokenize", "forward", "device")):
         return False
     if kind == "pylate":
@@ -64,8 +64,8 @@ def prompt(model, kind: str, is_query: bool) -> str | None:
     name = "query" if is_query else "document"
     if kind == "multi-vector":  # encode_query's "query"; encode_document's first of document / passage / corpus
         names = ("query",) if is_query else ("document", "passage", "corpus")
-        found = next((n for n in names if n in prompts), None)
-        return model._resolve_prompt(None, found) or None
+        found = next((n for n in names if n in prompts), None) or getattr(model, "default_prompt_name", None)
+        return (prompts.get(found) or None) if found else None
     if kind == "sentence-transformers" and hasattr(model, "encode_query") and name in prompts:
         return prompts[name] or None
     default = getattr(model, "default_prompt_name", None)

@@ -380,7 +380,18 @@ def _pool_quality(r):
         assert rows[f]["mrr10"] == rows[f]["exhaustive_pooled_mrr10"]  # exact over the pooled pages
 
 
-CHECKS = {"pool-quality": _pool_quality, "kernels": _kernels, "kernel-floor": _kernel_floor, "codes-kernel": _codes_kernel, "e2e": _e2e,
+def _pool_speed(r):
+    assert r["texts"] == 48 and r["pool_factor"] == 2
+    assert r["pool"]["mvdb_docs_per_s"] > 0 and 0.4 < r["pool"]["kept"] < 0.7
+    if "st_docs_per_s" in r["pool"]:  # sentence-transformers 6 there: the same clusters as its pooling
+        assert r["pool"]["same_clusters"] >= 0.9
+    ingest = r["ingest"]
+    assert ingest["pool_factor_2"]["tokens"] < ingest["plain"]["tokens"] and ingest["pooled_over_plain"] > 0
+    if isinstance(r["multivector"], dict):
+        assert r["multivector"]["same_lengths"] and r["multivector"]["max_abs_diff"] < 1e-3
+
+
+CHECKS = {"pool-quality": _pool_quality, "pool-speed": _pool_speed, "kernels": _kernels, "kernel-floor": _kernel_floor, "codes-kernel": _codes_kernel, "e2e": _e2e,
           "fastplaid": _fastplaid, "tiers": _tiers, "large": _large, "grow": _grow, "multigpu": _multigpu,
           "ray-ingest": _ray_ingest, "serve": _serve, "training": _training, "sparton": _sparton, "hybrid": _hybrid,
           "quality": _quality, "text-api": _text_api, "text-ingest": _text_ingest, "storage": _storage, "open-checksums": _open_checksums,

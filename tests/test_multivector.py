@@ -56,7 +56,8 @@ def _model(tmp_path, pooling: bool = False, device: str = "cpu"):
     if pooling:
         modules.append(HierarchicalTokenPooling(pool_factor=2))
     modules.append(Normalize(module_input_name="token_embeddings"))
-    return MultiVectorEncoder(modules=modules, device=device)
+    # prompts of words the tiny vocabulary holds: each side's prompt is part of its vectors
+    return MultiVectorEncoder(modules=modules, device=device, prompts={"query": "print : ", "document": "copy : "})
 
 
 @needs_mve
@@ -91,7 +92,7 @@ def test_the_vectors_are_the_models_own(tmp_path, monkeypatch, device):
     for q, o in zip(queries, own_q):
         np.testing.assert_allclose(q, o, atol=1e-4)
     # the skiplist is the model's: fewer document vectors than tokens where the text has those words
-    full = model.tokenizer(texts[:30], truncation=True, max_length=48)["input_ids"]
+    full = model.tokenizer(["copy : " + t for t in texts[:30]], truncation=True, max_length=48)["input_ids"]
     skip_ids = {model.tokenizer.convert_tokens_to_ids(w) for w in SKIP}
     assert any(sum(t in skip_ids for t in ids) for ids in full)
     assert [d.shape[0] for d in docs] == [sum(t not in skip_ids for t in ids) for ids in full]
