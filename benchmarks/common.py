@@ -187,7 +187,7 @@ def device_used_gb(dev: str = "cuda") -> float | None:
     return (total - free) / 1e9
 
 
-def text_model(name: str, device: str = "cpu"):
+def text_model(name: str, device: str = "cpu", path: str | None = None):
     """``--encoder`` of the text benchmarks: "minilm" (mvdb.embed.MiniLM, the figures) or "words"
     (``mvdb.testing.words.Words``, a stand-in that needs no model)."""
     if name == "words":
@@ -197,4 +197,4 @@ def text_model(name: str, device: str = "cpu"):
         return Words(device)
     from mvdb.embed import MiniLM
 
-    return MiniLM(device=device)
+    return MiniLM(device=device, path=path)

