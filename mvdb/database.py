@@ -171,7 +171,7 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
         from mvdb.storage.packed import Packed
 
         tokens, lengths, _ = validate.documents(docs, self.store.dim)
-        validate.finite(tokens, lengths)
+        validate.in_range(tokens, lengths, self.store.dtype)  # errors name the documents as given
         return Packed.of(*pool_packed(tokens, lengths, rec, device=self.device))
 
     def _text_stores(self) -> list:

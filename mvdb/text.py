@@ -143,6 +143,13 @@ class TextMethods:
                                     f"(its recorded pooling then applies to every add)")
         return {"pooling": asked}
 
+    def _text_pooling(self) -> dict | None:
+        """The database's pooling: its ``pooling`` where the class has one, else its stats' (a
+        server's or a cluster's database, which pools what it is sent)."""
+        if hasattr(type(self), "pooling"):
+            return self.pooling
+        return (self.stats() or {}).get("pooling")
+
     def _text_path(self):
         return getattr(self, "path", None) or self.store.path
 
@@ -211,7 +218,7 @@ class TextMethods:
         enc = self._text_encoder(encoder, "add_texts")
         asked = pooling_arg(pool_factor, pool_protected)
         self._pooling_kw(pool_factor, pool_protected)  # refused before the encoding where not supported
-        check_pooling_encoder(enc, asked or getattr(self, "pooling", None))
+        check_pooling_encoder(enc, asked or self._text_pooling())
         texts, _ = texts_arg(texts)
         meta = merge_text(texts, metadata, store_text)
         validate.metadata(meta, len(texts))  # JSON values: checked before the encoding, not after

@@ -201,6 +201,20 @@ def _within(tokens: np.ndarray, lengths: np.ndarray, r0: int, part: np.ndarray, 
                                 f"{beyond}")
 
 
+FP16_BEYOND = f"overflows float16 (max {FP16_MAX:g} in magnitude); scale the embeddings or store them as int8"
+INT8_BEYOND = (f"is out of range (an int8 store takes values within +-{INT8_VALUE_MAX:.4g}, so that no score "
+               "overflows float32); scale the embeddings")
+
+
+def in_range(tokens: np.ndarray, lengths: np.ndarray, dtype: str, chunk: int = 1 << 18) -> None:
+    """``convert``'s checks alone (finite, within the stored dtype's range), for documents that are
+    transformed before they are stored (pooled): an error names the document as given."""
+    finite(tokens, lengths)
+    limit, beyond = (FP16_MAX, FP16_BEYOND) if dtype == "float16" else (INT8_VALUE_MAX, INT8_BEYOND)
+    for r0 in range(0, tokens.shape[0], chunk):
+        _within(tokens, lengths, r0, tokens[r0 : r0 + chunk], limit, beyond)
+
+
 def convert(tokens: np.ndarray, lengths: np.ndarray, dtype: str, chunk: int = 1 << 18) -> tuple[np.ndarray, np.ndarray | None]:
     """Check finiteness and range and convert to the stored dtype (float16, or int8 + per-token
     scales), in chunks."""
@@ -211,16 +225,13 @@ def convert(tokens: np.ndarray, lengths: np.ndarray, dtype: str, chunk: int = 1 
         out = np.empty(tokens.shape, dtype=np.float16)
         for r0 in range(0, tokens.shape[0], chunk):
             part = tokens[r0 : r0 + chunk]
-            _within(tokens, lengths, r0, part, FP16_MAX, f"overflows float16 (max {FP16_MAX:g} in magnitude); scale "
-                                                         "the embeddings or store them as int8")
+            _within(tokens, lengths, r0, part, FP16_MAX, FP16_BEYOND)
             out[r0 : r0 + chunk] = part
         return out, None
     from mvdb.kernels.quant import quantize_array
 
     for r0 in range(0, tokens.shape[0], chunk):
-        _within(tokens, lengths, r0, tokens[r0 : r0 + chunk], INT8_VALUE_MAX,
-                f"is out of range (an int8 store takes values within +-{INT8_VALUE_MAX:.4g}, so that no score "
-                "overflows float32); scale the embeddings")
+        _within(tokens, lengths, r0, tokens[r0 : r0 + chunk], INT8_VALUE_MAX, INT8_BEYOND)
     return quantize_array(tokens)
 
 

@@ -233,3 +233,13 @@ def test_an_ingest_that_stores_nothing_records_no_pooling(tmp_path):
     assert r.exit_code != 0 and "document 2" in r.output, r.output  # named as given, before pooling
     with mvdb.open(tmp_path / "db", device="cpu") as db:
         assert len(db) == 0 and db.pooling is None
+
+
+def test_values_the_store_cannot_hold_are_named_by_the_document_as_given(tmp_path):
+    docs = _docs(4)
+    big = [d.copy() for d in docs]
+    big[1][5, 3] = 1e6  # past float16
+    with mvdb.open(tmp_path / "db", device="cpu", pool_factor=2) as db:
+        with pytest.raises(InvalidInputError, match=r"document 1: value 1e\+06 at token 5 overflows float16"):
+            db.add(big)
+        assert len(db) == 0

@@ -36,6 +36,7 @@ class Pooled:
     def __init__(self, store, rec: dict, device, record: bool = False, stores: list | None = None):
         self.store, self.rec, self.device = store, rec, device
         self.pending = list(stores or [store]) if record else []
+        self.dtype = getattr(store, "dtype", None) or (stores[0].dtype if stores else "float16")
         self.tokens = 0
 
     def __len__(self) -> int:
@@ -49,7 +50,7 @@ class Pooled:
         from mvdb.storage import validate
 
         tokens, lengths, _ = validate.packed(tokens, lengths, None)
-        validate.finite(tokens, lengths)  # named by the documents as given, not by their pooled vectors
+        validate.in_range(tokens, lengths, self.dtype)  # named by the documents as given, not by their pooled vectors
         tokens, lengths = pool_packed(tokens, lengths, self.rec, device=self.device)
         self.store.add_packed(tokens, lengths, ids=ids, metadata=metadata, **kw)
         self.tokens += int(lengths.sum())
