@@ -37,9 +37,9 @@ from mvdb.engine.search import search as run_search
 from mvdb.engine.state import Engine, resolve_config
 from mvdb.errors import InvalidInputError, InvalidTypeError
 from mvdb.explain import ExplainMethods
-from mvdb.pooling import POOLING_KEY, pool_packed, pooling_arg, resolve_pooling, with_pooling
+from mvdb.pooling import POOLING_KEY, pool_checked, pooling_arg, resolve_open, resolve_pooling, with_pooling
 from mvdb.storage import Store
-from mvdb.text import TextMethods, check_encoder, check_pooling_encoder, recorded_encoder
+from mvdb.text import TextMethods, check_encoder, recorded_encoder
 from mvdb.warm import SOURCE_DOCS, WARM_BATCHES, check_query_tokens, check_stop, default_query_tokens, warm
 
 __all__ = ["Database", "Hit", "rerank"]
@@ -81,13 +81,9 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
     def _open_pooling(self, asked: dict | None, read_only: bool) -> None:
         """``mvdb.open(..., pool_factor=)``: checked against the recorded pooling, and recorded in a
         database that holds no documents yet."""
-        rec, new = resolve_pooling(asked, self.store.config.get(POOLING_KEY), self.store.path,
-                                   self.store.snapshot().n_live)
-        check_pooling_encoder(self.encoder, rec)  # before anything is recorded
+        rec, new = resolve_open(asked, self.store.config.get(POOLING_KEY), self.store.path,
+                                self.store.snapshot().n_live, self.encoder, read_only)
         if new:
-            if read_only:
-                raise InvalidInputError(f"{self.store.path}: pool_factor={asked['pool_factor']} would record "
-                                        f"pooling, but the database is opened read_only")
             self.store.commit_config(with_pooling(self.store.config, rec))
 
     @property
@@ -171,8 +167,7 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
         from mvdb.storage.packed import Packed
 
         tokens, lengths, _ = validate.documents(docs, self.store.dim)
-        validate.in_range(tokens, lengths, self.store.dtype)  # errors name the documents as given
-        return Packed.of(*pool_packed(tokens, lengths, rec, device=self.device))
+        return Packed.of(*pool_checked(tokens, lengths, rec, self.store.dtype, device=self.device))
 
     def _text_stores(self) -> list:
         return [self.store]

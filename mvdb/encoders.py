@@ -73,18 +73,18 @@ def cache_dir() -> Path:
     return settings.cache_dir()
 
 
+ST_KINDS = {"MultiVectorEncoder": "multi-vector", "SentenceTransformer": "sentence-transformers"}
+
+
 def _kind(model) -> str:
     """The kind of ``model``, from its class (no import of the libraries needed)."""
     for cls in type(model).__mro__:
         mod = cls.__module__ or ""
         if mod.split(".")[0] == "pylate" and cls.__name__ == "ColBERT":
             return "pylate"
-    for cls in type(model).__mro__:
-        if (cls.__module__ or "").split(".")[0] == "sentence_transformers" and cls.__name__ == "MultiVectorEncoder":
-            return "multi-vector"
-    for cls in type(model).__mro__:
-        if (cls.__module__ or "").split(".")[0] == "sentence_transformers" and cls.__name__ == "SentenceTransformer":
-            return "sentence-transformers"
+    for cls in type(model).__mro__:  # (a MultiVectorEncoder is no SentenceTransformer)
+        if (cls.__module__ or "").split(".")[0] == "sentence_transformers" and cls.__name__ in ST_KINDS:
+            return ST_KINDS[cls.__name__]
     if callable(model):
         return "callable"
     raise InvalidTypeError("encoder: expected a Sentence Transformers model (a SentenceTransformer or a "

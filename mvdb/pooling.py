@@ -23,7 +23,8 @@ import torch
 
 from mvdb.errors import InvalidInputError, InvalidTypeError
 
-__all__ = ["POOLING_KEY", "pool", "pool_packed", "pooling_arg", "resolve_pooling", "with_pooling"]
+__all__ = ["POOLING_KEY", "check_pooling_encoder", "describe", "pool", "pool_checked", "pool_packed", "pooling_arg",
+           "resolve_open", "resolve_pooling", "with_pooling"]
 
 POOLING_KEY = "pooling"  # the manifest config's key of a database's pooling: {"pool_factor", "protected"}
 
@@ -42,14 +43,8 @@ def pool(docs, pool_factor: float = 2, *, protected: int = 1, normalize: bool = 
     for each document, an int64 array of its L_i tokens' output rows (which pooled vector each
     token went into).
     """
-    if isinstance(pool_factor, bool) or not isinstance(pool_factor, numbers.Real):
-        raise InvalidTypeError(f"pool_factor: expected a number >= 1, got {type(pool_factor).__name__}")
-    if not pool_factor >= 1:
-        raise InvalidInputError(f"pool_factor: expected a number >= 1, got {pool_factor}")
-    if isinstance(protected, bool) or not isinstance(protected, numbers.Integral):
-        raise InvalidTypeError(f"protected: expected an int >= 0, got {type(protected).__name__}")
-    if protected < 0:
-        raise InvalidInputError(f"protected: expected an int >= 0, got {protected}")
+    _check_factor(pool_factor, "")
+    _check_protected(protected, "protected")
     if not isinstance(docs, (list, tuple)):
         raise InvalidTypeError(f"docs: expected a list of [tokens, dim] arrays, got {type(docs).__name__}")
     tensors, kind = [], None
@@ -113,23 +108,67 @@ def pooling_arg(pool_factor, protected=None) -> dict | None:
         if protected is not None:
             raise InvalidInputError(f"pool_protected: given ({protected!r}) without pool_factor; pass both")
         return None
-    if isinstance(pool_factor, bool) or not isinstance(pool_factor, numbers.Real):
-        raise InvalidTypeError(f"pool_factor: expected a number >= 1, got {type(pool_factor).__name__}")
-    if not 1 <= pool_factor < float("inf"):
+    _check_factor(pool_factor, " (1: no pooling)")
+    if pool_factor == float("inf"):  # recorded in JSON: a finite number
         raise InvalidInputError(f"pool_factor: expected a number >= 1 (1: no pooling), got {pool_factor}")
     protected = 1 if protected is None else protected
-    if isinstance(protected, bool) or not isinstance(protected, numbers.Integral):
-        raise InvalidTypeError(f"pool_protected: expected an int >= 0, got {type(protected).__name__}")
-    if protected < 0:
-        raise InvalidInputError(f"pool_protected: expected an int >= 0, got {protected}")
+    _check_protected(protected, "pool_protected")
     factor = int(pool_factor) if float(pool_factor).is_integer() else float(pool_factor)
     return {"pool_factor": factor, "protected": int(protected)}
 
 
-def _describe(rec: dict | None) -> str:
-    if rec is None or rec["pool_factor"] == 1:
-        return "no pooling"
+def _check_factor(pool_factor, note: str) -> None:
+    if isinstance(pool_factor, bool) or not isinstance(pool_factor, numbers.Real):
+        raise InvalidTypeError(f"pool_factor: expected a number >= 1, got {type(pool_factor).__name__}")
+    if not pool_factor >= 1:
+        raise InvalidInputError(f"pool_factor: expected a number >= 1{note}, got {pool_factor}")
+
+
+def _check_protected(protected, name: str) -> None:
+    if isinstance(protected, bool) or not isinstance(protected, numbers.Integral):
+        raise InvalidTypeError(f"{name}: expected an int >= 0, got {type(protected).__name__}")
+    if protected < 0:
+        raise InvalidInputError(f"{name}: expected an int >= 0, got {protected}")
+
+
+def describe(rec: dict | None, none: str = "no pooling") -> str:
+    """A pooling record in words (``none`` where it pools nothing)."""
+    if rec is None or rec.get("pool_factor", 1) == 1:
+        return none
     return f"pool_factor {rec['pool_factor']}, {rec['protected']} protected leading token(s)"
+
+
+def check_pooling_encoder(encoder, pooling: dict | None) -> None:
+    """InvalidInputError where a database that pools its documents would pool again the tokens of
+    a model (an :class:`mvdb.Encoder`) that pools them itself (its own pooling module)."""
+    own = encoder.pools_tokens if encoder is not None else None
+    if own and pooling and pooling.get("pool_factor", 1) != 1:
+        raise InvalidInputError(
+            f"encoder {encoder.name}: pools its document tokens itself ({own}); the database pools them too "
+            f"(pool_factor {pooling['pool_factor']}): they would be pooled twice. Use the model without its "
+            f"pooling module, or a database without pool_factor")
+
+
+def resolve_open(asked: dict | None, recorded: dict | None, path, n_live: int, encoder=None,
+                 read_only: bool = False) -> tuple[dict | None, bool]:
+    """``resolve_pooling`` for opening a database (or an ingest into one) with ``asked``: also
+    refused where ``encoder`` pools itself, or where a new record would be written to a database
+    opened ``read_only``. The caller records the pooling where it is new."""
+    rec, new = resolve_pooling(asked, recorded, path, n_live)
+    check_pooling_encoder(encoder, rec)  # before anything is recorded
+    if new and read_only:
+        raise InvalidInputError(f"{path}: pool_factor={asked['pool_factor']} would record pooling, but the "
+                                f"database is opened read_only")
+    return rec, new
+
+
+def pool_checked(tokens, lengths, rec: dict, dtype: str, device=None):
+    """``pool_packed`` of documents first checked as the store will check them (finite, within
+    ``dtype``'s range), so that an error names a document and token as given, not a pooled one."""
+    from mvdb.storage import validate
+
+    validate.in_range(tokens, lengths, dtype)
+    return pool_packed(tokens, lengths, rec, device=device)
 
 
 def resolve_pooling(asked: dict | None, recorded: dict | None, path, n_live: int) -> tuple[dict | None, bool]:
@@ -145,12 +184,12 @@ def resolve_pooling(asked: dict | None, recorded: dict | None, path, n_live: int
         return None, False
     if recorded is not None:
         raise InvalidInputError(
-            f"{path}: its documents are pooled with {_describe(recorded)} (recorded in the database); "
-            f"{_describe(asked)} was asked: one database pools its documents one way. Leave pool_factor "
+            f"{path}: its documents are pooled with {describe(recorded)} (recorded in the database); "
+            f"{describe(asked)} was asked: one database pools its documents one way. Leave pool_factor "
             f"out (the recorded pooling applies), or write to a new database")
     if n_live:
         raise InvalidInputError(
-            f"{path}: holds {n_live:,} documents stored without pooling; {_describe(asked)} would mix "
+            f"{path}: holds {n_live:,} documents stored without pooling; {describe(asked)} would mix "
             f"pooled and unpooled documents. Add them unpooled, or pool into a new database "
             f"(mvdb.open(new_path, pool_factor=...))")
     return asked, True

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from mvdb.encoders import IDENTITY, TEXT_KEY, Encoder, as_encoder, differences, texts_arg
-from mvdb.pooling import pooling_arg
+from mvdb.pooling import check_pooling_encoder, pooling_arg
 from mvdb.errors import (
     DuplicateIdError,
     EncoderMismatchError,
@@ -34,8 +34,7 @@ from mvdb.errors import (
     InvalidTypeError,
 )
 
-__all__ = ["TEXT_KEY", "TextMethods", "check_encoder", "check_pooling_encoder", "check_record", "record_config",
-           "recorded_encoder"]
+__all__ = ["TEXT_KEY", "TextMethods", "check_encoder", "check_record", "record_config", "recorded_encoder"]
 
 
 
@@ -54,17 +53,6 @@ def check_encoder(encoder: Encoder | None, recorded: dict | None, path, n_live: 
     """EncoderMismatchError when ``encoder`` would mix its vectors with those of the record."""
     if encoder is not None:
         check_record(encoder.record(), recorded, path, n_live)
-
-
-def check_pooling_encoder(encoder: Encoder | None, pooling: dict | None) -> None:
-    """InvalidInputError where a database that pools its documents would pool again the tokens of
-    a model that pools them itself (its own pooling module)."""
-    own = encoder.pools_tokens if encoder is not None else None
-    if own and pooling and pooling.get("pool_factor", 1) != 1:
-        raise InvalidInputError(
-            f"encoder {encoder.name}: pools its document tokens itself ({own}); the database pools them too "
-            f"(pool_factor {pooling['pool_factor']}): they would be pooled twice. Use the model without its "
-            f"pooling module, or a database without pool_factor")
 
 
 def check_record(record: dict, recorded: dict | None, path, n_live: int) -> None:
@@ -216,8 +204,7 @@ class TextMethods:
         from mvdb.storage.packed import Packed
 
         enc = self._text_encoder(encoder, "add_texts")
-        asked = pooling_arg(pool_factor, pool_protected)
-        self._pooling_kw(pool_factor, pool_protected)  # refused before the encoding where not supported
+        asked = self._pooling_kw(pool_factor, pool_protected).get("pooling")  # refused before the encoding
         check_pooling_encoder(enc, asked or self._text_pooling())
         texts, _ = texts_arg(texts)
         meta = merge_text(texts, metadata, store_text)

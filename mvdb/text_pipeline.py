@@ -226,11 +226,10 @@ def encode(model, kind: str, texts: list[str], *, is_query: bool, batch_size: in
     float16), lengths [n] int64), documents in the order of ``texts``. ``progress``: a step with
     ``update(n_texts)``."""
     out_dtype = torch.float16 if np.dtype(out_dtype) == np.float16 else torch.float32
-    p = prompt(model, kind, is_query) if kind != "multi-vector" else None  # a MultiVectorEncoder's preprocess adds it
-    if p:
+    if kind == "multi-vector":  # its preprocess adds the prompt; its Normalize module (if any) normalised
+        normalize = "none"
+    elif p := prompt(model, kind, is_query):
         texts = [p + t for t in texts]
-    if kind == "multi-vector":
-        normalize = "none"  # its Normalize module, where it has one, normalised them already
     device = torch.device(model.device)
     return _run(model, kind, texts, is_query, batch_size, normalize, out_dtype, progress, device)
 
@@ -273,9 +272,11 @@ def _max_tokens(model, kind: str, is_query: bool) -> int | None:
     """The most vectors the model makes for one text (its limit as the adapter set it), if known."""
     if kind == "pylate":
         n = getattr(model, "query_length" if is_query else "document_length", None)
-    elif kind == "multi-vector":
-        n = getattr(model[0], "query_length" if is_query else "document_length", None)
-        n = max(n or 0, ((getattr(model[0], "query_expansion", None) or {}).get("length") or 0) if is_query else 0)
+    elif kind == "multi-vector":  # its Transformer module's; a query expanded to its expansion's length
+        first = model[0]
+        n = getattr(first, "query_length" if is_query else "document_length", None)
+        if is_query:
+            n = max(n or 0, (getattr(first, "query_expansion", None) or {}).get("length") or 0)
     else:
         n = getattr(model, "max_seq_length", None)
     return n if isinstance(n, int) and n > 0 else None

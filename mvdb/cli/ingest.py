@@ -85,8 +85,7 @@ def ingest(db: str, sources: tuple[str, ...], model: str | None, text_field: str
     from mvdb.ingest.texts import is_text_source
     from mvdb.pooling import pooling_arg
 
-    pooling = pooling_arg(None if pool_factor is None else (int(pool_factor) if pool_factor.is_integer() else pool_factor),
-                          pool_protected)
+    pooling = pooling_arg(pool_factor, pool_protected)
 
     if batch < 1:
         raise InvalidInputError(f"--batch: expected 1 or more documents, got {batch}")

@@ -22,6 +22,7 @@ def info(db: str, as_json: bool) -> None:
 
     Example: mvdb info my.mvdb
     """
+    from mvdb.pooling import describe
     from mvdb.storage import Store
 
     per = []
@@ -33,14 +34,16 @@ def info(db: str, as_json: bool) -> None:
                         "tokens": sum(s["n_tokens"] for s in m["segments"]),
                         "deleted": sum(len(s["deleted"]) for s in m["segments"]), "generation": m["generation"],
                         "bytes": sum(s["file_size"] for s in m["segments"]), "index": _index_info(m),
-                        "pooling": _pooling_info((m.get("config") or {}).get("pooling"))})
+                        "pooling": (m.get("config") or {}).get("pooling")})
     if len(per) == 1 and per[0]["path"] == db:
         out = per[0]
     else:
         out = {"path": db, "shards": len(per), "documents": sum(p["documents"] for p in per),
                "tokens": sum(p["tokens"] for p in per), "bytes": sum(p["bytes"] for p in per),
-               "pooling": next((p["pooling"] for p in per if not p["pooling"].startswith("none")),
-                               per[0]["pooling"] if per else "none"), "per_shard": per}
+               "pooling": next((p["pooling"] for p in per if p["pooling"]), None), "per_shard": per}
+    # the records in words; the database's: the first shard's that has one, as stats() reads it
+    for d in {id(d): d for d in (out, *per)}.values():
+        d["pooling"] = describe(d["pooling"], none="none (documents stored as given)")
     if as_json:
         click.echo(json.dumps(out))
     else:
@@ -51,12 +54,6 @@ def info(db: str, as_json: bool) -> None:
                                f"index {p['index']}")
             else:
                 click.echo(f"{key}: {value}")
-
-
-def _pooling_info(rec: dict | None) -> str:
-    if not rec or rec.get("pool_factor", 1) == 1:
-        return "none (documents stored as given)"
-    return f"pool_factor {rec['pool_factor']}, {rec['protected']} protected leading token(s)"
 
 
 def _index_info(m: dict) -> str:

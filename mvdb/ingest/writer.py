@@ -46,12 +46,11 @@ class Pooled:
         return self.store.contains(ids)
 
     def add_packed(self, tokens, lengths, ids, metadata=None, **kw) -> None:
-        from mvdb.pooling import pool_packed, with_pooling
+        from mvdb.pooling import pool_checked, with_pooling
         from mvdb.storage import validate
 
         tokens, lengths, _ = validate.packed(tokens, lengths, None)
-        validate.in_range(tokens, lengths, self.dtype)  # named by the documents as given, not by their pooled vectors
-        tokens, lengths = pool_packed(tokens, lengths, self.rec, device=self.device)
+        tokens, lengths = pool_checked(tokens, lengths, self.rec, self.dtype, device=self.device)
         self.store.add_packed(tokens, lengths, ids=ids, metadata=metadata, **kw)
         self.tokens += int(lengths.sum())
         for st in self.pending:
@@ -63,10 +62,7 @@ def open_pooling(stores: list, asked: dict | None, path, encoder=None) -> tuple[
     """The pooling of an ingest into ``stores`` (``--pool-factor``, else the recorded one), checked
     against the record (and the model, which must not pool itself): (the pooling or None, whether
     it is new to record; :class:`Pooled` records it with the first batch)."""
-    from mvdb.pooling import POOLING_KEY, resolve_pooling
-    from mvdb.text import check_pooling_encoder
+    from mvdb.pooling import POOLING_KEY, resolve_open
 
     recorded = next((st.config.get(POOLING_KEY) for st in stores if st.config.get(POOLING_KEY)), None)
-    rec, new = resolve_pooling(asked, recorded, path, sum(len(st) for st in stores))
-    check_pooling_encoder(encoder, rec)
-    return rec, new
+    return resolve_open(asked, recorded, path, sum(len(st) for st in stores), encoder)

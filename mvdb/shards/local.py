@@ -48,8 +48,8 @@ from mvdb.shards.placement import contains_any, membership, owners, place
 from mvdb.storage import VerifyReport, validate
 from mvdb.storage.manifest import MANIFEST
 from mvdb.warm import check_query_tokens, check_stop, default_query_tokens
-from mvdb.pooling import pool_packed, pooling_arg, resolve_pooling, with_pooling
-from mvdb.text import TextMethods, check_encoder, check_pooling_encoder, recorded_encoder
+from mvdb.pooling import pool_checked, pooling_arg, resolve_open, resolve_pooling
+from mvdb.text import TextMethods, check_encoder, recorded_encoder
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -108,12 +108,9 @@ class ShardedDatabase(TextMethods, ExplainMethods, DatabaseAPI):
             stores = [s.store for s in self.shards]
             check_encoder(self.encoder, recorded_encoder(stores), path, sum(len(s) for s in self.shards))
             self._check_shards_pool_alike()
-            rec, new = resolve_pooling(asked, self.pooling, path, sum(len(s) for s in self.shards))
-            check_pooling_encoder(self.encoder, rec)  # before anything is recorded
+            rec, new = resolve_open(asked, self.pooling, path, sum(len(s) for s in self.shards), self.encoder,
+                                    read_only)
             if new:
-                if read_only:
-                    raise InvalidInputError(f"{path}: pool_factor={asked['pool_factor']} would record pooling, but "
-                                            f"the database is opened read_only")
                 for s in self.shards:
                     s._add([], pooling=rec, pooled=True)  # the record alone, published to the shard's state
         except BaseException:
@@ -224,7 +221,7 @@ class ShardedDatabase(TextMethods, ExplainMethods, DatabaseAPI):
         tokens, lengths, _ = validate.documents(docs, self.dim)  # shapes, dtypes, dim
         validate.finite(tokens, lengths)  # here, not per shard: one bad document and no shard writes
         if rec is not None and len(lengths):
-            docs = Packed.of(*pool_packed(tokens, lengths, rec, device=self.shards[0].device))
+            docs = Packed.of(*pool_checked(tokens, lengths, rec, self.shards[0].store.dtype, device=self.shards[0].device))
             tokens, lengths = docs.tokens, np.diff(docs.offsets)
         n = len(lengths)
         id_type = next((s.store.manifest["id_type"] for s in self.shards if s.store.manifest["id_type"]), None)
