@@ -48,7 +48,8 @@ def supported(model, kind: str) -> bool:
     """Whether the pipeline can stand in for ``model``'s own encode (else the adapter calls it)."""
     if kind == "multi-vector":  # Sentence Transformers 6: its own preprocess and forward, by task
         return all(hasattr(model, a) for a in ("preprocess", "forward", "device", "prompts"))
-    if not all(hasattr(model, a) for a in ("tokenize", "forward", "device")):
+    if not all(hasattr(model, a) for a in ("forward", "device")) or not (
+            hasattr(model, "tokenize") or hasattr(model, "preprocess")):
         return False
     if kind == "pylate":
         return hasattr(model, "skiplist_mask")
@@ -143,7 +144,7 @@ class FastTokens:
         return {n: torch.from_numpy(got[n]) for n in self.names}
 
     def same_as_model(self, model, texts: list[str], encoded: list, rows) -> bool:
-        want = model.tokenize([texts[r] for r in rows])
+        want = _st_tokenize(model, [texts[r] for r in rows])
         mine = self.batch(encoded, rows)
         width = want["input_ids"].shape[1] if isinstance(want.get("input_ids"), torch.Tensor) else -1
         if set(mine) - set(want) or any(k not in mine for k in ("input_ids", "token_type_ids", "attention_mask")
@@ -161,7 +162,13 @@ class FastTokens:
 def _tokenize(model, kind: str, batch: list[str], is_query: bool) -> dict:
     if kind == "multi-vector":  # the prompt, expansion and lengths of the task, as its encode does
         return dict(model.preprocess(batch, prompt=prompt(model, kind, is_query), task=_task(is_query)))
-    return model.tokenize(texts=batch, is_query=is_query) if kind == "pylate" else model.tokenize(batch)
+    return model.tokenize(texts=batch, is_query=is_query) if kind == "pylate" else _st_tokenize(model, batch)
+
+
+def _st_tokenize(model, texts: list[str]) -> dict:
+    """A plain Sentence Transformers model's tokenization: ``preprocess`` where the model has it
+    (Sentence Transformers 6, whose ``tokenize`` is deprecated), else ``tokenize``."""
+    return model.preprocess(texts) if hasattr(model, "preprocess") else model.tokenize(texts)
 
 
 def _task(is_query: bool) -> str:

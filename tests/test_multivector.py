@@ -34,8 +34,8 @@ def test_under_sentence_transformers_6():
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", __file__],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    # the four MultiVectorEncoder tests and the load-report one ran there (this one skips itself)
-    assert re.search(r"(^|\s)5 passed", r.stdout), r.stdout[-2000:]
+    # the five Sentence Transformers 6 tests and the load-report one ran there (this one skips itself)
+    assert re.search(r"(^|\s)6 passed", r.stdout), r.stdout[-2000:]
 
 SKIP = [",", ":", "(", ")"]  # words of the tiny model's vocabulary: dropped from documents
 
@@ -138,6 +138,29 @@ def test_a_saved_model_folder_loads_as_one_for_the_command_line(tmp_path):
     texts = _texts(6)
     for a, b in zip(enc.encode(texts, progress=False), model.encode_document(texts, convert_to_numpy=True)):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+@needs_mve
+def test_a_plain_model_is_encoded_without_deprecated_calls(tmp_path, caplog, capfd):
+    """Sentence Transformers 6 deprecated ``tokenize`` (it warns once a process): mvdb's pipeline
+    calls ``preprocess`` and its vectors stay the model's own."""
+    import logging
+
+    from test_text import _texts, _tiny_sentence_transformer
+
+    model = _tiny_sentence_transformer(tmp_path / "tiny", "cpu")
+    texts = _texts(12)
+    enc = mvdb.Encoder(model, name="tiny-st6", batch_size=4)
+    assert enc._pipeline() is not None
+    with caplog.at_level(logging.WARNING):
+        got = enc.encode(texts, progress=False)
+    out, err = capfd.readouterr()
+    said = caplog.text + out + err
+    assert "deprecated" not in said, said[-2000:]
+    own = model.encode(texts, output_value="token_embeddings", convert_to_numpy=True)
+    for a, b in zip(got, own):
+        b = np.asarray(b, dtype=np.float32)
+        np.testing.assert_allclose(a, b / np.linalg.norm(b, axis=1, keepdims=True), atol=1e-5)
+
 
 def test_loading_a_model_prints_no_ignorable_load_report(capfd):
     """The transformers load report of MiniLM (only its unused ``position_ids``: UNEXPECTED) and its
