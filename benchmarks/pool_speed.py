@@ -114,7 +114,10 @@ def main():
     res["tokens_per_doc"] = float(lengths.mean())
 
     if "pool" not in skip:
-        mvdb.pool(docs[: args.batch_size], factor)  # warm-up
+        widths = {}  # warm-up: one document of each width the GPU kernel is compiled for
+        for d in docs:
+            widths.setdefault(max(16, 1 << max(d.shape[0] - 2, 0).bit_length()), d)
+        mvdb.pool(list(widths.values()), factor)
         pooled, s = timed(args.device, lambda: mvdb.pool(docs, factor))
         kept = sum(x.shape[0] for x in pooled) / int(lengths.sum())
         res["pool"] = {"mvdb_docs_per_s": len(docs) / s, "mvdb_seconds": s, "kept": kept}

@@ -8,10 +8,12 @@ Sentence Transformers' ``HierarchicalTokenPooling`` ship, which keeps retrieval 
 vectors. The clusters are those of SciPy's ``linkage(condensed, "ward")`` cut by ``fcluster(...,
 "maxclust")``, except on exact distance ties.
 
-The clustering runs on many documents at once (padded to a batch's longest), on the documents'
-own device: greedy agglomeration with the Lance-Williams update of Ward's distance, one merge of
-every document per step. Ward's linkage is monotone, so stopping each document after ``tokens -
-clusters`` merges gives the same partition as cutting its full dendrogram at that many clusters.
+The clustering runs on many documents at once, on the documents' own device: each document's
+distances (float32, as Sentence Transformers computes them), then greedy agglomeration with SciPy's
+Ward update in float64 (:mod:`mvdb.kernels.ward`: on a GPU one Triton program a document, every
+merge in one launch; on a CPU one torch step merges every document once). Ward's linkage is
+monotone, so stopping each document after ``tokens - clusters`` merges gives the same partition as
+cutting its full dendrogram at that many clusters.
 """
 
 from __future__ import annotations
@@ -27,10 +29,6 @@ __all__ = ["POOLING_KEY", "check_pooling_encoder", "describe", "pool", "pool_che
            "resolve_open", "resolve_pooling", "with_pooling"]
 
 POOLING_KEY = "pooling"  # the manifest config's key of a database's pooling: {"pool_factor", "protected"}
-
-BATCH_TOKENS = 1 << 21  # a clustering batch on a CPU: its documents x their longest, squared
-GPU_BATCH_TOKENS = 1 << 28  # on a GPU (1 GB of float32 distances): a merge step is a few launches for every document
-
 
 def pool(docs, pool_factor: float = 2, *, protected: int = 1, normalize: bool = True, return_groups: bool = False):
     """Pool each document's tokens -> a list of [M_i, dim] arrays of the input's kind (numpy
@@ -65,39 +63,23 @@ def pool(docs, pool_factor: float = 2, *, protected: int = 1, normalize: bool = 
             raise InvalidInputError(f"docs[{i}]: expected dim {tensors[0].shape[1]} like docs[0], got {t.shape[1]}")
         kind = kind or type(d)
         tensors.append(t)
-    out, groups = [None] * len(tensors), [None] * len(tensors)
-    todo = []
-    for i, t in enumerate(tensors):
-        n = t.shape[0] - min(protected, t.shape[0])
-        k = max(int(n // pool_factor), 1)
-        if k < n:
-            todo.append((i, n, k))
-        else:  # nothing to merge
-            out[i], groups[i] = t, torch.arange(t.shape[0])
-    todo.sort(key=lambda r: r[1])
-    budget = GPU_BATCH_TOKENS if tensors and tensors[0].device.type == "cuda" else BATCH_TOKENS
-    start = 0
-    while start < len(todo):
-        end, widest = start, 0
-        while end < len(todo) and (end == start or (end - start + 1) * max(widest, todo[end][1]) ** 2 <= budget):
-            widest = max(widest, todo[end][1])
-            end += 1
-        batch = todo[start:end]
-        labels, means = _ward_batch([tensors[i][protected:] for i, _, _ in batch], [k for _, _, k in batch])
-        labels = labels.cpu()  # one copy a batch, not one a document
-        for row, (i, n, k) in enumerate(batch):
-            t = tensors[i]
-            out[i] = torch.cat([t[:protected], means[row, :k].to(t.dtype)])
-            groups[i] = torch.cat([torch.arange(protected), protected + labels[row, :n]])
-        start = end
-    result = []
-    for t in out:
-        if normalize:
-            t = torch.nn.functional.normalize(t.float(), dim=-1).to(t.dtype)
-        result.append(t.numpy() if kind is np.ndarray else t)
+    if not tensors:
+        return ([], []) if return_groups else []
+    lens = np.array([t.shape[0] for t in tensors], dtype=np.int64)
+    dtypes = {t.dtype for t in tensors}
+    packed = torch.cat([t.float() for t in tensors]) if len(dtypes) > 1 else torch.cat(tensors)
+    means, new_lens, labels = _pool_core(packed, lens, pool_factor, protected)
+    if normalize:
+        means = torch.nn.functional.normalize(means, dim=-1)
+    if kind is np.ndarray:
+        parts = np.split(means.cpu().numpy(), np.cumsum(new_lens)[:-1])
+    elif len(dtypes) == 1:
+        parts = list(torch.split(means.to(tensors[0].dtype), new_lens.tolist()))
+    else:
+        parts = [p.to(t.dtype) for p, t in zip(torch.split(means, new_lens.tolist()), tensors)]
     if return_groups:
-        return result, [g.numpy().astype(np.int64) for g in groups]
-    return result
+        return parts, np.split(labels.cpu().numpy(), np.cumsum(lens)[:-1])
+    return parts
 
 
 def pooling_arg(pool_factor, protected=None) -> dict | None:
@@ -212,90 +194,105 @@ def pool_packed(tokens, lengths, rec: dict, device=None, return_groups: bool = F
     t = tokens if isinstance(tokens, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(tokens))
     if device is not None:
         t = t.to(device)
-    t = t.float()
     lens = np.asarray(lengths.cpu() if isinstance(lengths, torch.Tensor) else lengths, dtype=np.int64)
-    docs = list(torch.split(t, lens.tolist()))
-    if not docs:
+    if not len(lens):
         empty = np.zeros((0, t.shape[1]), np.float32), np.zeros(0, np.int64)
         return (*empty, []) if return_groups else empty
-    pooled = pool(docs, rec["pool_factor"], protected=rec["protected"], normalize=False, return_groups=return_groups)
-    groups = None
+    means, new_lens, labels = _pool_core(t, lens, rec["pool_factor"], rec["protected"])
+    unit = _unit_docs(t.float(), lens)
+    unit_rows = torch.repeat_interleave(unit, torch.from_numpy(new_lens).to(t.device))
+    means = torch.where(unit_rows[:, None], torch.nn.functional.normalize(means, dim=-1), means)
     if return_groups:
-        pooled, groups = pooled
-    norms = torch.linalg.vector_norm(t, dim=1)
-    unit = torch.ones(len(docs), dtype=torch.bool, device=t.device)
-    bad = (norms - 1).abs() > 1e-2
-    if bad.any():
-        doc_of = torch.repeat_interleave(torch.arange(len(docs), device=t.device),
-                                         torch.from_numpy(lens).to(t.device))
-        unit[doc_of[bad]] = False
-    unit = unit.cpu().tolist()
-    out = [torch.nn.functional.normalize(p, dim=-1) if u else p for p, u in zip(pooled, unit)]
-    new_lengths = np.array([p.shape[0] for p in out], dtype=np.int64)
-    if return_groups:
-        return torch.cat(out).cpu().numpy(), new_lengths, groups
-    return torch.cat(out).cpu().numpy(), new_lengths
+        return means.cpu().numpy(), new_lens, np.split(labels.cpu().numpy(), np.cumsum(lens)[:-1])
+    return means.cpu().numpy(), new_lens
 
 
-def _ward_batch(docs: list[torch.Tensor], ks: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ward clusters of each [n_i, dim] document into ks[i] clusters -> ([b, n] cluster ids,
-    0..ks[i]-1 numbered in the order of their first token, then padding; [b, n, dim] float32
-    cluster means, the first ks[i] rows of each document's)."""
-    device = docs[0].device
-    b, n, dim = len(docs), max(d.shape[0] for d in docs), docs[0].shape[1]
-    lengths = torch.tensor([d.shape[0] for d in docs], device=device)
-    x = torch.zeros(b, n, dim, dtype=torch.float32, device=device)
-    for i, d in enumerate(docs):
-        x[i, : d.shape[0]] = d.float()
-    # cosine distance (of the directions, whatever the lengths) in float32, as Sentence Transformers
-    # computes it; SciPy then merges in float64: the same merges but where two distances nearly tie
-    u = torch.nn.functional.normalize(x, dim=-1)
-    dist = (1 - u @ u.transpose(1, 2)).clamp_(0, 2)
-    pos = torch.arange(n, device=device)
-    valid = pos[None, :] < lengths[:, None]
-    inf = torch.tensor(float("inf"), device=device)
-    dist = torch.where(valid[:, :, None] & valid[:, None, :] & (pos[:, None] != pos[None, :]), dist, inf)
-    size = valid.to(torch.float32)
-    rep = pos.expand(b, n).clone()  # each token's cluster, named by one of its tokens
-    merges = lengths - torch.tensor(ks, device=device)
-    rows = torch.arange(b, device=device)
-    near, near_at = dist.min(-1)  # each row's nearest cluster: one row's rescan a step, not the matrix's
-    flat = dist.view(b * n, n)
-    for step in range(int(merges.max())):
-        live = merges > step
-        m, i = near.min(-1)
-        j = near_at[rows, i]
-        a, c = torch.minimum(i, j), torch.maximum(i, j)  # c joins a
-        na, nc, nk = size[rows, a][:, None], size[rows, c][:, None], size
-        da, dc = dist[rows, a], dist[rows, c]
-        new = torch.sqrt(((na + nk) * da * da + (nc + nk) * dc * dc - nk * (m * m)[:, None]).clamp_(min=0)
-                         / (na + nc + nk))
-        new = torch.where(torch.isinf(da) | torch.isinf(dc), inf, new)  # dead or padded tokens, a and c
-        lb, a_l, c_l, new_l = rows[live], a[live], c[live], new[live]
-        dist[lb, a_l, :] = new_l
-        dist[lb, :, a_l] = new_l
-        dist[lb, c_l, :] = inf
-        dist[lb, :, c_l] = inf
-        size[lb, a_l] += size[lb, c_l]
-        size[lb, c_l] = 0
-        rep = torch.where(live[:, None] & (rep == c[:, None]), a[:, None].expand(b, n), rep)
-        # the nearest of every other row: a row whose nearest was a or c looks again; the others
-        # compare their old nearest with their new distance to a
-        stale = live[:, None] & ((near_at == a[:, None]) | (near_at == c[:, None]))
-        closer = live[:, None] & (new < near)
-        near = torch.where(closer, new, near)
-        near_at = torch.where(closer, a[:, None].expand(b, n), near_at)
-        stale[lb, a_l] = True
-        idx = stale.flatten().nonzero().flatten()
-        if idx.numel():
-            v, at = flat[idx].min(-1)
-            near.view(-1)[idx], near_at.view(-1)[idx] = v, at
-        near[lb, c_l] = inf
+UNIT_TOL = 1e-2  # a token this close to length 1 counts as a unit vector
+
+
+def _unit_docs(t: torch.Tensor, lens: np.ndarray) -> torch.Tensor:
+    """bool [n]: the documents (of packed float32 tokens ``t``) whose tokens are all unit length."""
+    bad = ((torch.linalg.vector_norm(t, dim=1) - 1).abs() > UNIT_TOL).to(torch.int32)
+    doc_of = torch.repeat_interleave(torch.arange(len(lens), device=t.device), torch.from_numpy(lens).to(t.device))
+    return torch.zeros(len(lens), dtype=torch.int32, device=t.device).index_add_(0, doc_of, bad) == 0
+
+
+GPU_CHUNK_BYTES = 1 << 30  # a clustering launch's distances and tokens on a GPU
+CPU_CHUNK_BYTES = 1 << 25  # on a CPU: each merge step then stays in cache
+
+
+def _pool_core(t: torch.Tensor, lens: np.ndarray, pool_factor, protected: int):
+    """Packed tokens ``t`` [T, dim] of documents of ``lens`` tokens -> (float32 [M, dim] cluster
+    means, int64 numpy [n] pooled lengths, int64 [T] each token's row in its document's output).
+    Runs on ``t``'s device: a few launches a chunk of documents, none a document."""
+    device = t.device
+    prot = np.minimum(lens, protected)
+    n = lens - prot
+    if float(pool_factor).is_integer():
+        k = np.maximum(n // int(pool_factor), 1)
+    else:
+        k = np.maximum(np.floor_divide(n.astype(np.float64), float(pool_factor)).astype(np.int64), 1)
+    pooled = k < n
+    new_lens = np.where(pooled, prot + k, lens)
+    starts = np.zeros(len(lens), dtype=np.int64)
+    starts[1:] = np.cumsum(lens)[:-1]
+    doc_of = torch.repeat_interleave(torch.arange(len(lens), device=device), torch.from_numpy(lens).to(device))
+    labels = torch.arange(t.shape[0], device=device) - torch.from_numpy(starts).to(device)[doc_of]
+    todo = np.flatnonzero(pooled)
+    todo = todo[np.argsort(n[todo], kind="stable")]
+    cuda = device.type == "cuda"
+    budget = GPU_CHUNK_BYTES if cuda else CPU_CHUNK_BYTES
+    # the Triton kernel's widths are powers of two; torch's steps pad to a chunk's longest
+    width = np.maximum(16, 1 << np.ceil(np.log2(np.maximum(n[todo], 1))).astype(np.int64)) if cuda else n[todo]
+    at = 0
+    while at < len(todo):
+        w = int(width[at])
+        end = at + 1
+        while end < len(todo) and (end - at + 1) * _chunk_bytes(int(width[end]), t.shape[1]) <= budget and (
+                not cuda or width[end] == w):
+            end += 1
+        w = int(width[end - 1])
+        chunk = todo[at:end]
+        first = starts[chunk] + prot[chunk]
+        lab, idx, valid = _cluster(t, first, n[chunk], k[chunk], w)
+        labels[idx[valid]] = (torch.from_numpy(prot[chunk]).to(device)[:, None] + lab)[valid]
+        at = end
+    out_starts = np.zeros(len(lens), dtype=np.int64)
+    out_starts[1:] = np.cumsum(new_lens)[:-1]
+    rows = torch.from_numpy(out_starts).to(device)[doc_of] + labels
+    total = int(new_lens.sum())
+    sums = torch.zeros(total, t.shape[1], dtype=torch.float32, device=device).index_add_(0, rows, t.float())
+    counts = torch.bincount(rows, minlength=total).clamp_(min=1).to(torch.float32)
+    return sums / counts[:, None], new_lens, labels
+
+
+def _chunk_bytes(width: int, dim: int) -> int:
+    """A document's share of a clustering chunk: its distances (float32, then float64) and tokens."""
+    return width * width * 12 + width * dim * 4
+
+
+def _cluster(t: torch.Tensor, first: np.ndarray, n: np.ndarray, k: np.ndarray, width: int):
+    """Ward clusters of documents whose tokens to pool are t[first[i] : first[i] + n[i]], n[i] <=
+    ``width``, into k[i] each -> (int64 [b, width] cluster ids, 0..k[i]-1 numbered in the order of
+    their first token; int64 [b, width] the tokens' rows in ``t``; bool [b, width] which are tokens)."""
+    from mvdb.kernels.ward import merge
+
+    device = t.device
+    pos = torch.arange(width, device=device)
+    nt = torch.from_numpy(n).to(device)
+    valid = pos[None, :] < nt[:, None]
+    idx = (torch.from_numpy(first).to(device)[:, None] + pos[None, :]).clamp_(max=t.shape[0] - 1)
+    x = t[idx].float() * valid[..., None]
+    # cosine distance 1 - <a, b>, in float32, as Sentence Transformers computes it; of the
+    # directions where a document's tokens are not unit vectors
+    norms = torch.linalg.vector_norm(x, dim=-1)
+    off = ((norms - 1).abs() > UNIT_TOL) & valid
+    x = torch.where(off.any(1)[:, None, None], x / norms.clamp(min=1e-12)[..., None], x)
+    dist = (1 - x @ x.transpose(1, 2)).clamp_(0, 2)
+    keep = valid[:, :, None] & valid[:, None, :] & (pos[:, None] != pos[None, :])
+    dist = torch.where(keep, dist, float("inf")).double()  # SciPy merges in float64
+    near, near_at = dist.min(-1)
+    rep = merge(dist, near, near_at, nt, torch.from_numpy(k).to(device))
     root = (rep == pos[None, :]) & valid
     dense = torch.cumsum(root.to(torch.int64), dim=1) - 1
-    labels = dense.gather(1, rep)
-    # every document's cluster sums in one scatter: cluster l of document r is row r * n + l
-    at = (rows[:, None] * n + labels)[valid]
-    sums = torch.zeros(b * n, dim, device=device).index_add_(0, at, x[valid])
-    counts = torch.bincount(at, minlength=b * n).clamp_(min=1).to(torch.float32)
-    return labels, (sums / counts[:, None]).view(b, n, dim)
+    return dense.gather(1, rep), idx, valid

@@ -178,28 +178,50 @@ def _task(is_query: bool) -> str:
 def batches(model, kind: str, texts: list[str], is_query: bool, batch_size: int, pin: bool):
     """(chunk start, chunk end, the batch's positions in the chunk, features) for every batch, in
     the order they run: each chunk sorted by length (longest first). The fast tokens are checked
-    against the model's own on the first batch (the model's own tokenize from there if they differ)."""
+    against the model's own on the first batch (the model's own tokenization from there if they
+    differ). Tokens are made in a thread while the device runs: the next chunk's fast tokens, or
+    the model's own tokenization of each batch of this chunk and the next."""
     fast = FastTokens.make(model, kind)
     step = batch_size * CHUNK_BATCHES
-    with ThreadPoolExecutor(1) as ahead:  # the next chunk's tokens, made while the device runs this one
-        coming = None
-        for c0 in range(0, len(texts), step):
+    starts = range(0, len(texts), step)
+
+    def plan(c0):
+        chunk = texts[c0 : c0 + step]
+        order = np.argsort([-len(t) for t in chunk])  # as the model's encode sorts
+        return chunk, [order[b0 : b0 + batch_size] for b0 in range(0, len(chunk), batch_size)]
+
+    def own(chunk, rows):
+        feats = _tokenize(model, kind, [chunk[r] for r in rows], is_query)
+        return {k: v.pin_memory() if pin and isinstance(v, torch.Tensor) else v for k, v in feats.items()}
+
+    with ThreadPoolExecutor(1) as ahead:
+        coming = None  # the next chunk's fast tokens, or its plan and each batch's features
+        for c0 in starts:
             c1 = min(len(texts), c0 + step)
-            chunk = texts[c0:c1]
-            order = np.argsort([-len(t) for t in chunk])  # as the model's encode sorts
-            encoded = None
             if fast is not None:
+                chunk, rows_list = plan(c0)
                 encoded = coming.result() if coming is not None else fast.encode(chunk)
-                if c0 == 0 and not fast.same_as_model(model, chunk, encoded, order[:batch_size]):
+                if c0 == 0 and not fast.same_as_model(model, chunk, encoded, rows_list[0]):
                     fast = encoded = None
-            coming = ahead.submit(fast.encode, texts[c1 : c1 + step]) if fast is not None and c1 < len(texts) else None
-            for b0 in range(0, c1 - c0, batch_size):
-                rows = order[b0 : b0 + batch_size]
-                feats = (fast.batch(encoded, rows) if encoded is not None
-                         else _tokenize(model, kind, [chunk[r] for r in rows], is_query))
-                if pin:
-                    feats = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in feats.items()}
-                yield c0, c1, rows, feats
+                coming = ahead.submit(fast.encode, texts[c1 : c1 + step]) if fast is not None and c1 < len(texts) else None
+                if encoded is not None:
+                    for rows in rows_list:
+                        feats = fast.batch(encoded, rows)
+                        if pin:
+                            feats = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in feats.items()}
+                        yield c0, c1, rows, feats
+                    continue
+                coming = None
+            if coming is None:
+                chunk, rows_list = plan(c0)
+                coming = (chunk, rows_list, [ahead.submit(own, chunk, rows) for rows in rows_list])
+            chunk, rows_list, made = coming
+            coming = None
+            if c1 < len(texts):  # queued behind this chunk's batches
+                nxt, nxt_rows = plan(c1)
+                coming = (nxt, nxt_rows, [ahead.submit(own, nxt, rows) for rows in nxt_rows])
+            for rows, feats in zip(rows_list, made):
+                yield c0, c1, rows, feats.result()
 
 
 def _keep(model, kind: str, feats: dict, is_query: bool) -> torch.Tensor:
@@ -248,22 +270,25 @@ def _run(model, kind, texts, is_query, batch_size, normalize, out_dtype, progres
     with torch.inference_mode():
         try:
             for c0, c1, rows, feats in batches(model, kind, texts, is_query, batch_size, device.type == "cuda"):
-                if kind == "multi-vector":  # its scoring mask comes out of its forward: one wait a batch
+                if kind == "multi-vector":  # its scoring mask comes out of its forward: kept on the
+                    # device and applied when the chunk is done, so the host does not wait a batch
                     out = model(_to_device(feats, device), task=_task(is_query))
-                    keep = out["attention_mask"].bool().cpu()
-                    flat = keep.flatten().nonzero().flatten().to(device)
+                    parts.append((_normalised(out["token_embeddings"], normalize).to(out_dtype),
+                                  out["attention_mask"].bool()))
                 else:
                     keep = _keep(model, kind, feats, is_query)  # on the host: no wait for the device
                     flat = _pinned(keep.flatten().nonzero().flatten(), device)
                     feats = _to_device(feats, device)
                     out = model(feats) if kind == "sentence-transformers" else model.forward(input=feats)
-                emb = out["token_embeddings"]
-                emb = emb.reshape(-1, emb.shape[-1]).index_select(0, flat.to(device, non_blocking=True))
-                parts.append((_normalised(emb, normalize).to(out_dtype), keep.sum(dim=1)))
+                    emb = out["token_embeddings"]
+                    emb = emb.reshape(-1, emb.shape[-1]).index_select(0, flat.to(device, non_blocking=True))
+                    parts.append((_normalised(emb, normalize).to(out_dtype), keep.sum(dim=1)))
                 got.append(rows)
                 if progress is not None:
                     progress.update(len(rows))
                 if sum(len(g) for g in got) == c1 - c0:  # the chunk is done: to the host while the next runs
+                    if kind == "multi-vector":  # each batch's vectors its mask keeps
+                        parts = [(emb[keep], keep.sum(dim=1).cpu()) for emb, keep in parts]
                     tok, lens = _in_text_order(parts, got, c1 - c0)
                     host.put(tok)
                     lengths_out.append(lens)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import mvdb
+from conftest import INTERPRET
 
 hierarchy = pytest.importorskip("scipy.cluster.hierarchy")
 distance = pytest.importorskip("scipy.spatial.distance")
@@ -95,6 +96,38 @@ def test_bad_arguments_are_refused_with_what_was_expected():
         mvdb.pool([np.ones((0, 8), np.float32)], 2)
     with pytest.raises(mvdb.InvalidTypeError, match="docs: expected a list of"):
         mvdb.pool(doc, 2)
+
+
+@pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(),
+                    reason="the Triton kernel needs CUDA or TRITON_INTERPRET=1")
+def test_the_triton_merges_are_the_torch_merges_and_scipys():
+    """One program a document, all its merges in one launch (the GPU's path), against the torch
+    steps (the CPU's) and SciPy, on documents of several widths, with padding and protected tokens."""
+    from mvdb.kernels.ward import merge
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rng = np.random.default_rng(11)
+    docs = [_unit(rng, int(n)) for n in [2, 3, 9, 16, 17, 30, 33, 5]]
+    for factor in (2, 3):
+        ks = [max(d.shape[0] // factor, 1) for d in docs]
+        width = 64
+        x = torch.zeros(len(docs), width, 16)
+        for i, d in enumerate(docs):
+            x[i, : d.shape[0]] = torch.from_numpy(d)
+        n = torch.tensor([d.shape[0] for d in docs])
+        pos = torch.arange(width)
+        valid = pos[None, :] < n[:, None]
+        dist = (1 - x @ x.transpose(1, 2)).clamp_(0, 2)
+        dist = torch.where(valid[:, :, None] & valid[:, None, :] & (pos[:, None] != pos[None, :]), dist,
+                           float("inf")).double()
+        near, near_at = dist.min(-1)
+        args = (near, near_at, n, torch.tensor(ks))
+        want = merge(dist.clone(), *args, triton=False)
+        got = merge(dist.to(device), *(a.to(device) for a in args), triton=True).cpu()
+        assert torch.equal(got[valid], want[valid])
+        for i, d in enumerate(docs):
+            r = got[i, : d.shape[0]].numpy()
+            assert sorted(tuple(np.flatnonzero(r == v).tolist()) for v in np.unique(r)) == _reference(d, factor, 0)
 
 
 @pytest.mark.gpu
