@@ -150,7 +150,8 @@ def pool_checked(tokens, lengths, rec: dict, dtype: str, device=None):
     from mvdb.storage import validate
 
     validate.in_range(tokens, lengths, dtype)
-    return pool_packed(tokens, lengths, rec, device=device)
+    # the means of values within the range stay within it: a float16 store's come back as float16
+    return pool_packed(tokens, lengths, rec, device=device, out_dtype=np.float16 if dtype == "float16" else np.float32)
 
 
 def resolve_pooling(asked: dict | None, recorded: dict | None, path, n_live: int) -> tuple[dict | None, bool]:
@@ -185,9 +186,9 @@ def with_pooling(config: dict | None, rec: dict | None) -> dict | None:
     return dict(config or {}, **{POOLING_KEY: dict(rec)})
 
 
-def pool_packed(tokens, lengths, rec: dict, device=None, return_groups: bool = False):
+def pool_packed(tokens, lengths, rec: dict, device=None, return_groups: bool = False, out_dtype=np.float32):
     """Packed documents (tokens [T, dim], lengths [n]: numpy or torch) pooled as ``rec`` says ->
-    (float32 numpy tokens, int64 numpy lengths). The clustering runs on ``device`` (default: the
+    (numpy tokens of ``out_dtype``, int64 numpy lengths). The clustering runs on ``device`` (default: the
     tokens' own). A document whose tokens are all unit length gets unit-length pooled vectors, as
     its inputs (the means of unit vectors are shorter); other documents keep the plain means.
     ``return_groups``: also each document's groups (``pool``'s)."""
@@ -202,9 +203,10 @@ def pool_packed(tokens, lengths, rec: dict, device=None, return_groups: bool = F
     unit = _unit_docs(t.float(), lens)
     unit_rows = torch.repeat_interleave(unit, torch.from_numpy(new_lens).to(t.device))
     means = torch.where(unit_rows[:, None], torch.nn.functional.normalize(means, dim=-1), means)
+    means = means.to(torch.float16 if np.dtype(out_dtype) == np.float16 else torch.float32).cpu().numpy()
     if return_groups:
-        return means.cpu().numpy(), new_lens, np.split(labels.cpu().numpy(), np.cumsum(lens)[:-1])
-    return means.cpu().numpy(), new_lens
+        return means, new_lens, np.split(labels.cpu().numpy(), np.cumsum(lens)[:-1])
+    return means, new_lens
 
 
 UNIT_TOL = 1e-2  # a token this close to length 1 counts as a unit vector

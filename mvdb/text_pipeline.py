@@ -88,8 +88,9 @@ class FastTokens:
 
     _made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def __init__(self, module, tokenizer, backend):
+    def __init__(self, module, tokenizer, backend, length=None, prefix: str = "", strip: bool = True):
         self.module, self.tokenizer, self.source = module, tokenizer, backend
+        self.length, self.prefix, self.strip = length, prefix, strip
         self.backend = None  # a copy with its own truncation settings (a Rust tokenizer is not reentrant)
         self.lock = threading.Lock()  # one call at a time uses the copy
         self.names = [n for n in tokenizer.model_input_names if n in ("input_ids", "token_type_ids", "attention_mask")]
@@ -97,33 +98,42 @@ class FastTokens:
         self.left = tokenizer.padding_side == "left"
 
     @classmethod
-    def make(cls, model, kind: str):
-        if kind != "sentence-transformers":
+    def make(cls, model, kind: str, is_query: bool = False):
+        """A plain Sentence Transformers model's tokens, or a multi-vector model's documents' (its
+        document prompt and length; its queries are expanded, and go through its own preprocess)."""
+        if kind not in ("sentence-transformers", "multi-vector") or (kind == "multi-vector" and is_query):
             return None
         try:
             module = model[0]
             tokenizer = module.tokenizer
             backend = tokenizer.backend_tokenizer  # a fast (Rust) tokenizer
-            if not hasattr(backend, "encode_batch") or not isinstance(module.max_seq_length, int):
+            length = getattr(module, "document_length", None) if kind == "multi-vector" else None
+            if not hasattr(backend, "encode_batch") or not isinstance(length or module.max_seq_length, int):
                 return None
         except (AttributeError, IndexError, KeyError, TypeError, ValueError):
             return None
+        # Sentence Transformers 5's tokenize strips each text; 6's preprocess does not
+        prefix, strip = (prompt(model, kind, False) or "") if kind == "multi-vector" else "", not hasattr(model, "preprocess")
         made = cls._made.get(model)
-        if made is None or made.tokenizer is not tokenizer or made.source is not backend:
-            made = cls._made[model] = cls(module, tokenizer, backend)
+        if made is None or (made.tokenizer, made.source, made.length, made.prefix, made.strip) != (
+                tokenizer, backend, length, prefix, strip):
+            made = cls._made[model] = cls(module, tokenizer, backend, length, prefix, strip)
         return made
 
     def copy(self):
-        """The tokenizer's copy, truncating at the module's ``max_seq_length`` as it is now."""
+        """The tokenizer's copy, truncating at the module's ``max_seq_length`` as it is now (or the
+        multi-vector model's document length)."""
         if self.backend is None:
             self.backend = type(self.source).from_str(self.source.to_str())
             self.backend.no_padding()
-        self.backend.enable_truncation(self.module.max_seq_length, strategy="longest_first",
+        self.backend.enable_truncation(self.length or self.module.max_seq_length, strategy="longest_first",
                                        direction=getattr(self.tokenizer, "truncation_side", "right"))
         return self.backend
 
     def encode(self, texts: list[str]) -> list:
-        texts = [t.strip() for t in texts]
+        texts = [self.prefix + t for t in texts] if self.prefix else texts
+        if self.strip:
+            texts = [t.strip() for t in texts]
         if getattr(self.module, "do_lower_case", False):
             texts = [t.lower() for t in texts]
         with self.lock:
@@ -143,8 +153,8 @@ class FastTokens:
         got = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
         return {n: torch.from_numpy(got[n]) for n in self.names}
 
-    def same_as_model(self, model, texts: list[str], encoded: list, rows) -> bool:
-        want = _st_tokenize(model, [texts[r] for r in rows])
+    def same_as_model(self, model, kind: str, texts: list[str], encoded: list, rows) -> bool:
+        want = _tokenize(model, kind, [texts[r] for r in rows], False)
         mine = self.batch(encoded, rows)
         width = want["input_ids"].shape[1] if isinstance(want.get("input_ids"), torch.Tensor) else -1
         if set(mine) - set(want) or any(k not in mine for k in ("input_ids", "token_type_ids", "attention_mask")
@@ -181,7 +191,7 @@ def batches(model, kind: str, texts: list[str], is_query: bool, batch_size: int,
     against the model's own on the first batch (the model's own tokenization from there if they
     differ). Tokens are made in a thread while the device runs: the next chunk's fast tokens, or
     the model's own tokenization of each batch of this chunk and the next."""
-    fast = FastTokens.make(model, kind)
+    fast = FastTokens.make(model, kind, is_query)
     step = batch_size * CHUNK_BATCHES
     starts = range(0, len(texts), step)
 
@@ -201,7 +211,7 @@ def batches(model, kind: str, texts: list[str], is_query: bool, batch_size: int,
             if fast is not None:
                 chunk, rows_list = plan(c0)
                 encoded = coming.result() if coming is not None else fast.encode(chunk)
-                if c0 == 0 and not fast.same_as_model(model, chunk, encoded, rows_list[0]):
+                if c0 == 0 and not fast.same_as_model(model, kind, chunk, encoded, rows_list[0]):
                     fast = encoded = None
                 coming = ahead.submit(fast.encode, texts[c1 : c1 + step]) if fast is not None and c1 < len(texts) else None
                 if encoded is not None:
@@ -435,8 +445,8 @@ def spans(model, kind: str, texts: list[str], is_query: bool) -> list | None:
     """Per text, the character span ``(start, end)`` in the text of each vector the pipeline
     makes for it (None for a special token, or one the prompt holds); None where the model's
     tokenizer does not say (PyLate, whose query and document markers shift the positions, or a
-    tokenizer without offsets)."""
-    fast = FastTokens.make(model, kind)
+    tokenizer without offsets; a multi-vector model, whose scoring mask drops tokens)."""
+    fast = FastTokens.make(model, kind) if kind == "sentence-transformers" else None
     if fast is None:
         return None
     with fast.lock:

@@ -211,8 +211,10 @@ def in_range(tokens: np.ndarray, lengths: np.ndarray, dtype: str, chunk: int = 1
     transformed before they are stored (pooled): an error names the document as given."""
     finite(tokens, lengths)
     limit, beyond = (FP16_MAX, FP16_BEYOND) if dtype == "float16" else (INT8_VALUE_MAX, INT8_BEYOND)
-    for r0 in range(0, tokens.shape[0], chunk):
-        _within(tokens, lengths, r0, tokens[r0 : r0 + chunk], limit, beyond)
+    if tokens.dtype == np.float16:  # finite float16 values are all within either limit
+        return
+    list(POOL.map(lambda r0: _within(tokens, lengths, r0, tokens[r0 : r0 + chunk], limit, beyond),
+                  range(0, tokens.shape[0], chunk)))
 
 
 def convert(tokens: np.ndarray, lengths: np.ndarray, dtype: str, chunk: int = 1 << 18) -> tuple[np.ndarray, np.ndarray | None]:

@@ -81,7 +81,14 @@ def test_the_vectors_are_the_models_own(tmp_path, monkeypatch, device):
     own_loop = mvdb.Encoder(model, name="tiny-mve", batch_size=8, pipeline=False)
     for a, b in zip(enc.encode(texts, progress=False), own_loop.encode(texts, progress=False)):
         np.testing.assert_allclose(a, b, atol=1e-4)
-    docs = enc.encode(texts, is_query=False, progress=False)
+    # documents: tokens straight from the Rust tokenizer (prompt, document length), the model's own
+    made = []
+    real = text_pipeline._tokenize
+    monkeypatch.setattr(text_pipeline, "_tokenize", lambda *a: made.append(a[3]) or real(*a))
+    long_texts = [" ".join([t] * 6) for t in texts[:3]]  # past the document length: truncated as the model does
+    docs = enc.encode(long_texts + texts[3:], is_query=False, progress=False)
+    assert made == [False]  # the one check of the first batch against the model's preprocess
+    texts = long_texts + texts[3:]
     own = model.encode_document(texts, convert_to_numpy=True)
     assert [d.shape for d in docs] == [o.shape for o in own]
     for d, o in zip(docs, own):
