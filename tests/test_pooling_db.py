@@ -135,6 +135,55 @@ def test_ingest_pools_records_and_refuses_another_factor(tmp_path):
     assert r.exit_code != 0 and "pooled with pool_factor 2" in r.output
 
 
+def test_an_export_of_a_pooled_database_ingests_as_it_was_stored(tmp_path):
+    """mvdb export / get --out write X.pooling.json: a new database stores the documents as they
+    are (not pooled twice) and records their pooling; what conflicts with it is refused, the data
+    untouched."""
+    run = CliRunner().invoke
+    src = str(tmp_path / "src")
+    with mvdb.open(src, device="cpu", pool_factor=2) as d:
+        ids = d.add(_docs(20), metadata=[{"i": i} for i in range(20)])
+        stored = d.get(ids)
+    r = run(cli, ["export", src, str(tmp_path / "out.npy"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output.strip().splitlines()[-1])["pooling"] == {"pool_factor": 2, "protected": 1}
+    assert json.loads((tmp_path / "out.pooling.json").read_text()) == {"pool_factor": 2, "protected": 1}
+    new = str(tmp_path / "new")
+    r = run(cli, ["ingest", new, str(tmp_path / "out.npy"), "--metadata", str(tmp_path / "out.metadata.jsonl"),
+                  "--no-index", "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    with mvdb.open(new, device="cpu") as d:
+        assert d.pooling == {"pool_factor": 2, "protected": 1}
+        for a, b in zip(d.get(ids), stored):  # stored as exported: not pooled again
+            np.testing.assert_array_equal(a, b)
+        more = d.add(_docs(3, seed=5))  # later adds pool as recorded
+        assert [x.shape[0] for x in d.get(more)] == [p.shape[0] for p in mvdb.pool(_docs(3, seed=5), 2)]
+    # mvdb get --out carries it too
+    r = run(cli, ["get", src, str(ids[0]), str(ids[1]), "--out", str(tmp_path / "two.npy")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "two.pooling.json").read_text()) == {"pool_factor": 2, "protected": 1}
+    # refused: another --pool-factor; a database of unpooled documents; pooled and unpooled sources together
+    r = run(cli, ["ingest", str(tmp_path / "x"), str(tmp_path / "out.npy"), "--pool-factor", "3", "--device", "cpu"])
+    assert r.exit_code != 0 and "holds documents pooled with pool_factor 2" in r.output
+    assert not (tmp_path / "x").exists()
+    plain = str(tmp_path / "plain")
+    with mvdb.open(plain, device="cpu") as d:
+        d.add(_docs(4, seed=9))
+    r = run(cli, ["ingest", plain, str(tmp_path / "out.npy"), "--no-index", "--device", "cpu"])
+    assert r.exit_code != 0 and "stored without pooling" in r.output
+    with mvdb.open(plain, device="cpu") as d:
+        assert len(d) == 4 and d.pooling is None
+    lengths = [x.shape[0] for x in _docs(4, seed=9)]
+    np.savez(tmp_path / "unpooled.npz", tokens=np.concatenate(_docs(4, seed=9)), lengths=lengths)
+    r = run(cli, ["ingest", str(tmp_path / "y"), str(tmp_path / "out.npy"), str(tmp_path / "unpooled.npz"),
+                  "--device", "cpu"])
+    assert r.exit_code != 0 and "one database pools its documents one way" in r.output
+    # a side file that is not a pooling record
+    (tmp_path / "out.pooling.json").write_text('{"pool_factor": 0}')
+    r = run(cli, ["ingest", str(tmp_path / "z"), str(tmp_path / "out.npy"), "--device", "cpu"])
+    assert r.exit_code != 0 and "out.pooling.json: not a pooling record" in r.output
+
+
 class HierarchicalTokenPooling:  # the name of Sentence Transformers 6's module
     pass
 

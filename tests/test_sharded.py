@@ -98,6 +98,12 @@ def test_bad_input_leaves_every_shard_unchanged(tmp_path):
         sh.add(nan, ids=["z1", "z2"])
     with pytest.raises(InvalidInputError, match="str ids"):
         sh.add(docs[10:12])
+    # a value float16 cannot hold, in a document that would go to the second shard: refused before
+    # the first shard writes its part
+    big = [d.copy() for d in docs[10:16]]
+    big[-1][0, 0] = 1e6
+    with pytest.raises(InvalidInputError, match="document 5: value 1e\\+06 at token 0 overflows float16"):
+        sh.add(big, ids=[f"w{i}" for i in range(6)])
     assert [len(s) for s in sh.shards] == before
     with pytest.raises(UnknownIdError):
         sh.get(["d1", "nope"])

@@ -14,13 +14,15 @@ import numpy as np
 from mvdb.cli.arguments import ids_arg, require_database, shard_paths
 from mvdb.cli.group import DEBUG, DEVICE, JSON_OUT, QUIET
 from mvdb.errors import InvalidInputError
+from mvdb.ingest.sources import POOLING_SIDE_FILE
 
 
 @click.command()
 @click.argument("db")
 @click.argument("ids", nargs=-1, required=True)
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="Write the documents to OUT.npy (+ .lengths.npy, .ids.npy, .metadata.jsonl), re-ingestable.")
+              help="Write the documents to OUT.npy (+ .lengths.npy, .ids.npy, .metadata.jsonl, .pooling.json), "
+                   "re-ingestable.")
 @click.option("--force", is_flag=True, help="Overwrite OUT and its side files where they exist.")
 @JSON_OUT
 @DEBUG
@@ -36,9 +38,9 @@ def get(db: str, ids: tuple[str, ...], out: str | None, force: bool, as_json: bo
         _check_out(out, force)
     with mvdb.open(db, read_only=True, device="cpu") as d:
         keys = ids_arg(d, ids)
-        docs, meta = d.get(keys), d.metadata(keys)
+        docs, meta, pooled = d.get(keys), d.metadata(keys), d.stats().get("pooling")
     if out is not None:
-        _write_packed(out, keys, docs, meta)
+        _write_packed(out, keys, docs, meta, pooled)
     rows = [{"id": i, "tokens": int(x.shape[0]), "metadata": m} for i, x, m in zip(keys, docs, meta)]
     if as_json:
         click.echo(json.dumps({"documents": rows, "out": out}))
@@ -82,10 +84,12 @@ def delete(db: str, ids: tuple[str, ...], as_json: bool, device: str) -> None:
 @QUIET
 @DEBUG
 def export(db: str, out: str, batch: int, force: bool, as_json: bool, quiet: bool) -> None:
-    """Write every live document of DB to OUT.npy with OUT.lengths.npy, OUT.ids.npy and (when any
-    document has metadata) OUT.metadata.jsonl: the packed format `mvdb ingest` reads back
-    (`mvdb ingest NEW OUT.npy --metadata OUT.metadata.jsonl`). fp16 stores export fp16; int8
-    stores export their dequantized tokens as float32. Reads the files only (no GPU, no index).
+    """Write every live document of DB to OUT.npy with OUT.lengths.npy, OUT.ids.npy, (when any
+    document has metadata) OUT.metadata.jsonl and (when DB pools its documents) OUT.pooling.json:
+    the packed format `mvdb ingest` reads back (`mvdb ingest NEW OUT.npy --metadata
+    OUT.metadata.jsonl`; pooled documents are stored as they are, and NEW records their pooling).
+    fp16 stores export fp16; int8 stores export their dequantized tokens as float32. Reads the
+    files only (no GPU, no index).
 
     Example: mvdb export my.mvdb backup.npy
     """
@@ -102,6 +106,7 @@ def export(db: str, out: str, batch: int, force: bool, as_json: bool, quiet: boo
         dims = {st.dim for st in stores if st.dim} or {0}
         dim = dims.pop()
         int8 = any(st.manifest["dtype"] == "int8" for st in stores)
+        pooled = next((st.config["pooling"] for st in stores if st.config.get("pooling")), None)
         total = sum(st.snapshot().live_tokens for st in stores)
         lengths, all_ids, meta, t = np.zeros(n, np.int64), [], [], 0
         tokens = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32 if int8 else np.float16,
@@ -121,8 +126,9 @@ def export(db: str, out: str, batch: int, force: bool, as_json: bool, quiet: boo
                     bar.update(len(part))
         tokens.flush()
         del tokens
-    with_meta = _write_side_files(out, all_ids, lengths, meta)
-    summary = {"documents": n, "tokens": t, "out": out, "metadata": out[:-4] + ".metadata.jsonl" if with_meta else None}
+    with_meta = _write_side_files(out, all_ids, lengths, meta, pooled)
+    summary = {"documents": n, "tokens": t, "out": out, "metadata": out[:-4] + ".metadata.jsonl" if with_meta else None,
+               "pooling": pooled}
     if as_json:
         click.echo(json.dumps(summary))
     elif not quiet:
@@ -133,24 +139,30 @@ def _check_out(out: str, force: bool) -> None:
     """OUT (X.npy) is a path ending in .npy, and neither it nor a side file exists unless ``force``."""
     if not out.endswith(".npy"):
         raise InvalidInputError(f"{out}: expected a path ending in .npy (the side files go beside it)")
-    there = [p for p in (out, *(out[:-4] + s for s in (".lengths.npy", ".ids.npy", ".metadata.jsonl")))
+    there = [p for p in (out, *(out[:-4] + s for s in (".lengths.npy", ".ids.npy", ".metadata.jsonl", POOLING_SIDE_FILE)))
              if os.path.lexists(p)]
     if there and not force:
         raise InvalidInputError(f"{there[0]}: already exists; --force overwrites it"
                                 + (f" (and {len(there) - 1} more side file(s))" if len(there) > 1 else ""))
 
 
-def _write_packed(out: str, ids: list, docs: list, meta: list) -> None:
+def _write_packed(out: str, ids: list, docs: list, meta: list, pooled: dict | None = None) -> None:
     np.save(out, np.concatenate(docs) if docs else np.zeros((0, 0), np.float32))
-    _write_side_files(out, ids, np.array([len(x) for x in docs], dtype=np.int64), meta)
+    _write_side_files(out, ids, np.array([len(x) for x in docs], dtype=np.int64), meta, pooled)
 
 
-def _write_side_files(out: str, ids: list, lengths: np.ndarray, meta: list) -> bool:
-    """X.lengths.npy, X.ids.npy and (when any document has metadata) X.metadata.jsonl beside
-    X.npy; whether the metadata file was written."""
+def _write_side_files(out: str, ids: list, lengths: np.ndarray, meta: list, pooled: dict | None = None) -> bool:
+    """X.lengths.npy, X.ids.npy, (when any document has metadata) X.metadata.jsonl and (when the
+    documents are pooled) X.pooling.json beside X.npy; whether the metadata file was written. An
+    earlier export's side files that these documents do not have are removed (--force)."""
     base = out[:-4]
     np.save(base + ".lengths.npy", lengths)
     np.save(base + ".ids.npy", np.array(ids) if ids and isinstance(ids[0], str) else np.asarray(ids, dtype=np.int64))
+    if pooled is not None:
+        with open(base + POOLING_SIDE_FILE, "w", encoding="utf-8") as f:
+            json.dump(pooled, f)
+    elif os.path.lexists(base + POOLING_SIDE_FILE):
+        os.unlink(base + POOLING_SIDE_FILE)
     if not any(m is not None for m in meta):
         if os.path.lexists(base + ".metadata.jsonl"):  # an earlier export's (--force): not these documents'
             os.unlink(base + ".metadata.jsonl")

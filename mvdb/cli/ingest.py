@@ -205,9 +205,10 @@ def _ingest(db: str, srcs: list, dim: int, dtype: str | None, batch: int, shards
             if st.dim is not None and st.dim != dim:
                 raise InvalidInputError(f"{p}: stores dim {st.dim}, but the sources have dim {dim}")
         st = PlacedStores(stores) if len(stores) > 1 or shards else stores[0]
-        rec, new = open_pooling(stores, pooling, db)
+        rec, new = open_pooling(stores, _pooled_sources(srcs, pooling), db)
         if rec is not None:
-            st = Pooled(st, rec, device_arg(device), record=new, stores=stores)
+            st = Pooled(st, rec, device_arg(device), record=new, stores=stores,
+                        already=any(src.pooled for src in srcs))
         added = skipped = tokens_added = at = 0
         t0 = time.perf_counter()
         for src in srcs:
@@ -226,6 +227,27 @@ def _ingest(db: str, srcs: list, dim: int, dtype: str | None, batch: int, shards
                     rate["text"] = f"{added / dt:,.0f} docs/s, {tokens_added / dt:,.0f} tokens/s"
                     bar.update(len(ids))
         return _summary(db, added, skipped, tokens_added, len(st), time.perf_counter() - t0, quiet)
+
+
+def _pooled_sources(srcs: list, asked: dict | None) -> dict | None:
+    """The pooling an ingest asks for: ``asked`` (``--pool-factor``), or that of sources exported
+    pooled (their ``X.pooling.json``), whose documents are stored as they are. Sources pooled
+    differently, pooled and unpooled together, or pooled otherwise than ``asked`` are refused."""
+    from mvdb.pooling import describe
+
+    kinds = {json.dumps(src.pooled, sort_keys=True): src for src in srcs}
+    if len(kinds) > 1:
+        a, b = list(kinds.values())[:2]
+        raise InvalidInputError(f"sources: {a.path} holds documents with {describe(a.pooled, 'no pooling')}, {b.path} "
+                                f"with {describe(b.pooled, 'no pooling')}; one database pools its documents one way")
+    pooled = srcs[0].pooled if srcs else None
+    if pooled is None:
+        return asked
+    if asked is not None and asked != pooled:
+        raise InvalidInputError(f"--pool-factor: asks for {describe(asked)}, but {srcs[0].path} holds documents pooled "
+                                f"with {describe(pooled)} (its {os.path.basename(srcs[0].path)[:-4]}.pooling.json); "
+                                f"leave --pool-factor out, they are stored as they are")
+    return pooled
 
 
 def _summary(db: str, added: int, skipped: int, tokens: int, documents: int, seconds: float, quiet: bool) -> dict:

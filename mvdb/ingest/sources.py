@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -41,7 +42,8 @@ from mvdb.errors import InvalidInputError, MvdbError
 
 Batch = tuple[list, np.ndarray, np.ndarray]
 
-SIDE_FILES = (".lengths.npy", ".ids.npy")
+SIDE_FILES = (".lengths.npy", ".ids.npy", ".pooling.json")
+POOLING_SIDE_FILE = ".pooling.json"  # the pooling of documents exported pooled (mvdb export, mvdb get --out)
 KEY_VERSION = b"mvdb-ingest-v1"
 EDGE = 64 << 10  # bytes hashed at each end of a source
 SAMPLES, SAMPLE = 16, 4 << 10  # blocks hashed between the ends
@@ -58,6 +60,7 @@ class Source:
     key: str | None
     _batches: Callable[[int], Iterator[Batch]] = field(repr=False)
     _close: Callable[[], None] | None = field(default=None, repr=False)
+    pooled: dict | None = None  # the pooling its documents were stored with (an X.pooling.json side file)
 
     def batches(self, batch_docs: int = 10_000) -> Iterator[Batch]:
         return self._batches(batch_docs)
@@ -234,8 +237,28 @@ def _packed_source(path: str, tokens, lengths: np.ndarray, given_ids, close=None
                   lambda batch_docs: _split(ids, tokens, lengths, batch_docs), close)
 
 
+def _pooled(path: str) -> dict | None:
+    """The pooling an ``X.pooling.json`` side file records (``mvdb export`` of a pooled database),
+    checked; None where there is none."""
+    if not os.path.exists(path):
+        return None
+    from mvdb.pooling import pooling_arg
+
+    with _reading(path):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    try:
+        rec = json.loads(text)
+        if not isinstance(rec, dict) or set(rec) != {"pool_factor", "protected"}:
+            raise ValueError("expected {\"pool_factor\": N, \"protected\": M}")
+        return pooling_arg(rec["pool_factor"], rec["protected"])
+    except (ValueError, MvdbError) as e:
+        raise InvalidInputError(f"{path}: not a pooling record ({e}), got {text[:200]!r}") from None
+
+
 def side_file_of(path: str) -> str | None:
-    """``X.npy`` when ``path`` is its ``X.lengths.npy`` or ``X.ids.npy`` side file and X.npy exists."""
+    """``X.npy`` when ``path`` is one of its side files (``X.lengths.npy``, ``X.ids.npy``,
+    ``X.pooling.json``) and X.npy exists."""
     for suffix in SIDE_FILES:
         if path.endswith(suffix):
             base = path[: -len(suffix)] + ".npy"
@@ -298,7 +321,9 @@ def open_source(path) -> Source:
         _check_tokens(path, tokens.shape, tokens.dtype)
         lengths = _check_lengths(base + ".lengths.npy", load_npy(base + ".lengths.npy", "the lengths"), tokens.shape[0])
         ids = load_npy(base + ".ids.npy", "the ids") if os.path.exists(base + ".ids.npy") else None
-        return _packed_source(path, tokens, lengths, ids)
+        src = _packed_source(path, tokens, lengths, ids)
+        src.pooled = _pooled(base + POOLING_SIDE_FILE)
+        return src
     if path.endswith(".npz"):
         with _reading(path), np.load(path, allow_pickle=False) as z:
             if "tokens" not in z:

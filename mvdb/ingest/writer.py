@@ -29,12 +29,14 @@ def add_new(store, ids: list, tokens: np.ndarray, lengths: np.ndarray, also_know
 class Pooled:
     """A store (a Store, or shards placing documents) whose batches are pooled (``mvdb.pool``)
     before they are added: ``mvdb ingest --pool-factor``, and the Ray ingest into a database that
-    pools. ``rec``: the pooling; ``device``: where the clustering runs; ``record``: the stores
+    pools. ``rec``: the pooling; ``device``: where the clustering runs; ``already``: the batches
+    are pooled that way already (``mvdb export`` of a pooled database); ``record``: the stores
     (``stores``) take the pooling's record with the first batch stored (not before: an ingest that
     stores nothing leaves no record). ``tokens`` counts the pooled tokens stored."""
 
-    def __init__(self, store, rec: dict, device, record: bool = False, stores: list | None = None):
-        self.store, self.rec, self.device = store, rec, device
+    def __init__(self, store, rec: dict, device, record: bool = False, stores: list | None = None,
+                 already: bool = False):
+        self.store, self.rec, self.device, self.already = store, rec, device, already
         self.pending = list(stores or [store]) if record else []
         self.dtype = getattr(store, "dtype", None) or (stores[0].dtype if stores else "float16")
         self.tokens = 0
@@ -50,7 +52,8 @@ class Pooled:
         from mvdb.storage import validate
 
         tokens, lengths, _ = validate.packed(tokens, lengths, None)
-        tokens, lengths = pool_checked(tokens, lengths, self.rec, self.dtype, device=self.device)
+        if not self.already:  # else pooled before (an export of a pooled database): stored as they are
+            tokens, lengths = pool_checked(tokens, lengths, self.rec, self.dtype, device=self.device)
         self.store.add_packed(tokens, lengths, ids=ids, metadata=metadata, **kw)
         self.tokens += int(lengths.sum())
         for st in self.pending:

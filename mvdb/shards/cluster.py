@@ -157,6 +157,13 @@ def ingest(sources, shard_paths, *, shards: int = 0, dtype: str | None = None, d
     sources = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
     if not sources:
         raise InvalidInputError("sources: expected at least one source file or directory, got none")
+    from mvdb.ingest.sources import POOLING_SIDE_FILE
+
+    for s in sources:
+        if s.endswith(".npy") and os.path.exists(s[:-4] + POOLING_SIDE_FILE):
+            raise InvalidInputError(f"{s}: its documents are pooled already ({os.path.basename(s[:-4])}{POOLING_SIDE_FILE}); "
+                                    f"the Ray ingest would not record that: use `mvdb ingest`, which stores them as "
+                                    f"they are and records their pooling")
     paths = _shard_dirs(shard_paths, shards)
     t0 = time.perf_counter()
     writers = [ShardWriter.options(**(writer_options or {})).remote(p, dtype) for p in paths]

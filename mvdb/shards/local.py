@@ -219,7 +219,9 @@ class ShardedDatabase(TextMethods, ExplainMethods, DatabaseAPI):
             s.store.check_writable()
         rec, new = resolve_pooling(pooling, self.pooling, self.path, len(self))
         tokens, lengths, _ = validate.documents(docs, self.dim)  # shapes, dtypes, dim
-        validate.finite(tokens, lengths)  # here, not per shard: one bad document and no shard writes
+        # finite and within the stores' range, here, not per shard: one bad document and no shard writes
+        for dtype in sorted({s.store.dtype for s in self.shards}):
+            validate.in_range(tokens, lengths, dtype)
         if rec is not None and len(lengths):
             docs = Packed.of(*pool_checked(tokens, lengths, rec, self.shards[0].store.dtype, device=self.shards[0].device))
             tokens, lengths = docs.tokens, np.diff(docs.offsets)
