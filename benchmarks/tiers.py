@@ -7,6 +7,7 @@ then the fixed 32 tokens of earlier figures.
     python benchmarks/tiers.py --docs 20000 --sweep "pool=4096,8192;exact=256,512"   # defaults study
     python benchmarks/tiers.py --docs 1000000 --dtype int8 --tiers device,host --code-bits 1
     python benchmarks/tiers.py --docs 1000000 --dtype int8 --tiers device,host:b2,host:b1   # rates side by side
+    python benchmarks/tiers.py --docs 1000000 --tiers device,device+codes --sweep "pool=8192,16384;exact=128,256"
 
 Tiers: ``device`` (exact tokens on the GPU), ``host`` (codes on the GPU, exact tokens in pinned
 host memory read in place), ``disk`` (codes on the GPU, exact tokens read from the segments: the
@@ -196,7 +197,9 @@ def main():
         tier, _, rate = spec.partition(":b")  # "host:b1": the host tier with 1-bit codes
         bits = int(rate) if rate else args.code_bits
         t0 = time.perf_counter()
-        db = mvdb.open(args.path, device=dev, residency=tier.removesuffix("-cold"), progress=False, code_bits=bits)
+        residency, _, prerank = tier.removesuffix("-cold").partition("+")  # "device+codes": prerank="codes"
+        db = mvdb.open(args.path, device=dev, residency=residency, progress=False, code_bits=bits,
+                       prerank=prerank or "auto")
         run = {"tier": tier, "code_bits": bits, "open_s": time.perf_counter() - t0, "stats": {k: v for k, v in db.stats().items()
                                                                            if k not in ("path", "encoder")},
                "gpu_used_gb": device_used_gb(dev), "rows": [],

@@ -15,7 +15,7 @@ __all__ = ["open"]
 
 def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=None, nlist=None,  # noqa: A001
          residency="auto", devices=None, progress=None, checksums=True, encoder=None, max_gpu_bytes=None,
-         code_bits=None, warm=False, pool_factor=None, pool_protected=None):
+         code_bits=None, warm=False, pool_factor=None, pool_protected=None, prerank="auto"):
     """Open (or create) a database directory.
 
     ``dtype``: "float16" (the default) or "int8" for a new database; for an existing one, None or
@@ -34,7 +34,11 @@ def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=No
     store's dtype, mvdb.engine.codes.default_bits: 2 for float16, 1 for int8; at dim 128 a token then takes 18, 34 or
     66 bytes of device memory): fewer bits leave more of the device free and rank the pool less
     finely. Not recorded: the codes are derived data, encoded again when opened at another rate
-    (each rate's files are kept, so that switching back reads them). ``devices``: a list of
+    (each rate's files are kept, so that switching back reads them). ``prerank``: what ranks the
+    device tier's candidates before the exact rerank: "lists" (the IVF lists' crediting picks the
+    documents reranked exactly), "codes" (the codes tiers' way: residual codes of every token on
+    the device too, which rank a wide pool from the lists, the best of it reranked exactly; an IVF
+    index), or "auto" ("lists"). The codes tiers always rank by the codes. ``devices``: a list of
     devices to shard the documents over, one shard each (:class:`mvdb.shards.local.ShardedDatabase`;
     a directory created sharded is always opened sharded).
     ``progress``: report long index builds on stderr (default: on, ``MVDB_PROGRESS=0`` turns it off).
@@ -60,17 +64,17 @@ def open(path, *, dim=None, dtype=None, device="auto", read_only=False, index=No
         check_query_tokens(warm)
     path = open_args(path, dim=dim, dtype=dtype, index=index, nlist=nlist, residency=residency,
                      read_only=read_only, checksums=checksums, progress=progress, max_gpu_bytes=max_gpu_bytes,
-                     code_bits=code_bits)
+                     code_bits=code_bits, prerank=prerank)
     if devices is not None or is_sharded(path):
         db = ShardedDatabase(path, devices=devices, dim=dim, dtype=dtype, device=device, read_only=read_only,
                              index=index, nlist=nlist, residency=residency, progress=progress, checksums=checksums,
                              encoder=encoder, max_gpu_bytes=max_gpu_bytes, code_bits=code_bits,
-                             pool_factor=pool_factor, pool_protected=pool_protected)
+                             pool_factor=pool_factor, pool_protected=pool_protected, prerank=prerank)
     else:
         db = Database(path, dim=dim, dtype=dtype, device=device, read_only=read_only, index=index, nlist=nlist,
                       residency=residency, progress=progress, checksums=checksums, encoder=encoder,
                       max_gpu_bytes=max_gpu_bytes, code_bits=code_bits, pool_factor=pool_factor,
-                      pool_protected=pool_protected)
+                      pool_protected=pool_protected, prerank=prerank)
     if warm is not False:
         try:
             db.warmup(None if warm is True else warm)

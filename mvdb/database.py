@@ -53,11 +53,11 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
 
     def __init__(self, path, *, dim=None, dtype=None, device="auto", read_only=False, index=None, nlist=None,
                  residency="auto", progress=None, checksums=True, encoder=None, max_gpu_bytes=None, code_bits=None,
-                 pool_factor=None, pool_protected=None):
+                 pool_factor=None, pool_protected=None, prerank="auto"):
         asked = pooling_arg(pool_factor, pool_protected)
         path = open_args(path, dim=dim, dtype=dtype, index=index, nlist=nlist, residency=residency,
                          read_only=read_only, checksums=checksums, progress=progress, max_gpu_bytes=max_gpu_bytes,
-                         code_bits=code_bits)
+                         code_bits=code_bits, prerank=prerank)
         self.device = device_arg(device)
         self.encoder = as_encoder(encoder)
         self.store = Store(path, dim=dim, dtype=dtype, read_only=read_only, checksums=checksums)
@@ -66,7 +66,7 @@ class Database(TextMethods, ExplainMethods, DatabaseAPI):
             self._open_pooling(asked, read_only)
             config = resolve_config(self.store, index, nlist)
             self._engine = Engine(self.store, self.device, residency, config, Progress(progress), max_gpu_bytes,
-                                  code_bits)
+                                  code_bits, prerank)
         except BaseException:
             self.store.close()
             self.store.discard_new()  # a new database this open created: no trace left

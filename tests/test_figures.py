@@ -1060,7 +1060,7 @@ def pages(root: Path = ROOT) -> list[str]:
 
 # Backticked *.json names that are not results files: the database's own files, the API's
 # schema, the shipped kernel winners, and the naming scheme of `python -m benchmarks run`.
-NOT_RESULTS = {"shards.json", "MANIFEST.json", "modules.json", "config_sentence_transformers.json", "/openapi.json",
+NOT_RESULTS = {"shards.json", "OUT.pooling.json", "MANIFEST.json", "modules.json", "config_sentence_transformers.json", "/openapi.json",
                "kernels/winners.json",
                "segments/commit-<generation>-<random>.json",
                "benchmarks/results/<suite>-<machine>.json", "<suite>-<machine>-smoke.json"}

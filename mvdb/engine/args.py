@@ -14,10 +14,11 @@ from mvdb.storage import validate
 RESIDENCY = ("auto", "device", "host", "disk")
 INDEX_KINDS = ("auto", "flat", "ivf")
 DTYPES = ("float16", "int8")
+PRERANKS = ("auto", "lists", "codes")  # what ranks the device tier's pool (the codes tiers' is always the codes)
 
 
 def open_args(path, *, dim=None, dtype=None, index=None, nlist=None, residency="auto", read_only=False,
-              checksums=True, progress=None, max_gpu_bytes=None, code_bits=None) -> str:
+              checksums=True, progress=None, max_gpu_bytes=None, code_bits=None, prerank="auto") -> str:
     """Check the arguments of ``mvdb.open`` that need no device, before anything touches the disk
     (a refused open leaves no trace); returns the path as a str."""
     path = validate.db_path(path)
@@ -35,6 +36,8 @@ def open_args(path, *, dim=None, dtype=None, index=None, nlist=None, residency="
     if code_bits is not None and (isinstance(code_bits, bool) or not isinstance(code_bits, (int, np.integer))
                                   or code_bits not in CODE_BITS):
         raise InvalidInputError(f"code_bits: expected one of {CODE_BITS} or None, got {code_bits!r}")
+    if prerank not in PRERANKS:
+        raise InvalidInputError(f"prerank: expected one of {PRERANKS}, got {prerank!r}")
     for name, v in (("read_only", read_only), ("checksums", checksums)):
         if not isinstance(v, bool):
             raise InvalidTypeError(f"{name}: expected a bool, got {type(v).__name__}")

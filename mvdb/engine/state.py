@@ -34,7 +34,7 @@ from mvdb.engine.flat import FlatIndex, FlatView, build_flat
 from mvdb.engine.ondisk import DiskTokens
 from mvdb.engine.progress import Progress
 from mvdb.engine.resident import Resident, Tokens
-from mvdb.errors import CorruptionError
+from mvdb.errors import CorruptionError, InvalidInputError
 
 FLAT_MAX_TOKENS = 1 << 20  # "auto" on a GPU: exact token search below this many tokens, centroid lists above
 # "auto" on a CPU: below this many tokens no token index is trained and searches score every
@@ -126,8 +126,12 @@ class Engine:
     """Builds states from store snapshots and moves them forward; see the module docstring."""
 
     def __init__(self, store, device: torch.device, residency: str, config: dict, progress: Progress | None = None,
-                 max_gpu_bytes: int | None = None, code_bits: int | None = None):
+                 max_gpu_bytes: int | None = None, code_bits: int | None = None, prerank: str = "auto"):
         self.store, self.device, self.residency = store, device, residency
+        self.prerank = prerank  # what ranks the device tier's pool: "lists", "codes" ("auto": lists)
+        if prerank == "codes" and config.get("kind") == "flat":
+            raise InvalidInputError("prerank='codes': the codes rank a pool from the IVF lists, so it needs index 'ivf' "
+                                    "or 'auto', got 'flat'")
         self.max_gpu_bytes = max_gpu_bytes
         # the codes tiers' rate (None: codes_tier.default_bits of the store's dtype)
         self.code_bits = None if code_bits is None else int(code_bits)
@@ -146,10 +150,15 @@ class Engine:
         k = self.config["kind"]
         if k != "auto":
             return k
-        if self.tier in CODES_TIERS:  # the codes rank the pool: they need the lists' centroids
+        if self.codes_rank():  # the codes rank the pool: they need the lists' centroids
             return "ivf"
         limit = CPU_FLAT_MAX_TOKENS if self.device.type == "cpu" else FLAT_MAX_TOKENS
         return "flat" if n_tokens < limit else "ivf"
+
+    def codes_rank(self) -> bool:
+        """Whether residual codes on the device rank the pool: the codes tiers, and the device
+        tier with ``prerank="codes"``."""
+        return self.tier in CODES_TIERS or self.prerank == "codes"
 
     def pick_tier(self, snap) -> str:
         """Where the exact tokens live: "device" (where searches compute), "host" (pinned host
@@ -299,7 +308,7 @@ class Engine:
         lists = lists.with_rows(codes, state.tokens.offsets)
         t2 = time.perf_counter()
         self.growing, residuals = None, None
-        if self.tier in CODES_TIERS:
+        if self.codes_rank():
             residuals, more = self._residuals(state, lists, cent, entries, codes, 0, save=saved)
             written += more
         t3 = time.perf_counter()
