@@ -979,6 +979,24 @@ CORPUS_SIZE = [
                    at("rows", {"group": 1, "half": False, "block_d": 16, "stages": 2, "warps": 2})(d)["ms_per_query"])),
 ]
 
+# The device tier's pool ranked by the codes (docs/scale.md), one runner file.
+PRT, PRF = "| device tier, pool ranked by |", "tiers-1000000-prerank-H200.json"
+
+
+def _prerank(tier: str, setting: dict, key: str) -> Callable:
+    return lambda d: tuple(at("runs", {"tier": tier}, "rows", {"qlen": q, **setting}, key)(d) for q in ("4-64", "32"))
+
+
+PRERANK = [
+    Fig(SCALE, Cell(PRT, (label,), col), PRF, get)
+    for label, tier, setting in (("the lists (default)", "device", {}),
+                                 ("the codes, a pool of 8,192, 128 reranked", "device+codes", {"pool": 8192, "exact": 128}),
+                                 ("the codes, a pool of 16,384, 128 reranked", "device+codes", {"pool": 16384, "exact": 128}))
+    for col, get in (("recall@10", _prerank(tier, setting, "recall10")), ("batched QPS", _prerank(tier, setting, "batch_qps")),
+                     ("GPU memory allocated", at("runs", {"tier": tier}, "gpu_allocated_gb")))
+]
+
+
 # Token pooling's quality (docs/guides/database.md), one runner file.
 PQ = "pool-quality-manpages-dev-H200.json"
 PQT = "| pool_factor | vectors stored | MRR@10 |"
@@ -1036,7 +1054,7 @@ OTHER = [
 ]
 
 FIGURES: list[Fig] = [*KERNELS, *SEARCH_1M, *LARGE_FIGS, *FIRST_QUERY, *SERVING, *TRAINING,
-                      *SPARTON, *HYBRID, *GROW, *DEFAULTS, *E2E_FIGS, *INSTALLS, *TEXT, *HEADLINES, *SCALE_FIGS, *CROSSOVER, *CPU_POOL, *CORPUS_SIZE, *POOL_QUALITY,
+                      *SPARTON, *HYBRID, *GROW, *DEFAULTS, *E2E_FIGS, *INSTALLS, *TEXT, *HEADLINES, *SCALE_FIGS, *CROSSOVER, *CPU_POOL, *CORPUS_SIZE, *POOL_QUALITY, *PRERANK,
                       *OTHER]
 
 
