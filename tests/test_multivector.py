@@ -34,8 +34,8 @@ def test_under_sentence_transformers_6():
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", __file__],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    # the five Sentence Transformers 6 tests and the load-report one ran there (this one skips itself)
-    assert re.search(r"(^|\s)6 passed", r.stdout), r.stdout[-2000:]
+    # the six Sentence Transformers 6 tests and the load-report one ran there (this one skips itself)
+    assert re.search(r"(^|\s)7 passed", r.stdout), r.stdout[-2000:]
 
 SKIP = [",", ":", "(", ")"]  # words of the tiny model's vocabulary: dropped from documents
 
@@ -120,6 +120,38 @@ def test_a_database_stores_and_searches_them(tmp_path):
         q = model.encode_query([texts[3]], convert_to_numpy=True)[0]
         want = max(range(len(texts)), key=lambda i: float((q @ own[i].T).max(axis=1).sum()))
         assert db.search_text(texts[3], k=1)[0].id == ids[want]
+
+
+@needs_mve
+def test_the_langchain_and_llamaindex_stores_take_one(tmp_path):
+    pytest.importorskip("langchain_core")
+    pytest.importorskip("llama_index.core")
+    from llama_index.core.schema import TextNode
+    from llama_index.core.vector_stores.types import VectorStoreQuery
+    from test_text import _texts
+
+    from mvdb.integrations import langchain as mvdb_langchain
+    from mvdb.integrations import llamaindex as mvdb_llama
+
+    model = _model(tmp_path)
+    texts = _texts(12)
+    own = model.encode_document(texts, convert_to_numpy=True)
+
+    def best(query: str) -> int:  # the model's own MaxSim ranking
+        q = model.encode_query([query], convert_to_numpy=True)[0]
+        return max(range(len(texts)), key=lambda i: float((q @ own[i].T).max(axis=1).sum()))
+
+    with mvdb.open(tmp_path / "lc", device="cpu") as db:
+        store = mvdb_langchain.MvdbVectorStore(db, encoder=model)
+        store.add_texts(texts, ids=[f"t{i}" for i in range(12)])
+        assert db.stats()["encoder"]["kind"] == "multi-vector"
+        assert store.similarity_search(texts[4], k=1)[0].id == f"t{best(texts[4])}"
+    with mvdb.open(tmp_path / "li", device="cpu") as db:
+        store = mvdb_llama.MvdbVectorStore(db, encoder=model)
+        store.add([TextNode(text=t, id_=f"n{i}") for i, t in enumerate(texts)])
+        assert db.stats()["encoder"]["kind"] == "multi-vector"
+        got = store.query(VectorStoreQuery(query_str=texts[7], similarity_top_k=1))
+        assert got.ids == [f"n{best(texts[7])}"]
 
 
 @needs_mve
