@@ -111,6 +111,47 @@ def parts(db, q: list, setting: dict) -> dict:
     return out
 
 
+HBM_BYTES_PER_S = {"H100": 3.0e12, "H200": 4.8e12}  # the roofline's bandwidth, by GPU model
+
+
+def device_parts(db, q: list, reps: int = 3) -> dict:
+    """Where a device-tier search of the batch ``q`` spends its time, milliseconds per query:
+    preparing the queries (to the device), the candidate stage (the index's probe, crediting and
+    selection), the exact MaxSim of the candidates, turning scores into hits (the host round
+    trip), and the whole search; with the bytes the exact stage reads (each candidate's tokens)
+    and that read's time at the GPU's memory bandwidth (``exact_roofline_ms``)."""
+    from mvdb.engine import search as S
+
+    dev = q[0].device
+    out = {}
+
+    def timed(name, fn):
+        fn()
+        sync(dev)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            r = fn()
+        sync(dev)
+        out[name] = (time.perf_counter() - t0) * 1e3 / reps / len(q)
+        return r
+
+    with db._pub.read() as st:
+        qs = timed("prepare_ms", lambda: S.prepare(q, st.dim, dev))
+        cand = timed("candidates_ms", lambda: S.candidates(st, qs, 10, st.live, n_live=st.snap.n_live))
+        scores = timed("exact_ms", lambda: st.tokens.score(qs.q, qs.cu, cand, qs.longest))
+        keys = st.snap.row_keys()
+        timed("hits_ms", lambda: S.hits(scores, cand, keys, 10))
+        lengths = (st.tokens.offsets[1:] - st.tokens.offsets[:-1]).to(cand.device)
+        rows = cand[cand >= 0]
+        token_bytes = st.dim * (1 if getattr(st.tokens, "int8", False) else 2) + (4 if getattr(st.tokens, "int8", False) else 0)
+        exact_bytes = int(lengths[rows].sum()) * token_bytes / len(q)
+    timed("search_ms", lambda: db.search(q, k=10))
+    gpu = next((g for g in HBM_BYTES_PER_S if dev.type == "cuda" and g in torch.cuda.get_device_name(dev)), None)
+    out.update(candidates_per_query=float((cand >= 0).sum()) / len(q), exact_bytes_per_query=exact_bytes,
+               exact_roofline_ms=exact_bytes / HBM_BYTES_PER_S[gpu] * 1e3 if gpu else None)
+    return out
+
+
 def evict(path: str) -> int:
     """Drop the segment files' pages from the page cache (posix_fadvise DONTNEED: no root needed
     for clean pages) -> bytes advised."""
@@ -167,7 +208,7 @@ def main():
     p.add_argument("--tiers", default="device,host")
     p.add_argument("--sweep", default=None, help='codes tiers: "pool=...;exact=..." grids of the defaults')
     p.add_argument("--device-sweep", default=None, help='device tier: "cand=4096,8192" (n_candidates)')
-    p.add_argument("--parts", type=int, default=0, help="codes tiers: time each stage over this many queries")
+    p.add_argument("--parts", type=int, default=0, help="time each stage over this many queries (the device tier's stages, or the codes path's)")
     p.add_argument("--code-bits", type=int, default=None, choices=[1, 2, 4],
                    help="codes tiers: bits a dimension of the residual codes (default: mvdb's)")
     p.add_argument("--kernel", default=None, help='codes kernel launch, e.g. "GROUP=4,HALF=1,BLOCK_D=16,WARPS=2"')
@@ -221,8 +262,9 @@ def main():
                     row = {"qlen": qlen, **measure(db, qs, refs, search_kw(setting),
                                                    latency_queries=args.latency_queries, passes=args.passes,
                                                    batch=args.batch)}
-                    if tier != "device" and args.parts and qlen == qlens[0]:
-                        row["parts"] = parts(db, q[: args.parts], setting)
+                    if args.parts and qlen == qlens[0]:  # the device tier's own stages, or the codes path's
+                        row["parts"] = (device_parts(db, q[: args.parts]) if tier == "device"
+                                        else parts(db, q[: args.parts], setting))
                     row.update(setting, peak_gb=torch.cuda.max_memory_allocated() / 1e9 if dev == "cuda" else None)
                     run["rows"].append(row)
                     print(f"  {json.dumps(row)}", flush=True)

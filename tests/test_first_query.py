@@ -410,10 +410,13 @@ def test_auto_picks_flat_below_the_threshold_and_ivf_above(tmp_path, monkeypatch
 
 
 def test_auto_thresholds():
-    def kind(device, n):
-        return engine_state.Engine.kind(types.SimpleNamespace(config={"kind": "auto"}, tier="device",
-                                                              device=torch.device(device)), n)
+    def kind(device, n, prerank="auto"):
+        engine = types.SimpleNamespace(config={"kind": "auto"}, tier="device", prerank=prerank,
+                                       device=torch.device(device))
+        engine.codes_rank = types.MethodType(engine_state.Engine.codes_rank, engine)
+        return engine_state.Engine.kind(engine, n)
 
     cpu, gpu = engine_state.CPU_FLAT_MAX_TOKENS, engine_state.FLAT_MAX_TOKENS
     assert (kind("cpu", cpu - 1), kind("cpu", cpu)) == ("flat", "ivf")
     assert (kind("cuda", gpu - 1), kind("cuda", gpu)) == ("flat", "ivf")
+    assert kind("cuda", 10, prerank="codes") == "ivf"  # the codes rank a pool from the lists
