@@ -65,6 +65,21 @@ def search_kw(setting: dict) -> dict:
             **({"n_candidates": setting["cand"]} if "cand" in setting else {})}
 
 
+def stage_timer(out: dict, dev, n_queries: int, reps: int = 3):
+    """``timed(name, fn)``: runs ``fn`` once to warm, then ``reps`` times, and records its
+    milliseconds per query in ``out[name]``; returns its last result."""
+    def timed(name, fn):
+        fn()
+        sync(dev)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            r = fn()
+        sync(dev)
+        out[name] = (time.perf_counter() - t0) * 1e3 / reps / n_queries
+        return r
+    return timed
+
+
 def parts(db, q: list, setting: dict) -> dict:
     """Milliseconds per query of each stage of a codes-tier search over the batch ``q``: the lists'
     pool, the codes' approximate ranking of it, and the exact rerank (where the tokens are)."""
@@ -78,17 +93,7 @@ def parts(db, q: list, setting: dict) -> dict:
         n_exact = min(codes_tier.default_exact(k), pool)
         nprobe = setting.get("nprobe", S.DEFAULT_LISTS_PROBE)
         out = {}
-
-        def timed(name, fn, reps=3):
-            fn()
-            sync(dev)
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                r = fn()
-            sync(dev)
-            out[name] = (time.perf_counter() - t0) * 1e3 / reps / qs.n
-            return r
-
+        timed = stage_timer(out, dev, qs.n)
         cand = timed("pool_ms", lambda: st.index.candidates(qs.q, qs.cu_host, st.live, pool, nprobe, cu_dev=qs.cu,
                                                              qid=qs.qid, ordered=False))
         from mvdb.kernels.codes import ops as codes_ops
@@ -124,17 +129,7 @@ def device_parts(db, q: list, reps: int = 3) -> dict:
 
     dev = q[0].device
     out = {}
-
-    def timed(name, fn):
-        fn()
-        sync(dev)
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            r = fn()
-        sync(dev)
-        out[name] = (time.perf_counter() - t0) * 1e3 / reps / len(q)
-        return r
-
+    timed = stage_timer(out, dev, len(q), reps)
     with db._pub.read() as st:
         qs = timed("prepare_ms", lambda: S.prepare(q, st.dim, dev))
         cand = timed("candidates_ms", lambda: S.candidates(st, qs, 10, st.live, n_live=st.snap.n_live))

@@ -62,7 +62,7 @@ __all__ = ["ADAPTER_VERSION", "IDENTITY", "TEXT_KEY", "Encoder", "as_encoder", "
 
 ADAPTER_VERSION = 1
 TEXT_KEY = "text"  # the metadata key add_texts(store_text=True) puts each document's text under
-KINDS = ("sentence-transformers", "pylate", "callable")
+KINDS = ("sentence-transformers", "multi-vector", "pylate", "callable")
 # the record's fields that decide the stored vectors: two encoders that differ in one of them
 # must not fill one database (query_max_tokens shapes only the queries, so it may differ)
 IDENTITY = ("name", "kind", "dim", "document_max_tokens", "normalize", "adapter_version")
