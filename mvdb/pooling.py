@@ -269,8 +269,9 @@ def _pool_core(t: torch.Tensor, lens: np.ndarray, pool_factor, protected: int):
 
 
 def _chunk_bytes(width: int, dim: int) -> int:
-    """A document's share of a clustering chunk: its distances (float32, then float64) and tokens."""
-    return width * width * 12 + width * dim * 4
+    """A document's share of a clustering chunk at its peak: its distances (float32, the mask of
+    the real ones, then float64) and its tokens (gathered, then float32)."""
+    return width * width * 14 + width * dim * 8
 
 
 def _cluster(t: torch.Tensor, first: np.ndarray, n: np.ndarray, k: np.ndarray, width: int):
@@ -284,15 +285,17 @@ def _cluster(t: torch.Tensor, first: np.ndarray, n: np.ndarray, k: np.ndarray, w
     nt = torch.from_numpy(n).to(device)
     valid = pos[None, :] < nt[:, None]
     idx = (torch.from_numpy(first).to(device)[:, None] + pos[None, :]).clamp_(max=t.shape[0] - 1)
-    x = t[idx].float() * valid[..., None]
+    x = t[idx].float()
+    x.mul_(valid[..., None])
     # cosine distance 1 - <a, b>, in float32, as Sentence Transformers computes it; of the
     # directions where a document's tokens are not unit vectors
     norms = torch.linalg.vector_norm(x, dim=-1)
-    off = ((norms - 1).abs() > UNIT_TOL) & valid
-    x = torch.where(off.any(1)[:, None, None], x / norms.clamp(min=1e-12)[..., None], x)
-    dist = (1 - x @ x.transpose(1, 2)).clamp_(0, 2)
-    keep = valid[:, :, None] & valid[:, None, :] & (pos[:, None] != pos[None, :])
-    dist = torch.where(keep, dist, float("inf")).double()  # SciPy merges in float64
+    off = (((norms - 1).abs() > UNIT_TOL) & valid).any(1)
+    x.mul_(torch.where(off[:, None], 1 / norms.clamp(min=1e-12), 1.0)[..., None])
+    dist = torch.bmm(x, x.transpose(1, 2)).neg_().add_(1).clamp_(0, 2)
+    del x
+    dist.masked_fill_(~(valid[:, :, None] & valid[:, None, :] & (pos[:, None] != pos[None, :])), float("inf"))
+    dist = dist.double()  # SciPy merges in float64
     near, near_at = dist.min(-1)
     rep = merge(dist, near, near_at, nt, torch.from_numpy(k).to(device))
     root = (rep == pos[None, :]) & valid

@@ -15,9 +15,12 @@ copied to the host in few transfers, each straight into its place.
 
 The vectors are the model's own: the same tokenizer, prompts, truncation, forward, masks (for
 PyLate its skiplist and query expansion) and normalisation as its ``encode`` with
-``output_value="token_embeddings"``. A ``MultiVectorEncoder`` is run through its own
-``preprocess`` (prompt, query expansion, each task's length) and forward by task, and its
-scoring mask (known after the forward: one wait for the device a batch) picks the vectors. A call of at most one chunk of texts makes the same batches
+``output_value="token_embeddings"``. A ``MultiVectorEncoder``'s documents are tokenized like a
+Sentence Transformers model's (its document prompt and length), its queries by its own
+``preprocess`` (query expansion), each run through its forward by task; its scoring mask, known
+only after the forward, picks the vectors once the chunk is done (one wait for the device a
+chunk). A model without fast tokens (PyLate) is tokenized by its own call, ``AHEAD`` batches in
+advance in a thread. A call of at most one chunk of texts makes the same batches
 as that ``encode``; larger calls are sorted a chunk at a time, which changes only the padding of
 the batches (differences of the order of the model dtype's rounding).
 """
@@ -29,6 +32,7 @@ import mmap
 import sys
 import threading
 import weakref
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -80,9 +84,10 @@ def _to_device(features: dict, device: torch.device) -> dict:
 class FastTokens:
     """A Sentence Transformers model's tokenization straight from its Rust tokenizer: a whole
     chunk of texts in one call (the Rust side spreads them over the cores), each batch then
-    padded here. What the model's ``tokenize`` does for single texts
-    (strip, lowercase where the module does, truncate to ``max_seq_length``, pad to the longest of
-    the batch, here rounded up to ``PAD_MULTIPLE``); checked against it on a call's first batch,
+    padded here. What the model's tokenization does for single texts (strip where Sentence
+    Transformers 5's ``tokenize`` strips, lowercase where the module does, truncate to
+    ``max_seq_length`` or a multi-vector model's document length, pad to the longest of the batch,
+    here rounded up to ``PAD_MULTIPLE``); checked against it on a call's first batch,
     and not used where they differ. :meth:`make` gives None for a model it does not know, and the
     same object for the same model (its copy of the tokenizer is made once, when first needed)."""
 
@@ -204,34 +209,45 @@ def batches(model, kind: str, texts: list[str], is_query: bool, batch_size: int,
         feats = _tokenize(model, kind, [chunk[r] for r in rows], is_query)
         return {k: v.pin_memory() if pin and isinstance(v, torch.Tensor) else v for k, v in feats.items()}
 
-    with ThreadPoolExecutor(1) as ahead:
-        coming = None  # the next chunk's fast tokens, or its plan and each batch's features
+    ahead = ThreadPoolExecutor(1)
+    try:
+        coming = None  # the next chunk's fast tokens
         for c0 in starts:
             c1 = min(len(texts), c0 + step)
-            if fast is not None:
-                chunk, rows_list = plan(c0)
-                encoded = coming.result() if coming is not None else fast.encode(chunk)
-                if c0 == 0 and not fast.same_as_model(model, kind, chunk, encoded, rows_list[0]):
-                    fast = encoded = None
-                coming = ahead.submit(fast.encode, texts[c1 : c1 + step]) if fast is not None and c1 < len(texts) else None
-                if encoded is not None:
-                    for rows in rows_list:
-                        feats = fast.batch(encoded, rows)
-                        if pin:
-                            feats = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in feats.items()}
-                        yield c0, c1, rows, feats
-                    continue
-                coming = None
-            if coming is None:
-                chunk, rows_list = plan(c0)
-                coming = (chunk, rows_list, [ahead.submit(own, chunk, rows) for rows in rows_list])
-            chunk, rows_list, made = coming
-            coming = None
-            if c1 < len(texts):  # queued behind this chunk's batches
-                nxt, nxt_rows = plan(c1)
-                coming = (nxt, nxt_rows, [ahead.submit(own, nxt, rows) for rows in nxt_rows])
-            for rows, feats in zip(rows_list, made):
-                yield c0, c1, rows, feats.result()
+            chunk, rows_list = plan(c0)
+            encoded = coming.result() if coming is not None else fast.encode(chunk) if fast is not None else None
+            if c0 == 0 and fast is not None and not fast.same_as_model(model, kind, chunk, encoded, rows_list[0]):
+                fast = encoded = None
+            if fast is None:  # the model's own tokenization from here on, AHEAD batches made in advance
+                yield from _own_batches(ahead, own, plan, c0, len(texts), step)
+                return
+            coming = ahead.submit(fast.encode, texts[c1 : c1 + step]) if c1 < len(texts) else None
+            for rows in rows_list:
+                feats = fast.batch(encoded, rows)
+                if pin:
+                    feats = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in feats.items()}
+                yield c0, c1, rows, feats
+    finally:  # a generator closed early (an error, a break) does not wait for the work queued ahead
+        ahead.shutdown(wait=False, cancel_futures=True)
+
+
+AHEAD = 8  # batches the model's own tokenization makes ahead of the device
+
+
+def _own_batches(ahead, own, plan, start: int, n: int, step: int):
+    """``batches``' items made by the model's own tokenization in the thread ``ahead``, at most
+    ``AHEAD`` batches in advance (their pinned features are held until handed out)."""
+    todo = ((c0, min(n, c0 + step), chunk, rows) for c0 in range(start, n, step)
+            for chunk, rows_list in [plan(c0)] for rows in rows_list)
+    window = deque()
+    for c0, c1, chunk, rows in todo:
+        window.append((c0, c1, rows, ahead.submit(own, chunk, rows)))
+        if len(window) > AHEAD:
+            c0_, c1_, rows_, made = window.popleft()
+            yield c0_, c1_, rows_, made.result()
+    while window:
+        c0_, c1_, rows_, made = window.popleft()
+        yield c0_, c1_, rows_, made.result()
 
 
 def _keep(model, kind: str, feats: dict, is_query: bool) -> torch.Tensor:
@@ -458,9 +474,9 @@ def _spans(fast: FastTokens, p: str, texts: list[str]) -> list:
     lower = getattr(fast.module, "do_lower_case", False)
     out = []
     for text in texts:
-        fed = (p + text).strip()
+        fed = (p + text).strip() if fast.strip else p + text  # as the pipeline feeds the tokenizer
         # offsets count from the first character the strip kept; the text starts len(p) further
-        shift = len(p + text) - len((p + text).lstrip()) - len(p)
+        shift = len(p + text) - len((p + text).lstrip() if fast.strip else p + text) - len(p)
         if lower:
             if len(fed.lower()) != len(fed):  # lowercasing moved characters: no spans for this text
                 out.append(None)

@@ -264,6 +264,16 @@ def test_shards_that_disagree_on_pooling_are_refused(tmp_path):
     with pytest.raises(FormatError, match="disagree on token pooling"):
         mvdb.open(tmp_path / "db", devices=["cpu", "cpu"])
     assert holder is not None
+    # the way out the error names: an export records no pooling, and the new database stores the
+    # documents as they are
+    r = CliRunner().invoke(cli, ["export", str(tmp_path / "db"), str(tmp_path / "out.npy")])
+    assert r.exit_code == 0 and "disagree on token pooling" in r.output, r.output
+    assert not (tmp_path / "out.pooling.json").exists()
+    r = CliRunner().invoke(cli, ["ingest", str(tmp_path / "new"), str(tmp_path / "out.npy"), "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    with mvdb.open(tmp_path / "new", device="cpu") as d:
+        assert d.pooling is None and len(d) == 1
+        np.testing.assert_allclose(d.get(d.store.ids())[0], docs[0], atol=1e-3)
 
 
 def test_a_sharded_database_reports_its_pooling_from_the_open(tmp_path):

@@ -562,3 +562,33 @@ def test_pipeline_chunks_and_copies_make_the_models_own_vectors(tmp_path, monkey
     tokens, lengths = fast.encode_packed(texts, dtype=np.float16, progress=False)
     assert lengths.tolist() == [len(y) for y in b]
     np.testing.assert_allclose(tokens.astype(np.float32), np.concatenate(b), atol=5e-3)
+
+
+def test_the_models_own_tokenization_runs_a_few_batches_ahead_and_stops_with_the_caller(monkeypatch):
+    """A model without fast tokens is tokenized in a thread at most AHEAD batches in advance, in
+    order; a caller that stops early (an error, a break) does not wait for what was queued."""
+    import time
+
+    import torch
+
+    from mvdb import text_pipeline
+
+    made = []
+
+    def slow(model, kind, batch, is_query):
+        time.sleep(0.05)
+        made.append(batch[0])
+        return {"input_ids": torch.zeros(len(batch), 3, dtype=torch.long)}
+
+    monkeypatch.setattr(text_pipeline, "_tokenize", slow)
+    texts = [f"text {i:03d}" for i in range(200)]
+    got = list(text_pipeline.batches(object(), "pylate", texts, False, batch_size=4, pin=False))
+    assert sorted(texts[c0 + r] for c0, _, rows, _ in got for r in rows) == texts  # every text once
+    made.clear()
+    gen = text_pipeline.batches(object(), "pylate", texts, False, batch_size=4, pin=False)
+    next(gen)
+    t0 = time.perf_counter()
+    gen.close()
+    assert time.perf_counter() - t0 < 0.2
+    time.sleep(0.2)
+    assert len(made) <= text_pipeline.AHEAD + 2  # never the whole chunk queued

@@ -36,5 +36,6 @@ def merge(dist: torch.Tensor, near: torch.Tensor, near_at: torch.Tensor, n: torc
     cuda = dist.device.type == "cuda"
     with launch_guard(), torch.cuda.device(dist.device) if cuda else contextlib.nullcontext():
         _ward_kernel[(b,)](dist, near.contiguous(), near_at.to(torch.int32).contiguous(), n.to(torch.int32),
-                           k.to(torch.int32), rep, BLOCK=width, num_warps=max(1, min(8, width // 128)))
+                           k.to(torch.int32), rep, BLOCK=width, num_warps=max(1, min(8, width // 128)),
+                           enable_fp_fusion=False)  # no fused multiply-adds: SciPy's rounding
     return rep.long()

@@ -106,7 +106,7 @@ def export(db: str, out: str, batch: int, force: bool, as_json: bool, quiet: boo
         dims = {st.dim for st in stores if st.dim} or {0}
         dim = dims.pop()
         int8 = any(st.manifest["dtype"] == "int8" for st in stores)
-        pooled = next((st.config["pooling"] for st in stores if st.config.get("pooling")), None)
+        pooled = _export_pooling(db, stores, quiet or as_json)
         total = sum(st.snapshot().live_tokens for st in stores)
         lengths, all_ids, meta, t = np.zeros(n, np.int64), [], [], 0
         tokens = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32 if int8 else np.float16,
@@ -133,6 +133,21 @@ def export(db: str, out: str, batch: int, force: bool, as_json: bool, quiet: boo
         click.echo(json.dumps(summary))
     elif not quiet:
         click.echo(f"exported {n} documents ({t:,} tokens) to {out}" + (" with metadata" if with_meta else ""))
+
+
+def _export_pooling(db: str, stores: list, quiet: bool) -> dict | None:
+    """The pooling an export records (OUT.pooling.json): the stores' one record, where every store
+    holding documents has it. Shards that disagree (one written on its own) get none: the new
+    database then stores every document as it is and pools nothing (said on stderr)."""
+    records = {json.dumps(st.config["pooling"], sort_keys=True) for st in stores if st.config.get("pooling")}
+    unpooled = [st.path for st in stores if not st.config.get("pooling") and len(st)]
+    if len(records) == 1 and not unpooled:
+        return json.loads(records.pop())
+    if records and not quiet:
+        click.echo(f"mvdb export: {db}: its shards disagree on token pooling ({', '.join(sorted(records))}"
+                   f"{'; unpooled documents in ' + ', '.join(map(str, unpooled)) if unpooled else ''}); the export "
+                   f"records no pooling, so a database ingested from it stores every document as it is", err=True)
+    return None
 
 
 def _check_out(out: str, force: bool) -> None:

@@ -171,9 +171,13 @@ class Engine:
         ("host" there means the codes tier over tokens in memory)."""
         if self.residency != "auto":
             return self.residency
-        need = sum(s["n_tokens"] for s in snap.manifest["segments"]) * _token_bytes(snap)
+        n_tokens = sum(s["n_tokens"] for s in snap.manifest["segments"])
+        need = n_tokens * _token_bytes(snap)
         held = self.resident.capacity_bytes if self.resident is not None else 0
         if self.device.type == "cuda":
+            if self.prerank == "codes":  # the device tier then holds every token's codes too
+                bits = self.code_bits or codes_tier.default_bits(snap.dtype)
+                need += n_tokens * (4 + codes_tier.n_bytes(snap.dim, bits))
             free, _ = torch.cuda.mem_get_info(self.device)
             cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
             room = 0.8 * (free + held + cached) - (2 << 30)
