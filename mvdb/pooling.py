@@ -18,6 +18,7 @@ cutting its full dendrogram at that many clusters.
 
 from __future__ import annotations
 
+import json
 import numbers
 
 import numpy as np
@@ -25,8 +26,8 @@ import torch
 
 from mvdb.errors import InvalidInputError, InvalidTypeError
 
-__all__ = ["POOLING_KEY", "check_pooling_encoder", "describe", "pool", "pool_checked", "pool_packed", "pooling_arg",
-           "resolve_open", "resolve_pooling", "with_pooling"]
+__all__ = ["POOLING_KEY", "check_pooling_encoder", "describe", "disagreement", "pool", "pool_checked", "pool_for_store",
+           "pool_packed", "pooling_arg", "resolve_open", "resolve_pooling", "with_pooling"]
 
 POOLING_KEY = "pooling"  # the manifest config's key of a database's pooling: {"pool_factor", "protected"}
 
@@ -150,7 +151,12 @@ def pool_checked(tokens, lengths, rec: dict, dtype: str, device=None):
     from mvdb.storage import validate
 
     validate.in_range(tokens, lengths, dtype)
-    # the means of values within the range stay within it: a float16 store's come back as float16
+    return pool_for_store(tokens, lengths, rec, dtype, device)
+
+
+def pool_for_store(tokens, lengths, rec: dict, dtype: str, device=None):
+    """``pool_packed`` of documents already checked for a store of ``dtype``: the means of values
+    within the range stay within it, so a float16 store's come back as float16."""
     return pool_packed(tokens, lengths, rec, device=device, out_dtype=np.float16 if dtype == "float16" else np.float32)
 
 
@@ -178,6 +184,17 @@ def resolve_pooling(asked: dict | None, recorded: dict | None, path, n_live: int
     return asked, True
 
 
+def disagreement(stores: list) -> str | None:
+    """Where the stores (a sharded database's shards) disagree on pooling, what they hold in words:
+    two records, or a record on one and unpooled documents on another (a shard written on its
+    own); None where they agree."""
+    records = {json.dumps(st.config[POOLING_KEY], sort_keys=True) for st in stores if st.config.get(POOLING_KEY)}
+    unpooled = [st.path for st in stores if not st.config.get(POOLING_KEY) and len(st)]
+    if len(records) > 1 or (records and unpooled):
+        return ", ".join(sorted(records)) + ("; unpooled documents in " + ", ".join(map(str, unpooled)) if unpooled else "")
+    return None
+
+
 def with_pooling(config: dict | None, rec: dict | None) -> dict | None:
     """``config`` (a store's manifest config, or the one a write already commits) with the pooling
     ``rec`` recorded in it; ``config`` as it was where ``rec`` is None."""
@@ -200,7 +217,7 @@ def pool_packed(tokens, lengths, rec: dict, device=None, return_groups: bool = F
         empty = np.zeros((0, t.shape[1]), np.float32), np.zeros(0, np.int64)
         return (*empty, []) if return_groups else empty
     means, new_lens, labels = _pool_core(t, lens, rec["pool_factor"], rec["protected"])
-    unit = _unit_docs(t.float(), lens)
+    unit = _unit_docs(t, lens)
     unit_rows = torch.repeat_interleave(unit, torch.from_numpy(new_lens).to(t.device))
     means = torch.where(unit_rows[:, None], torch.nn.functional.normalize(means, dim=-1), means)
     means = means.to(torch.float16 if np.dtype(out_dtype) == np.float16 else torch.float32).cpu().numpy()
@@ -213,8 +230,9 @@ UNIT_TOL = 1e-2  # a token this close to length 1 counts as a unit vector
 
 
 def _unit_docs(t: torch.Tensor, lens: np.ndarray) -> torch.Tensor:
-    """bool [n]: the documents (of packed float32 tokens ``t``) whose tokens are all unit length."""
-    bad = ((torch.linalg.vector_norm(t, dim=1) - 1).abs() > UNIT_TOL).to(torch.int32)
+    """bool [n]: the documents (of packed tokens ``t``) whose tokens are all unit length (norms in
+    float32, without a float32 copy of the tokens)."""
+    bad = ((torch.linalg.vector_norm(t, dim=1, dtype=torch.float32) - 1).abs() > UNIT_TOL).to(torch.int32)
     doc_of = torch.repeat_interleave(torch.arange(len(lens), device=t.device), torch.from_numpy(lens).to(t.device))
     return torch.zeros(len(lens), dtype=torch.int32, device=t.device).index_add_(0, doc_of, bad) == 0
 

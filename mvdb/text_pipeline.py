@@ -195,7 +195,7 @@ def batches(model, kind: str, texts: list[str], is_query: bool, batch_size: int,
     the order they run: each chunk sorted by length (longest first). The fast tokens are checked
     against the model's own on the first batch (the model's own tokenization from there if they
     differ). Tokens are made in a thread while the device runs: the next chunk's fast tokens, or
-    the model's own tokenization of each batch of this chunk and the next."""
+    the model's own tokenization of the next ``AHEAD`` batches."""
     fast = FastTokens.make(model, kind, is_query)
     step = batch_size * CHUNK_BATCHES
     starts = range(0, len(texts), step)
@@ -205,9 +205,11 @@ def batches(model, kind: str, texts: list[str], is_query: bool, batch_size: int,
         order = np.argsort([-len(t) for t in chunk])  # as the model's encode sorts
         return chunk, [order[b0 : b0 + batch_size] for b0 in range(0, len(chunk), batch_size)]
 
-    def own(chunk, rows):
-        feats = _tokenize(model, kind, [chunk[r] for r in rows], is_query)
+    def pinned(feats: dict) -> dict:
         return {k: v.pin_memory() if pin and isinstance(v, torch.Tensor) else v for k, v in feats.items()}
+
+    def own(chunk, rows):
+        return pinned(_tokenize(model, kind, [chunk[r] for r in rows], is_query))
 
     ahead = ThreadPoolExecutor(1)
     try:
@@ -223,10 +225,7 @@ def batches(model, kind: str, texts: list[str], is_query: bool, batch_size: int,
                 return
             coming = ahead.submit(fast.encode, texts[c1 : c1 + step]) if c1 < len(texts) else None
             for rows in rows_list:
-                feats = fast.batch(encoded, rows)
-                if pin:
-                    feats = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in feats.items()}
-                yield c0, c1, rows, feats
+                yield c0, c1, rows, pinned(fast.batch(encoded, rows))
     finally:  # a generator closed early (an error, a break) does not wait for the work queued ahead
         ahead.shutdown(wait=False, cancel_futures=True)
 

@@ -139,14 +139,14 @@ def _export_pooling(db: str, stores: list, quiet: bool) -> dict | None:
     """The pooling an export records (OUT.pooling.json): the stores' one record, where every store
     holding documents has it. Shards that disagree (one written on its own) get none: the new
     database then stores every document as it is and pools nothing (said on stderr)."""
-    records = {json.dumps(st.config["pooling"], sort_keys=True) for st in stores if st.config.get("pooling")}
-    unpooled = [st.path for st in stores if not st.config.get("pooling") and len(st)]
-    if len(records) == 1 and not unpooled:
-        return json.loads(records.pop())
-    if records and not quiet:
-        click.echo(f"mvdb export: {db}: its shards disagree on token pooling ({', '.join(sorted(records))}"
-                   f"{'; unpooled documents in ' + ', '.join(map(str, unpooled)) if unpooled else ''}); the export "
-                   f"records no pooling, so a database ingested from it stores every document as it is", err=True)
+    from mvdb.pooling import POOLING_KEY, disagreement
+
+    held = disagreement(stores)
+    if held is None:
+        return next((st.config[POOLING_KEY] for st in stores if st.config.get(POOLING_KEY)), None)
+    if not quiet:
+        click.echo(f"mvdb export: {db}: its shards disagree on token pooling ({held}); the export records no "
+                   f"pooling, so a database ingested from it stores every document as it is", err=True)
     return None
 
 

@@ -233,6 +233,7 @@ def _pooled_sources(srcs: list, asked: dict | None) -> dict | None:
     """The pooling an ingest asks for: ``asked`` (``--pool-factor``), or that of sources exported
     pooled (their ``X.pooling.json``), whose documents are stored as they are. Sources pooled
     differently, pooled and unpooled together, or pooled otherwise than ``asked`` are refused."""
+    from mvdb.ingest.sources import POOLING_SIDE_FILE
     from mvdb.pooling import describe
 
     kinds = {json.dumps(src.pooled, sort_keys=True): src for src in srcs}
@@ -245,7 +246,7 @@ def _pooled_sources(srcs: list, asked: dict | None) -> dict | None:
         return asked
     if asked is not None and asked != pooled:
         raise InvalidInputError(f"--pool-factor: asks for {describe(asked)}, but {srcs[0].path} holds documents pooled "
-                                f"with {describe(pooled)} (its {os.path.basename(srcs[0].path)[:-4]}.pooling.json); "
+                                f"with {describe(pooled)} (its {os.path.basename(srcs[0].path)[:-4]}{POOLING_SIDE_FILE}); "
                                 f"leave --pool-factor out, they are stored as they are")
     return pooled
 

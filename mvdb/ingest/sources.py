@@ -42,8 +42,8 @@ from mvdb.errors import InvalidInputError, MvdbError
 
 Batch = tuple[list, np.ndarray, np.ndarray]
 
-SIDE_FILES = (".lengths.npy", ".ids.npy", ".pooling.json")
 POOLING_SIDE_FILE = ".pooling.json"  # the pooling of documents exported pooled (mvdb export, mvdb get --out)
+SIDE_FILES = (".lengths.npy", ".ids.npy", POOLING_SIDE_FILE)
 KEY_VERSION = b"mvdb-ingest-v1"
 EDGE = 64 << 10  # bytes hashed at each end of a source
 SAMPLES, SAMPLE = 16, 4 << 10  # blocks hashed between the ends

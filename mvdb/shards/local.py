@@ -18,7 +18,6 @@ shard on ``device``).
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -48,7 +47,7 @@ from mvdb.shards.placement import contains_any, membership, owners, place
 from mvdb.storage import VerifyReport, validate
 from mvdb.storage.manifest import MANIFEST
 from mvdb.warm import check_query_tokens, check_stop, default_query_tokens
-from mvdb.pooling import pool_checked, pooling_arg, resolve_open, resolve_pooling
+from mvdb.pooling import disagreement, pool_for_store, pooling_arg, resolve_open, resolve_pooling
 from mvdb.text import TextMethods, check_encoder, recorded_encoder
 
 if TYPE_CHECKING:
@@ -192,13 +191,10 @@ class ShardedDatabase(TextMethods, ExplainMethods, DatabaseAPI):
     def _check_shards_pool_alike(self) -> None:
         """FormatError where the shards disagree on pooling: two records, or a record on one shard
         and unpooled documents on another (a shard written on its own)."""
-        records = {json.dumps(s.pooling, sort_keys=True) for s in self.shards if s.pooling}
-        unpooled = [s.store.path for s in self.shards if not s.pooling and len(s)]
-        if len(records) > 1 or (records and unpooled):
-            raise FormatError(f"{self.path}: its shards disagree on token pooling ({', '.join(sorted(records))}"
-                              f"{'; unpooled documents in ' + ', '.join(map(str, unpooled)) if unpooled else ''}): "
-                              f"a shard was written on its own; export the documents and ingest them into a new "
-                              f"database")
+        held = disagreement([s.store for s in self.shards])
+        if held is not None:
+            raise FormatError(f"{self.path}: its shards disagree on token pooling ({held}): a shard was written on "
+                              f"its own; export the documents and ingest them into a new database")
 
     def add(self, docs, ids=None, metadata=None, sparse=None, *, pool_factor=None, pool_protected=None) -> list:
         """Store documents, each on the shard holding the fewest tokens; returns their (global) ids.
@@ -223,7 +219,7 @@ class ShardedDatabase(TextMethods, ExplainMethods, DatabaseAPI):
         for dtype in sorted({s.store.dtype for s in self.shards}):
             validate.in_range(tokens, lengths, dtype)
         if rec is not None and len(lengths):
-            docs = Packed.of(*pool_checked(tokens, lengths, rec, self.shards[0].store.dtype, device=self.shards[0].device))
+            docs = Packed.of(*pool_for_store(tokens, lengths, rec, self.shards[0].store.dtype, self.shards[0].device))
             tokens, lengths = docs.tokens, np.diff(docs.offsets)
         n = len(lengths)
         id_type = next((s.store.manifest["id_type"] for s in self.shards if s.store.manifest["id_type"]), None)
