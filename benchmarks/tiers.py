@@ -98,9 +98,9 @@ def parts(db, q: list, setting: dict) -> dict:
                                                              qid=qs.qid, ordered=False))
         from mvdb.kernels.codes import ops as codes_ops
 
-        codes_ops.WORDS = False  # the byte-by-byte decode, for the A/B
-        timed("codes_bytewise_ms", lambda: st.residuals.score(qs.q, qs.cu, st.tokens.offsets, cand, qs.longest))
-        codes_ops.WORDS = True
+        codes_ops.QC = False  # each token's centroid read and added, for the A/B
+        timed("codes_centroids_ms", lambda: st.residuals.score(qs.q, qs.cu, st.tokens.offsets, cand, qs.longest))
+        codes_ops.QC = True
         approx = timed("codes_ms", lambda: st.residuals.score(qs.q, qs.cu, st.tokens.offsets, cand, qs.longest))
         top = approx.topk(n_exact, dim=1).indices
         exact_cand = cand.gather(1, top)
@@ -113,6 +113,34 @@ def parts(db, q: list, setting: dict) -> dict:
             timed(f"exact_{resident.HOST_READ}_ms", lambda: st.tokens.score(qs.q, qs.cu, exact_cand, qs.longest))
             resident.HOST_READ = default
         out.update(pool=pool, exact=n_exact)
+    out["kernels_us"] = kernel_times(lambda: db.search(q, k=10), dev, len(q))
+    return out
+
+
+def kernel_times(fn, dev, n_queries: int, top: int = 14) -> dict:
+    """Microseconds per query of GPU time in each kernel a call of ``fn`` launches (torch.profiler,
+    one warm call), the ``top`` longest by name, plus ``gpu_busy`` (their sum) and ``wall`` (the
+    call's own time: what exceeds gpu_busy is the device waiting for the host)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if dev.type != "cuda":
+        return {}
+    fn()
+    sync(dev)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        fn()
+        sync(dev)
+        wall = time.perf_counter() - t0
+    rows = {}
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None)
+        if us is None:
+            us = e.self_cuda_time_total
+        if us > 0:
+            rows[e.key[:90]] = rows.get(e.key[:90], 0.0) + us / n_queries
+    out = dict(sorted(rows.items(), key=lambda kv: -kv[1])[:top])
+    out.update(gpu_busy=sum(rows.values()), wall=wall * 1e6 / n_queries)
     return out
 
 
@@ -141,6 +169,7 @@ def device_parts(db, q: list, reps: int = 3) -> dict:
         token_bytes = st.dim * (1 if getattr(st.tokens, "int8", False) else 2) + (4 if getattr(st.tokens, "int8", False) else 0)
         exact_bytes = int(lengths[rows].sum()) * token_bytes / len(q)
     timed("search_ms", lambda: db.search(q, k=10))
+    out["kernels_us"] = kernel_times(lambda: db.search(q, k=10), dev, len(q))
     gpu = next((g for g in HBM_BYTES_PER_S if dev.type == "cuda" and g in torch.cuda.get_device_name(dev)), None)
     out.update(candidates_per_query=float((cand >= 0).sum()) / len(q), exact_bytes_per_query=exact_bytes,
                exact_roofline_ms=exact_bytes / HBM_BYTES_PER_S[gpu] * 1e3 if gpu else None)
