@@ -96,11 +96,6 @@ def parts(db, q: list, setting: dict) -> dict:
         timed = stage_timer(out, dev, qs.n)
         cand = timed("pool_ms", lambda: st.index.candidates(qs.q, qs.cu_host, st.live, pool, nprobe, cu_dev=qs.cu,
                                                              qid=qs.qid, ordered=False))
-        from mvdb.kernels.codes import ops as codes_ops
-
-        codes_ops.QC = False  # each token's centroid read and added, for the A/B
-        timed("codes_centroids_ms", lambda: st.residuals.score(qs.q, qs.cu, st.tokens.offsets, cand, qs.longest))
-        codes_ops.QC = True
         approx = timed("codes_ms", lambda: st.residuals.score(qs.q, qs.cu, st.tokens.offsets, cand, qs.longest))
         top = approx.topk(n_exact, dim=1).indices
         exact_cand = cand.gather(1, top)

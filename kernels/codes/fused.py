@@ -12,6 +12,7 @@ def _decode_tile(CODES, W, tok, offs_c, c_ok, w0, w1, w2, w3, DIM: tl.constexpr,
                  BITS: tl.constexpr, NB: tl.constexpr, WORDS: tl.constexpr, BLOCK_D: tl.constexpr):
     """[BLOCK_D, BLOCK_DIM] residuals of the tokens ``tok`` (int64 rows), in the weights' dtype."""
     levels: tl.constexpr = 1 << BITS
+    MID: tl.constexpr = (levels - 1) / 2
     if WORDS:
         # whole 32-bit words of codes (dimension 32 / BITS * w + j at bits BITS * j of word w): one
         # coalesced load of NB / 4 words a token, unpacked in registers
@@ -25,12 +26,17 @@ def _decode_tile(CODES, W, tok, offs_c, c_ok, w0, w1, w2, w3, DIM: tl.constexpr,
         PER_B: tl.constexpr = 8 // BITS
         byt = tl.load(CODES + tok[:, None] * NB + (offs_c // PER_B)[None, :], mask=c_ok[None, :], other=0)
         code = ((byt >> ((offs_c % PER_B) * BITS).to(tl.uint8)[None, :]) & (levels - 1)).to(tl.int32)
-    if BITS == 1:
-        res = tl.where(code == 0, w0[None, :], w1[None, :])  # two values a dimension, in registers
-    elif BITS == 2:
-        # four values a dimension, held in registers for the whole program: selects, no gather
-        res = tl.where(code == 0, w0[None, :], tl.where(code == 1, w1[None, :],
-                                                        tl.where(code == 2, w2[None, :], w3[None, :])))
+    if BITS <= 2:
+        # the level's value as a polynomial in the code (exact at the 2**BITS codes): packed
+        # float16 multiply-adds, no compares or selects (w0..w3 hold the coefficients, lowest first)
+        if w0.dtype == tl.float16:  # 1024 + code as float16's bits, less 1024, less MID (each exact)
+            c = ((code | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1024.0) - MID
+        else:
+            c = code.to(w0.dtype) - MID
+        if BITS == 1:
+            res = w1[None, :] * c + w0[None, :]
+        else:
+            res = ((w3[None, :] * c + w2[None, :]) * c + w1[None, :]) * c + w0[None, :]
     else:
         res = tl.load(W + offs_c[None, :] * levels + code, mask=c_ok[None, :], other=0.0).to(w0.dtype)
     return res
@@ -80,6 +86,7 @@ def _approx_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr,  # candidates a program scores (one query's: its tokens loaded once)
+    GROUP_P2: tl.constexpr,  # GROUP rounded up to a power of two
     ONE_QB: tl.constexpr,  # every query fits one BLOCK_Q tile
     HALF: tl.constexpr,  # decode in float16 (else float32, rounded to float16 for the dot)
 ):
@@ -95,14 +102,30 @@ def _approx_kernel(
     c_ok = offs_c < DIM
     levels: tl.constexpr = 1 << BITS
     wt = tl.float16 if HALF else tl.float32
-    if BITS <= 2:  # the values of each dimension in registers (_decode_tile selects among them)
-        w0 = tl.load(W + offs_c * levels, mask=c_ok, other=0.0).to(wt)
-        w1 = tl.load(W + offs_c * levels + 1, mask=c_ok, other=0.0).to(wt)
+    if BITS <= 2:
+        # each dimension's levels as the coefficients of the polynomial through them (float32 here,
+        # then the decode's dtype): w0 + w1 c (1 bit), or w0 + w1 c + w2 c^2 + w3 c^3 (2 bits)
+        v0 = tl.load(W + offs_c * levels, mask=c_ok, other=0.0)
+        v1 = tl.load(W + offs_c * levels + 1, mask=c_ok, other=0.0)
+        w0 = ((v0 + v1) / 2.0).to(wt)  # in c - MID (0.5 at 1 bit)
+        w1 = (v1 - v0).to(wt)
         w2 = w0
         w3 = w0
         if BITS == 2:
-            w2 = tl.load(W + offs_c * levels + 2, mask=c_ok, other=0.0).to(wt)
-            w3 = tl.load(W + offs_c * levels + 3, mask=c_ok, other=0.0).to(wt)
+            v2 = tl.load(W + offs_c * levels + 2, mask=c_ok, other=0.0)
+            v3 = tl.load(W + offs_c * levels + 3, mask=c_ok, other=0.0)
+            d1 = v1 - v0  # forward differences of the levels
+            d2 = v2 - 2.0 * v1 + v0
+            d3 = v3 - 3.0 * v2 + 3.0 * v1 - v0
+            a1 = d1 - d2 / 2.0 + d3 / 3.0  # the coefficients in c
+            a2 = (d2 - d3) / 2.0
+            a3 = d3 / 6.0
+            # ... and in c - MID (1.5, the codes' middle: near-symmetric levels give small
+            # intermediate values in the float16 multiply-adds)
+            w0 = (v0 + 1.5 * a1 + 2.25 * a2 + 3.375 * a3).to(wt)
+            w1 = (a1 + 3.0 * a2 + 6.75 * a3).to(wt)
+            w2 = (a2 + 4.5 * a3).to(wt)
+            w3 = a3.to(wt)
     else:
         w0 = tl.zeros([BLOCK_DIM], dtype=wt)
         w1 = w0
@@ -112,19 +135,24 @@ def _approx_kernel(
         r_ok1 = offs_q < q_all
         qk1 = tl.load(Q + (q_start + offs_q)[:, None] * DIM + offs_c[None, :], mask=r_ok1[:, None] & c_ok[None, :],
                       other=0.0)  # [BQ, BDIM]
+    # the group's candidates and their token ranges, loaded at once (not one candidate at a time)
+    offs_g = tl.arange(0, GROUP_P2)
+    g_ok = offs_g < GROUP
+    docs = tl.load(CAND + qi * n_k + k0 + offs_g, mask=g_ok, other=-1)
+    safe = tl.maximum(docs, 0)
+    starts = tl.load(OFF + safe)
+    lens = tl.where(docs < 0, 0, tl.load(OFF + safe + 1) - starts).to(tl.int32)
+    totals = tl.zeros([GROUP_P2], dtype=tl.float32)
     for g in range(GROUP):
-        k = k0 + g
-        doc = tl.load(CAND + qi * n_k + k)
-        is_pad = doc < 0
-        safe = tl.maximum(doc, 0)
-        d_start = tl.load(OFF + safe)
-        n = tl.where(is_pad, 0, tl.load(OFF + safe + 1) - d_start).to(tl.int32)
+        pick = offs_g == g
+        d_start = tl.sum(tl.where(pick, starts, 0), axis=0)
+        n = tl.sum(tl.where(pick, lens, 0), axis=0)
         if ONE_QB:
             total = _doc_rows(qk1, r_ok1, C, LISTS, CODES, W, d_start, n, offs_t, offs_c, c_ok, w0, w1, w2, w3,
                               DIM, BLOCK_DIM, BITS, NB, WORDS, LIST16, BLOCK_Q, BLOCK_D)
         else:
             total = tl.sum(tl.zeros([BLOCK_Q], dtype=tl.float32), axis=0)
-            q_n = tl.where(is_pad, 0, q_all)
+            q_n = tl.where(n > 0, q_all, 0)
             for qb in range(0, q_n, BLOCK_Q):
                 rows = qb + offs_q
                 r_ok = rows < q_n
@@ -132,110 +160,8 @@ def _approx_kernel(
                              mask=r_ok[:, None] & c_ok[None, :], other=0.0)
                 total += _doc_rows(qk, r_ok, C, LISTS, CODES, W, d_start, n, offs_t, offs_c, c_ok, w0, w1, w2, w3,
                                    DIM, BLOCK_DIM, BITS, NB, WORDS, LIST16, BLOCK_Q, BLOCK_D)
-        total = tl.where(is_pad, float("-inf"), total)
-        tl.store(Out + qi * n_k + k, total)
-
-
-@triton.jit
-def _doc_rows_qc(qt, r_ok, QCT, qc_stride, q_rows, LISTS, CODES, W, d_start, n, offs_t, offs_c, c_ok,
-                 w0, w1, w2, w3, DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BITS: tl.constexpr, NB: tl.constexpr,
-                 WORDS: tl.constexpr, LIST16: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
-    """:func:`_doc_rows` with each token's centroid term read from the query rows' centroid scores
-    (``QCT[list, q_rows]``, one contiguous run a token) instead of its centroid: only the residual
-    is decoded and multiplied; ``qt`` [BDIM, BQ] the query rows transposed."""
-    best = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
-    lim = tl.minimum(offs_t, n - 1)
-    for db in range(0, n, BLOCK_D):
-        tok = d_start + (tl.maximum(tl.minimum(db, n - BLOCK_D), 0) + lim).to(tl.int64)  # [BD]
-        lid = tl.load(LISTS + tok).to(tl.int64)
-        if LIST16:
-            lid = lid & 0xFFFF
-        cs = tl.load(QCT + lid[:, None] * qc_stride + q_rows[None, :], mask=r_ok[None, :], other=0.0)  # [BD, BQ]
-        res = _decode_tile(CODES, W, tok, offs_c, c_ok, w0, w1, w2, w3, DIM, BLOCK_DIM, BITS, NB, WORDS, BLOCK_D)
-        s = tl.dot(res.to(tl.float16), qt) + cs.to(tl.float32)  # [BD, BQ]
-        best = tl.maximum(best, tl.max(s, axis=0))
-    best = tl.where(r_ok & (best > float("-inf")), best, 0.0)
-    return tl.sum(best, axis=0)
-
-
-@triton.jit(do_not_specialize=["n_k", "n_groups", "qc_stride"])
-def _approx_qc_kernel(
-    Q,  # [Tq, DIM] float16 query tokens (this launch's)
-    CU_Q,  # [Nq + 1] int32 query offsets (into Q and the columns of QCT)
-    QCT,  # [nlist, qc_stride] float16: centroid c's similarity to query token t at [c, t]
-    qc_stride,
-    LISTS, CODES, W, OFF, CAND, Out,  # as _approx_kernel's
-    n_k,
-    n_groups,
-    DIM: tl.constexpr,
-    BLOCK_DIM: tl.constexpr,
-    BITS: tl.constexpr,
-    NB: tl.constexpr,
-    WORDS: tl.constexpr,
-    LIST16: tl.constexpr,
-    BLOCK_Q: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    GROUP: tl.constexpr,
-    ONE_QB: tl.constexpr,
-    HALF: tl.constexpr,
-):
-    """:func:`_approx_kernel` over the residuals, each token's centroid term looked up (see
-    :func:`_doc_rows_qc`): a token reads its list id, its codes and its query's run of centroid
-    scores, never its centroid."""
-    pid = tl.program_id(0).to(tl.int64)
-    qi = pid // n_groups
-    k0 = (pid % n_groups) * GROUP
-    q_start = tl.load(CU_Q + qi).to(tl.int64)
-    q_all = tl.load(CU_Q + qi + 1).to(tl.int64) - q_start
-
-    offs_q = tl.arange(0, BLOCK_Q)
-    offs_t = tl.arange(0, BLOCK_D)
-    offs_c = tl.arange(0, BLOCK_DIM)
-    c_ok = offs_c < DIM
-    levels: tl.constexpr = 1 << BITS
-    wt = tl.float16 if HALF else tl.float32
-    if BITS <= 2:
-        w0 = tl.load(W + offs_c * levels, mask=c_ok, other=0.0).to(wt)
-        w1 = tl.load(W + offs_c * levels + 1, mask=c_ok, other=0.0).to(wt)
-        w2 = w0
-        w3 = w0
-        if BITS == 2:
-            w2 = tl.load(W + offs_c * levels + 2, mask=c_ok, other=0.0).to(wt)
-            w3 = tl.load(W + offs_c * levels + 3, mask=c_ok, other=0.0).to(wt)
-    else:
-        w0 = tl.zeros([BLOCK_DIM], dtype=wt)
-        w1 = w0
-        w2 = w0
-        w3 = w0
-    if ONE_QB:
-        r_ok1 = offs_q < q_all
-        qt1 = tl.load(Q + (q_start + offs_q)[None, :] * DIM + offs_c[:, None], mask=r_ok1[None, :] & c_ok[:, None],
-                      other=0.0)  # [BDIM, BQ]
-    for g in range(GROUP):
-        k = k0 + g
-        doc = tl.load(CAND + qi * n_k + k)
-        is_pad = doc < 0
-        safe = tl.maximum(doc, 0)
-        d_start = tl.load(OFF + safe)
-        n = tl.where(is_pad, 0, tl.load(OFF + safe + 1) - d_start).to(tl.int32)
-        if ONE_QB:
-            total = _doc_rows_qc(qt1, r_ok1, QCT, qc_stride, q_start + offs_q, LISTS, CODES, W, d_start, n, offs_t,
-                                 offs_c, c_ok, w0, w1, w2, w3, DIM, BLOCK_DIM, BITS, NB, WORDS, LIST16, BLOCK_Q,
-                                 BLOCK_D)
-        else:
-            total = tl.sum(tl.zeros([BLOCK_Q], dtype=tl.float32), axis=0)
-            q_n = tl.where(is_pad, 0, q_all)
-            for qb in range(0, q_n, BLOCK_Q):
-                rows = qb + offs_q
-                r_ok = rows < q_n
-                qt = tl.load(Q + (q_start + rows)[None, :] * DIM + offs_c[:, None],
-                             mask=r_ok[None, :] & c_ok[:, None], other=0.0)
-                total += _doc_rows_qc(qt, r_ok, QCT, qc_stride, q_start + rows, LISTS, CODES, W, d_start, n, offs_t,
-                                      offs_c, c_ok, w0, w1, w2, w3, DIM, BLOCK_DIM, BITS, NB, WORDS, LIST16,
-                                      BLOCK_Q, BLOCK_D)
-        total = tl.where(is_pad, float("-inf"), total)
-        tl.store(Out + qi * n_k + k, total)
-
+        totals = tl.where(pick, total, totals)
+    tl.store(Out + qi * n_k + k0 + offs_g, tl.where(docs < 0, float("-inf"), totals), mask=g_ok)
 
 def block_q(max_lq: int) -> int:
     return max(32, min(64, triton.next_power_of_2(max(1, max_lq))))

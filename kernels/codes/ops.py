@@ -6,10 +6,11 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import triton
 
 from mvdb.kernels import _checks
 from mvdb.kernels.codes import naive
-from mvdb.kernels.codes.fused import _approx_kernel, _approx_qc_kernel, block_q
+from mvdb.kernels.codes.fused import _approx_kernel, block_q
 from mvdb.kernels.errors import InvalidInputError
 from mvdb.kernels.maxsim.runtime import interpreting, launch_guard
 
@@ -20,8 +21,6 @@ WARPS, STAGES = 2, 2
 WORDS = True  # decode from 32-bit words (False: byte by byte, kept for comparison)
 GROUP = 8  # candidates one program scores (its query's tokens loaded once)
 HALF = True  # decode in float16 (else float32)
-QC = True  # look up each token's centroid term in the queries' centroid scores (else add its centroid)
-QC_BYTES = 256 << 20  # the centroid scores of one launch's query tokens: more tokens go in more launches
 
 
 def check_bits(bits) -> int:
@@ -75,41 +74,18 @@ def approx_maxsim_candidates(q: torch.Tensor, cu_q: torch.Tensor, centroids: tor
     padded = -(-width // GROUP) * GROUP  # every program scores GROUP candidates: -1 pads the last
     if padded != width:
         cand = torch.nn.functional.pad(cand, (0, padded - width), value=-1)
-    cand = cand.contiguous()
     out = torch.empty((nq, padded), dtype=torch.float32, device=device)
     bq = block_q(max_seqlen_q)
-    q16 = q.to(torch.float16).contiguous()
-    common = dict(DIM=dim, BLOCK_DIM=bdim, BITS=bits, NB=nb, WORDS=words, LIST16=lists.dtype == torch.int16, BLOCK_Q=bq,
-                  BLOCK_D=BLOCK_D, GROUP=GROUP, ONE_QB=max_seqlen_q <= bq, HALF=HALF, num_warps=WARPS,
-                  num_stages=STAGES)
-    args = (lists.contiguous(), codes.view(torch.int32) if words else codes.contiguous(), weights.float().contiguous(),
-            offsets.contiguous(), cand, out)
-    c16 = centroids.to(torch.float16).contiguous()
     with launch_guard(), torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        if not QC:
-            _approx_kernel[(nq * padded // GROUP,)](q16, cu_q.to(torch.int32), c16, *args, padded, padded // GROUP,
-                                                    **common)
-        for a, b in ([] if not QC else query_chunks(cu_q, QC_BYTES // (2 * c16.shape[0]))):
-            t0, t1 = int(cu_q[a]), int(cu_q[b])
-            qct = c16 @ q16[t0:t1].T  # [nlist, tokens]: each centroid's similarity to each query token
-            _approx_qc_kernel[((b - a) * padded // GROUP,)](
-                q16[t0:t1], (cu_q[a : b + 1] - t0).to(torch.int32), qct, qct.shape[1], args[0], args[1], args[2],
-                args[3], cand[a:b], out[a:b], padded, padded // GROUP, **common)
+        _approx_kernel[(nq * padded // GROUP,)](
+            q.to(torch.float16).contiguous(), cu_q.to(torch.int32), centroids.to(torch.float16).contiguous(),
+            lists.contiguous(), codes.view(torch.int32) if words else codes.contiguous(), weights.float().contiguous(),
+            offsets.contiguous(), cand.contiguous(), out,
+            padded, padded // GROUP, DIM=dim, BLOCK_DIM=bdim, BITS=bits, NB=nb, WORDS=words,
+            LIST16=lists.dtype == torch.int16, BLOCK_Q=bq, BLOCK_D=BLOCK_D, GROUP=GROUP,
+            GROUP_P2=triton.next_power_of_2(GROUP), ONE_QB=max_seqlen_q <= bq, HALF=HALF, num_warps=WARPS,
+            num_stages=STAGES)
     out = out[:, :width] if padded != width else out
-    return out
-
-
-def query_chunks(cu_q: torch.Tensor, tokens: int) -> list[tuple[int, int]]:
-    """Consecutive runs [a, b) of the queries with offsets ``cu_q``, each of about ``tokens`` tokens
-    (at least one query)."""
-    cu = cu_q.tolist()
-    out, a = [], 0
-    while a < len(cu) - 1:
-        b = a + 1
-        while b < len(cu) - 1 and cu[b + 1] - cu[a] <= tokens:
-            b += 1
-        out.append((a, b))
-        a = b
     return out
 
 

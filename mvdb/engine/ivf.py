@@ -348,7 +348,7 @@ class Lists:
     def candidates(self, q: torch.Tensor, cu: list[int], live: torch.Tensor, n_candidates: int, nprobe: int,
                    scratch_bytes: int = 1 << 30, backend: str = "auto", cu_dev: torch.Tensor | None = None,
                    qid: torch.Tensor | None = None, ordered: bool = True, pool: int | None = None,
-                   widths: list[int] | None = None) -> torch.Tensor:
+                   widths: list[int] | None = None, all_live: bool = False) -> torch.Tensor:
         """Per query, the ``n_candidates`` live rows with the best approximate scores, batched.
 
         q [Tq, dim] packed query tokens, ``cu`` their offsets (host ints). Every query token is
@@ -362,7 +362,8 @@ class Lists:
         device (mvdb.engine.search.Queries), else made here. ``pool`` (a CPU's index): the best
         ``pool`` rows by that score are ranked again by :func:`interaction`, and its best
         ``n_candidates`` returned. ``widths`` (with ``pool``): query i's own number of candidates
-        (at most ``n_candidates``; its pool shrinks in proportion), -1 past it.
+        (at most ``n_candidates``; its pool shrinks in proportion), -1 past it. ``all_live``: the
+        caller knows every row is live (the GPU then does not mask the dead ones).
         """
         nq, dev = len(cu) - 1, q.device
         out = torch.full((nq, n_candidates), -1, dtype=torch.int64, device=dev)
@@ -382,7 +383,7 @@ class Lists:
         if qid is None:
             qid = token_queries(cu, q.shape[0], dev)
         chunk = max(1, scratch_bytes // max(1, self.n_rows * 4))
-        dead = ~live
+        dead = None if all_live else ~live
         for a in range(0, nq, chunk):
             b = min(nq, a + chunk)
             parts = self.parts_for(cu[b] - cu[a])
@@ -390,7 +391,8 @@ class Lists:
                                        cu[a : b + 1], qid, q_base=a, parts=parts,
                                        bounds=self.bounds() if parts > 1 else None)
             lowest = torch.iinfo(score.dtype).min  # dead rows rank last
-            score.masked_fill_(dead[None], lowest)
+            if dead is not None:
+                score.masked_fill_(dead[None], lowest)
             top = score.topk(n, dim=1, sorted=ordered)
             out[a:b, :n] = top.indices.masked_fill(top.values == lowest, -1)
             del score

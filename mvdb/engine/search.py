@@ -228,21 +228,49 @@ def decode_keys(keys: np.ndarray) -> list:
     return [x.decode() for x in keys.tolist()] if keys.dtype.kind == "S" else keys.tolist()
 
 
-def hits(scores: torch.Tensor, rows: torch.Tensor, keys: np.ndarray, k: int | None) -> list[list[Hit]]:
-    """Best-first hits per query from scores/rows [Nq, K] (padding rows -1 / -inf dropped)."""
+class PendingHits(NamedTuple):
+    """The best scores and rows of a batch on their way to the host (:func:`hits_start`)."""
+
+    both: torch.Tensor | None  # [2, Nq, n] float64 scores and rows (None: no hits); on the host
+    copied: torch.cuda.Event | None  # recorded after the copy from the device (None: already there)
+    n_queries: int
+
+
+def hits_start(scores: torch.Tensor, rows: torch.Tensor, k: int | None) -> PendingHits:
+    """The device's half of :func:`hits`: the top k of each row, sent to the host by a copy that
+    does not wait (the host may work on something else until :func:`hits_end`)."""
     n = scores.shape[1] if k is None else min(k, scores.shape[1])
     if n == 0:
-        return [[] for _ in range(scores.shape[0])]
+        return PendingHits(None, None, scores.shape[0])
     top = scores.topk(n, dim=1)
-    sel = rows.gather(1, top.indices)
     # one copy to the host for both (float64 holds float32 scores and row numbers exactly)
-    both = torch.stack([top.values.double(), sel.double()]).cpu().numpy()
+    both = torch.stack([top.values.double(), rows.gather(1, top.indices).double()])
+    if not both.is_cuda:
+        return PendingHits(both, None, scores.shape[0])
+    host = both.to("cpu", non_blocking=True)  # into pinned memory
+    copied = torch.cuda.Event()
+    copied.record(torch.cuda.current_stream(both.device))
+    return PendingHits(host, copied, scores.shape[0])
+
+
+def hits_end(pending: PendingHits, keys: np.ndarray) -> list[list[Hit]]:
+    """The host's half of :func:`hits`: waits for the copy, then names the rows."""
+    if pending.both is None:
+        return [[] for _ in range(pending.n_queries)]
+    if pending.copied is not None:
+        pending.copied.synchronize()
+    both = pending.both.numpy()
     vals, sel = both[0], both[1].astype(np.int64)
     ok = ((sel >= 0) & ~np.isneginf(vals)).tolist()
     vals = vals.tolist()
     ids = keys[np.maximum(sel, 0)]
     ids = [[x.decode() for x in r] for r in ids.tolist()] if ids.dtype.kind == "S" else ids.tolist()
     return [[Hit(i, v) for i, v, good in zip(kr, vr, okr) if good] for kr, vr, okr in zip(ids, vals, ok)]
+
+
+def hits(scores: torch.Tensor, rows: torch.Tensor, keys: np.ndarray, k: int | None) -> list[list[Hit]]:
+    """Best-first hits per query from scores/rows [Nq, K] (padding rows -1 / -inf dropped)."""
+    return hits_end(hits_start(scores, rows, k), keys)
 
 
 def exhaustive(state, qs: Queries, k: int, live: torch.Tensor, budget: int = 1 << 28) -> list[list[Hit]]:
@@ -273,7 +301,9 @@ def candidates(state, qs: Queries, k: int, live: torch.Tensor, *, n_candidates=N
     index = state.index
     is_ivf = isinstance(index, ivf.Lists)
     # never wider than the live (matching) documents: k=10**9 must not allocate [Nq, 8e9] tables
-    cap = max(1, int(live.sum()) if n_live is None else n_live)
+    n_live = int(live.sum()) if n_live is None else n_live
+    cap = max(1, n_live)
+    all_live = n_live == state.n_rows  # (no dead or filtered-out row to mask)
     k = min(k, cap)
     on_cpu = qs.q.device.type == "cpu"
     default = default_lists_candidates(cap, getattr(state.tokens, "int8", False), on_cpu) if is_ivf \
@@ -287,7 +317,7 @@ def candidates(state, qs: Queries, k: int, live: torch.Tensor, *, n_candidates=N
         pool = min(max(codes_tier.default_pool(cap), n_candidates or 0), cap)
         n_exact = min(n_candidates or codes_tier.default_exact(k), pool)
         cand = index.candidates(qs.q, qs.cu_host, live, pool, nprobe or default_probe(qs.q.device), cu_dev=qs.cu,
-                                qid=qs.qid, ordered=False)
+                                qid=qs.qid, ordered=False, all_live=all_live)
         approx = state.residuals.score(qs.q, qs.cu, state.tokens.offsets, cand, qs.longest)
         top = approx.topk(n_exact, dim=1, sorted=ordered)
         cand = cand.gather(1, top.indices).masked_fill(top.values == float("-inf"), -1)
@@ -300,7 +330,7 @@ def candidates(state, qs: Queries, k: int, live: torch.Tensor, *, n_candidates=N
             n_cand = max(widths)
         cand = index.candidates(qs.q, qs.cu_host, live, n_cand, nprobe or default_probe(qs.q.device), cu_dev=qs.cu,
                                 qid=qs.qid, ordered=ordered, pool=ivf.CPU_POOL_PER_CANDIDATE * n_cand if on_cpu else None,
-                                widths=widths)
+                                widths=widths, all_live=all_live)
     else:
         kk = min(k_tokens or DEFAULT_K_TOKENS, index.ntotal)
         sims, pos = index.search(qs.q, kk)
@@ -312,6 +342,33 @@ def candidates(state, qs: Queries, k: int, live: torch.Tensor, *, n_candidates=N
         extra = sparse_candidates(state, [sparse] if qs.single else sparse, qs.n, live, n_sparse)
         cand = union(cand, extra)
     return cand
+
+
+# A batch of more than PIPELINE_QUERIES queries runs in parts of that many: on a GPU the host turns
+# one part's scores into hits while the device works on the next (else the device waits for it)
+PIPELINE_QUERIES = 256
+
+
+def part(qs: Queries, a: int, b: int) -> Queries:
+    """Queries a .. b - 1 of the batch ``qs`` (views; offsets counted from the part's first token)."""
+    t0, t1 = qs.cu_host[a], qs.cu_host[b]
+    return Queries(qs.q[t0:t1], qs.cu[a : b + 1] - t0, [c - t0 for c in qs.cu_host[a : b + 1]], False,
+                   None if qs.qid is None else qs.qid[t0:t1] - a)
+
+
+def pipelined(state, qs: Queries, k: int, live: torch.Tensor, n_live: int, keys: np.ndarray,
+              options: dict) -> list[list[Hit]]:
+    """:func:`search`'s candidates, rerank and hits, a part of PIPELINE_QUERIES queries at a time:
+    each part's launches are queued before the host names the previous part's hits."""
+    out, pending = [], None
+    for a in range(0, qs.n, PIPELINE_QUERIES):
+        p = part(qs, a, min(qs.n, a + PIPELINE_QUERIES))
+        cand = candidates(state, p, k, live, n_live=n_live, **options)
+        queued = hits_start(state.tokens.score(p.q, p.cu, cand, p.longest), cand, k)
+        if pending is not None:
+            out += hits_end(pending, keys)
+        pending = queued
+    return out + hits_end(pending, keys)
 
 
 def search(state, qs: Queries, k: int, where=None, *, exact: bool = False, **options) -> list[list[Hit]]:
@@ -335,9 +392,11 @@ def search(state, qs: Queries, k: int, where=None, *, exact: bool = False, **opt
         if sparse is not None:  # checked as the sparse channel would check it
             query_sparse([sparse] if qs.single else sparse, qs.n)
         return exhaustive(state, qs, k, live)
-    cand = candidates(state, qs, k, live, n_live=n_live, **options)
-    scores = state.tokens.score(qs.q, qs.cu, cand, qs.longest)
-    out = hits(scores, cand, keys, k)
+    if qs.n > PIPELINE_QUERIES and options.get("sparse") is None:
+        out = pipelined(state, qs, k, live, n_live, keys, options)
+    else:
+        cand = candidates(state, qs, k, live, n_live=n_live, **options)
+        out = hits(state.tokens.score(qs.q, qs.cu, cand, qs.longest), cand, keys, k)
     short = [i for i, h in enumerate(out) if len(h) < k]
     if short:
         short = [i for i in short if len(out[i]) < n_live]
