@@ -43,23 +43,32 @@ def _decode_tile(CODES, W, tok, offs_c, c_ok, w0, w1, w2, w3, DIM: tl.constexpr,
 
 
 @triton.jit
+def _tile_best(qk, C, LISTS, CODES, W, d_start, n, db, offs_t, offs_c, c_ok, w0, w1, w2, w3,
+               DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BITS: tl.constexpr, NB: tl.constexpr,
+               WORDS: tl.constexpr, LIST16: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Each row of ``qk``'s best similarity [BQ] among the document's tokens db .. db + BLOCK_D - 1.
+    The last tile starts BLOCK_D tokens before the end (overlapping) and columns past a short
+    document's end repeat its last token: no masks, the max is exact."""
+    lim = tl.minimum(offs_t, n - 1)
+    tok = d_start + (tl.maximum(tl.minimum(db, n - BLOCK_D), 0) + lim).to(tl.int64)  # [BD]
+    lid = tl.load(LISTS + tok).to(tl.int64)
+    if LIST16:
+        lid = lid & 0xFFFF  # int16 holding the uint16 list id
+    cen = tl.load(C + lid[:, None] * DIM + offs_c[None, :], mask=c_ok[None, :], other=0.0)  # [BD, BDIM]
+    res = _decode_tile(CODES, W, tok, offs_c, c_ok, w0, w1, w2, w3, DIM, BLOCK_DIM, BITS, NB, WORDS, BLOCK_D)
+    x = (cen.to(res.dtype) + res).to(tl.float16)
+    return tl.max(tl.dot(qk, tl.trans(x)), axis=1)  # [BQ]
+
+
+@triton.jit
 def _doc_rows(qk, r_ok, C, LISTS, CODES, W, d_start, n, offs_t, offs_c, c_ok, w0, w1, w2, w3,
               DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BITS: tl.constexpr, NB: tl.constexpr,
               WORDS: tl.constexpr, LIST16: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
     """Sum over the valid rows of ``qk`` of each row's best similarity among the document's tokens."""
     best = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
-    lim = tl.minimum(offs_t, n - 1)  # columns past a short document's end repeat its last token
     for db in range(0, n, BLOCK_D):
-        # the last tile starts BLOCK_D tokens before the end (overlapping): no masks, the max is exact
-        tok = d_start + (tl.maximum(tl.minimum(db, n - BLOCK_D), 0) + lim).to(tl.int64)  # [BD]
-        lid = tl.load(LISTS + tok).to(tl.int64)
-        if LIST16:
-            lid = lid & 0xFFFF  # int16 holding the uint16 list id
-        cen = tl.load(C + lid[:, None] * DIM + offs_c[None, :], mask=c_ok[None, :], other=0.0)  # [BD, BDIM]
-        res = _decode_tile(CODES, W, tok, offs_c, c_ok, w0, w1, w2, w3, DIM, BLOCK_DIM, BITS, NB, WORDS, BLOCK_D)
-        x = (cen.to(res.dtype) + res).to(tl.float16)
-        s = tl.dot(qk, tl.trans(x))  # [BQ, BD]
-        best = tl.maximum(best, tl.max(s, axis=1))
+        best = tl.maximum(best, _tile_best(qk, C, LISTS, CODES, W, d_start, n, db, offs_t, offs_c, c_ok,
+                                           w0, w1, w2, w3, DIM, BLOCK_DIM, BITS, NB, WORDS, LIST16, BLOCK_D))
     best = tl.where(r_ok & (best > float("-inf")), best, 0.0)
     return tl.sum(best, axis=0)
 
@@ -87,6 +96,7 @@ def _approx_kernel(
     BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr,  # candidates a program scores (one query's: its tokens loaded once)
     GROUP_P2: tl.constexpr,  # GROUP rounded up to a power of two
+    FLAT: tl.constexpr,  # one loop over the group's tiles (else a loop per candidate)
     ONE_QB: tl.constexpr,  # every query fits one BLOCK_Q tile
     HALF: tl.constexpr,  # decode in float16 (else float32, rounded to float16 for the dot)
 ):
@@ -143,7 +153,26 @@ def _approx_kernel(
     starts = tl.load(OFF + safe)
     lens = tl.where(docs < 0, 0, tl.load(OFF + safe + 1) - starts).to(tl.int32)
     totals = tl.zeros([GROUP_P2], dtype=tl.float32)
-    for g in range(GROUP):
+    if FLAT and ONE_QB:
+        # one loop over every tile of the group's candidates (so that the loads of the next tile,
+        # the next candidate's first among them, can be issued while this one is scored)
+        tiles = (lens + BLOCK_D - 1) // BLOCK_D
+        ends = tl.cumsum(tiles, axis=0)
+        best = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+        for it in range(0, tl.sum(tiles, axis=0)):
+            g = tl.sum((ends <= it).to(tl.int32), axis=0)  # the candidate of this tile
+            pick = offs_g == g
+            d_start = tl.sum(tl.where(pick, starts, 0), axis=0)
+            n = tl.sum(tl.where(pick, lens, 0), axis=0)
+            end = tl.sum(tl.where(pick, ends, 0), axis=0)
+            db = (it - end + tl.sum(tl.where(pick, tiles, 0), axis=0)) * BLOCK_D
+            best = tl.maximum(best, _tile_best(qk1, C, LISTS, CODES, W, d_start, n, db, offs_t, offs_c, c_ok,
+                                               w0, w1, w2, w3, DIM, BLOCK_DIM, BITS, NB, WORDS, LIST16, BLOCK_D))
+            last = it + 1 == end
+            total = tl.sum(tl.where(r_ok1 & (best > float("-inf")), best, 0.0), axis=0)
+            totals = tl.where(pick & last, total, totals)
+            best = tl.where(last, float("-inf"), best)
+    for g in range(0 if FLAT and ONE_QB else GROUP):
         pick = offs_g == g
         d_start = tl.sum(tl.where(pick, starts, 0), axis=0)
         n = tl.sum(tl.where(pick, lens, 0), axis=0)

@@ -17,10 +17,11 @@ from mvdb.kernels.maxsim.runtime import interpreting, launch_guard
 BITS = (1, 2, 4)
 # The launch: the fastest correct one of the configs swept (benchmarks may set these)
 BLOCK_D = 32  # document tokens a tile
-WARPS, STAGES = 2, 2
+WARPS, STAGES = 2, 3
 WORDS = True  # decode from 32-bit words (False: byte by byte, kept for comparison)
 GROUP = 8  # candidates one program scores (its query's tokens loaded once)
 HALF = True  # decode in float16 (else float32)
+FLAT = True  # a program's tiles in one loop across its candidates (else a loop per candidate)
 
 
 def check_bits(bits) -> int:
@@ -83,7 +84,7 @@ def approx_maxsim_candidates(q: torch.Tensor, cu_q: torch.Tensor, centroids: tor
             offsets.contiguous(), cand.contiguous(), out,
             padded, padded // GROUP, DIM=dim, BLOCK_DIM=bdim, BITS=bits, NB=nb, WORDS=words,
             LIST16=lists.dtype == torch.int16, BLOCK_Q=bq, BLOCK_D=BLOCK_D, GROUP=GROUP,
-            GROUP_P2=triton.next_power_of_2(GROUP), ONE_QB=max_seqlen_q <= bq, HALF=HALF, num_warps=WARPS,
+            GROUP_P2=triton.next_power_of_2(GROUP), FLAT=FLAT, ONE_QB=max_seqlen_q <= bq, HALF=HALF, num_warps=WARPS,
             num_stages=STAGES)
     out = out[:, :width] if padded != width else out
     return out

@@ -146,6 +146,8 @@ def prepare(queries, dim: int, device: torch.device) -> Queries:
             q = torch.zeros(0, dim, device=device)
         elif all(t.device.type == "cpu" for t in items):  # one host-to-device copy for the batch (below)
             q = torch.cat([t.to(torch.float32) for t in items])
+        elif len({(t.device, t.dtype) for t in items}) == 1:  # one conversion for the batch, not one a query
+            q = torch.cat(items).to(device, torch.float32)
         else:
             q = torch.cat([t.to(device, torch.float32) for t in items])
     else:
