@@ -39,7 +39,7 @@ def main():
     p.add_argument("--bits", type=int, default=2)
     p.add_argument("--qlen", default="32", help='query lengths: a fixed length or "4-64" (log-uniform)')
     p.add_argument("--grid", default="block_d=16,32,64;warps=2,4;group=4,8",
-                   help='launch configs swept: "name=values;..." of block_d, warps, stages, group, half, flat')
+                   help='launch configs swept: "name=values;..." of block_d, warps, stages, group, half')
     p.add_argument("--configs", type=int, default=None, help="only the first N launch configs of the grid")
     p.add_argument("--check-width", type=int, default=61, help="candidates of each query of the correctness check")
     p.add_argument("--out", default=os.environ.get("OUT", str(Path(__file__).parent / "results")))
@@ -82,15 +82,15 @@ def main():
     ref = approx_candidates_torch(qc, cuc, cent, lists, codes, w, off, sub, a.bits)
     rows = []
     axes = {"block_d": [ops.BLOCK_D], "warps": [ops.WARPS], "stages": [ops.STAGES],
-            "group": [ops.GROUP], "half": [ops.HALF], "flat": [ops.FLAT]}
+            "group": [ops.GROUP], "half": [ops.HALF]}
     for part in a.grid.split(";"):
         name, values = part.split("=")
         axes[name] = [int(v) for v in values.split(",")]
     grid = list(itertools.product(*axes.values()))[: a.configs]
     for values in grid:
         cfg = dict(zip(axes, values))
-        ops.BLOCK_D, ops.WARPS, ops.STAGES, ops.GROUP, ops.HALF, ops.FLAT = (
-            cfg["block_d"], cfg["warps"], cfg["stages"], cfg["group"], bool(cfg["half"]), bool(cfg["flat"]))
+        ops.BLOCK_D, ops.WARPS, ops.STAGES, ops.GROUP, ops.HALF = (
+            cfg["block_d"], cfg["warps"], cfg["stages"], cfg["group"], bool(cfg["half"]))
         try:
             got = ops.approx_maxsim_candidates(qc, cuc, cent, lists, codes, w, off, sub, a.bits)
             err = float((got - ref).abs().max())

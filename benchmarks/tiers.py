@@ -211,7 +211,7 @@ def set_kernel(spec: str | None) -> dict:
         if part:
             name, value = part.split("=")
             setattr(codes_ops, name, type(getattr(codes_ops, name))(int(value)))
-    for name in ("BLOCK_D", "WARPS", "STAGES", "GROUP", "HALF", "FLAT"):
+    for name in ("BLOCK_D", "WARPS", "STAGES", "GROUP", "HALF"):
         out[name] = getattr(codes_ops, name)
     return out
 

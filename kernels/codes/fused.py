@@ -15,11 +15,16 @@ def _decode_tile(CODES, W, tok, offs_c, c_ok, w0, w1, w2, w3, DIM: tl.constexpr,
     MID: tl.constexpr = (levels - 1) / 2
     if WORDS:
         # whole 32-bit words of codes (dimension 32 / BITS * w + j at bits BITS * j of word w): one
-        # coalesced load of NB / 4 words a token, unpacked in registers
+        # coalesced load of NB / 4 words a token, unpacked in registers; past the last word (a
+        # dimension that is not a power of two) code 0, which the zeroed query columns cancel
         PER: tl.constexpr = 32 // BITS
         NW: tl.constexpr = NB // 4
-        offs_w = tl.arange(0, NW)
-        words = tl.load(CODES + tok[:, None] * NW + offs_w[None, :])  # [BD, NW] int32
+        NW_P2: tl.constexpr = BLOCK_DIM // PER
+        offs_w = tl.arange(0, NW_P2)
+        if NW_P2 == NW:
+            words = tl.load(CODES + tok[:, None] * NW + offs_w[None, :])  # [BD, NW] int32
+        else:
+            words = tl.load(CODES + tok[:, None] * NW + offs_w[None, :], mask=(offs_w < NW)[None, :], other=0)
         shifts = tl.arange(0, PER) * BITS
         code = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & (levels - 1), (BLOCK_D, BLOCK_DIM))
     else:
@@ -96,7 +101,6 @@ def _approx_kernel(
     BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr,  # candidates a program scores (one query's: its tokens loaded once)
     GROUP_P2: tl.constexpr,  # GROUP rounded up to a power of two
-    FLAT: tl.constexpr,  # one loop over the group's tiles (else a loop per candidate)
     ONE_QB: tl.constexpr,  # every query fits one BLOCK_Q tile
     HALF: tl.constexpr,  # decode in float16 (else float32, rounded to float16 for the dot)
 ):
@@ -153,26 +157,7 @@ def _approx_kernel(
     starts = tl.load(OFF + safe)
     lens = tl.where(docs < 0, 0, tl.load(OFF + safe + 1) - starts).to(tl.int32)
     totals = tl.zeros([GROUP_P2], dtype=tl.float32)
-    if FLAT and ONE_QB:
-        # one loop over every tile of the group's candidates (so that the loads of the next tile,
-        # the next candidate's first among them, can be issued while this one is scored)
-        tiles = (lens + BLOCK_D - 1) // BLOCK_D
-        ends = tl.cumsum(tiles, axis=0)
-        best = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
-        for it in range(0, tl.sum(tiles, axis=0)):
-            g = tl.sum((ends <= it).to(tl.int32), axis=0)  # the candidate of this tile
-            pick = offs_g == g
-            d_start = tl.sum(tl.where(pick, starts, 0), axis=0)
-            n = tl.sum(tl.where(pick, lens, 0), axis=0)
-            end = tl.sum(tl.where(pick, ends, 0), axis=0)
-            db = (it - end + tl.sum(tl.where(pick, tiles, 0), axis=0)) * BLOCK_D
-            best = tl.maximum(best, _tile_best(qk1, C, LISTS, CODES, W, d_start, n, db, offs_t, offs_c, c_ok,
-                                               w0, w1, w2, w3, DIM, BLOCK_DIM, BITS, NB, WORDS, LIST16, BLOCK_D))
-            last = it + 1 == end
-            total = tl.sum(tl.where(r_ok1 & (best > float("-inf")), best, 0.0), axis=0)
-            totals = tl.where(pick & last, total, totals)
-            best = tl.where(last, float("-inf"), best)
-    for g in range(0 if FLAT and ONE_QB else GROUP):
+    for g in range(GROUP):
         pick = offs_g == g
         d_start = tl.sum(tl.where(pick, starts, 0), axis=0)
         n = tl.sum(tl.where(pick, lens, 0), axis=0)

@@ -17,11 +17,10 @@ from mvdb.kernels.maxsim.runtime import interpreting, launch_guard
 BITS = (1, 2, 4)
 # The launch: the fastest correct one of the configs swept (benchmarks may set these)
 BLOCK_D = 32  # document tokens a tile
-WARPS, STAGES = 2, 3
+WARPS, STAGES = 2, 2
 WORDS = True  # decode from 32-bit words (False: byte by byte, kept for comparison)
-GROUP = 8  # candidates one program scores (its query's tokens loaded once)
+GROUP = 16  # candidates one program scores (its query's tokens loaded once)
 HALF = True  # decode in float16 (else float32)
-FLAT = True  # a program's tiles in one loop across its candidates (else a loop per candidate)
 
 
 def check_bits(bits) -> int:
@@ -69,8 +68,8 @@ def approx_maxsim_candidates(q: torch.Tensor, cu_q: torch.Tensor, centroids: tor
         max_seqlen_q = int((cu_q[1:] - cu_q[:-1]).max()) if nq else 1
     bdim = max(16, 1 << (dim - 1).bit_length())
     nb = codes.shape[1]
-    # whole 32-bit words where a token's codes are whole words and fill the padded width exactly
-    words = WORDS and nb % 4 == 0 and bdim == dim and codes.is_contiguous()
+    # whole 32-bit words where a token's codes are whole words and the padded width holds whole words
+    words = WORDS and nb % 4 == 0 and bdim % (32 // bits) == 0 and codes.is_contiguous()
     width = cand.shape[1]
     padded = -(-width // GROUP) * GROUP  # every program scores GROUP candidates: -1 pads the last
     if padded != width:
@@ -84,7 +83,7 @@ def approx_maxsim_candidates(q: torch.Tensor, cu_q: torch.Tensor, centroids: tor
             offsets.contiguous(), cand.contiguous(), out,
             padded, padded // GROUP, DIM=dim, BLOCK_DIM=bdim, BITS=bits, NB=nb, WORDS=words,
             LIST16=lists.dtype == torch.int16, BLOCK_Q=bq, BLOCK_D=BLOCK_D, GROUP=GROUP,
-            GROUP_P2=triton.next_power_of_2(GROUP), FLAT=FLAT, ONE_QB=max_seqlen_q <= bq, HALF=HALF, num_warps=WARPS,
+            GROUP_P2=triton.next_power_of_2(GROUP), ONE_QB=max_seqlen_q <= bq, HALF=HALF, num_warps=WARPS,
             num_stages=STAGES)
     out = out[:, :width] if padded != width else out
     return out
