@@ -661,7 +661,7 @@ TEXT = [
 RT = "| what | figure |"
 HEADLINES = [
     Fig(README, Cell(RT, ("[Search, 1M",), "what"), DH, gpu, pick="on one ~]"),
-    Fig(README, Cell(RT, ("[Search, 1M",), "figure"), DH,
+    Fig(README, Cell(RT, ("[Search, 1M",), "figure"), "tiers-1000000-dups-H200.json",
         both(tier_row("device", "recall10"), tier_row("device", "batch_qps"), tier_row("device", "single_p50_ms")),
         pick="recall@10 # against exhaustive MaxSim at # queries/s batched, p50 # ms"),  # the 4-64 query set
     Fig(README, Cell(RT, ("[Larger than the GPU",), "figure"), LARGE,
@@ -972,22 +972,71 @@ CORPUS_SIZE = [
              at("modes", {"mode": "bulk"}, "search", 0, "recall10"), at("modes", {"mode": "bulk"}, "search", 0, "batch_qps"))),
     Fig(SCALE, "the index retrains as the corpus grows (#, #, then # lists)", "grow-dups-200000-host-H200.json",
         lambda d: tuple(t["nlist"] for t in at("modes", {"mode": "grow20"}, "trainings")(d))),
-    Fig(SCALE, ("8 candidates a program with a float16 decode and 32-token tiles, # "
-                "ms a query, against # for one candidate a program with a float32 decode"),
-        "codes-kernel-H200.json",
-        lambda d: (at("rows", {"group": 8, "half": True, "block_d": 32, "warps": 2})(d)["ms_per_query"],
-                   at("rows", {"group": 1, "half": False, "block_d": 16, "stages": 2, "warps": 2})(d)["ms_per_query"])),
+    Fig(SCALE, ("two\nstages) it takes # ms a query and reads the codes at # GB/s, #% of the H200's memory"),
+        "codes-kernel-q32c-H200.json",
+        lambda d: (lambda r: (r["ms_per_query"], r["gb_s"], r["gb_s"] / 4800 * 100))(
+            at("rows", {"group": 16, "half": True, "block_d": 32, "warps": 2, "stages": 2, "flat": 0})(d))),
 ]
 
 # The device tier's pool ranked by the codes (docs/scale.md), one runner file.
-PRT, PRF = "| device tier, pool ranked by |", "tiers-1000000-prerank-H200.json"
+PRT, PRF = "| device tier, pool ranked by |", "tiers-1000000-dups-H200.json"
 
 
 def _prerank(tier: str, setting: dict, key: str) -> Callable:
     return lambda d: tuple(at("runs", {"tier": tier}, "rows", {"qlen": q, **setting}, key)(d) for q in ("4-64", "32"))
 
 
+def _lists_and_codes(tier: str, setting: dict) -> Callable:
+    """A "recall / recall at QPS / QPS QPS" cell of the generators' table."""
+    return lambda d: (*_prerank(tier, setting, "recall10")(d), *_prerank(tier, setting, "batch_qps")(d))
+
+
+GT = "| generator | device tier, the lists |"
+# ms a query of the device tier's stages (docs/scale.md): before, now, and the bound
+PB, PN = "tiers-1000000-parts-H200.json", PRF
+
+
+def _part(tier: str, key: str, setting: dict | None = None, times: float = 1) -> Callable:
+    return at("runs", {"tier": tier}, "rows", {"qlen": "4-64", **(setting or {})}, "parts", key, times=times)
+
+
+def _kernels(*names: str) -> Callable:
+    """GPU ms a query of the kernels whose names start with any of ``names`` (device tier)."""
+    return lambda d: sum(v for k, v in _part("device", "kernels_us")(d).items() if k.startswith(names)) / 1e3
+
+
+ST = "| stage | before | now | bound |"
+C8 = {"pool": 8192, "exact": 128}
+STAGES = [
+    *[Fig(SCALE, Cell(ST, (row,), col), file, _part("device", key))
+      for row, key in (("queries to the device", "prepare_ms"), ("candidates: probes", "candidates_ms"),
+                       ("exact MaxSim of 4,096", "exact_ms"), ("scores to hits", "hits_ms"), ("whole search", "search_ms"))
+      for col, file in (("before", PB), ("now", PN))],
+    Fig(SCALE, Cell(ST, ("exact MaxSim of 4,096",), "bound"), PN, _part("device", "exact_roofline_ms")),
+    Fig(SCALE, "| exact MaxSim of 4,096 candidates (# MB) |", PN, _part("device", "exact_bytes_per_query", times=1e-6)),
+    Fig(SCALE, Cell(ST, ("of which list crediting",), "now"), PN, _kernels("_credit_tokens_kernel")),
+    Fig(SCALE, Cell(ST, ("of which selecting",), "now"), PN,
+        _kernels("void at::native::mbtopk::computeBlockDigitCounts<int", "void at::native::mbtopk::gatherTopK<int",
+                 "void at::native::mbtopk::computeBlockwiseWithinKCounts<unsigned int, int>",
+                 "at::native::mbtopk::computeDigitCumSum", "void at::native::mbtopk::computeBlockwiseKthCounts")),
+    Fig(SCALE, Cell(ST, ("with `prerank=\"codes\"`",), "before"), PB,
+        at("runs", {"tier": "device+codes"}, "rows", {"qlen": "4-64"}, "parts", "codes_ms")),
+    Fig(SCALE, Cell(ST, ("with `prerank=\"codes\"`",), "now"), PN, _part("device+codes", "codes_ms", C8)),
+    Fig(SCALE, Cell(ST, ("with `prerank=\"codes\"`",), "bound"), PN,
+        lambda d: 8192 * d["tokens"] / d["docs"] * 34 / 4.8e12 * 1e3),
+]
+
 PRERANK = [
+    Fig(SCALE, Cell(GT, ("`topics`",), "device tier, the lists"), "tiers-1000000-topics-H200.json",
+        _lists_and_codes("device", {}), "# / # at # / # QPS"),
+    Fig(SCALE, Cell(GT, ("`mixed96`",), "device tier, the lists"), "tiers-1000000-mixed96-lists-H200.json",
+        _lists_and_codes("device", {}), "# / # at # / # QPS"),
+    Fig(SCALE, Cell(GT, ("`mixed96`",), "device tier, the codes"), "tiers-1000000-mixed96-H200.json",
+        _lists_and_codes("device+codes", {"pool": 16384, "exact": 128}), "# / # at # / # QPS"),
+    Fig(SCALE, "`topics` (#M tokens,", "tiers-1000000-topics-H200.json", lambda d: d["tokens"] / 1e6),
+    Fig(SCALE, "`mixed96` (dim 96, #M tokens,", "tiers-1000000-mixed96-H200.json", lambda d: d["tokens"] / 1e6),
+    *STAGES,
+] + [
     Fig(SCALE, Cell(PRT, (label,), col), PRF, get)
     for label, tier, setting in (("the lists (default)", "device", {}),
                                  ("the codes, a pool of 8,192, 128 reranked", "device+codes", {"pool": 8192, "exact": 128}),
