@@ -82,13 +82,13 @@ def test_a_batch_searched_in_parts_answers_as_in_one(tmp_path, monkeypatch, devi
     with mvdb.open(tmp_path / "db", device=device, index="ivf", nlist=16) as db:
         ids = db.add(docs)
         db.delete(ids[:7])
-        whole = db.search(qs, k=5, **options)
         parts = []
-        pipelined = S.pipelined
-        monkeypatch.setattr(S, "pipelined", lambda *a: parts.append(1) or pipelined(*a))
+        part = S.part
+        monkeypatch.setattr(S, "part", lambda qs, a, b: parts.append((a, b)) or part(qs, a, b))
+        whole = db.search(qs, k=5, **options)
         monkeypatch.setattr(S, "PIPELINE_QUERIES", 4)
         got = db.search(qs, k=5, **options)
-    assert parts == [1] and len(got) == len(qs)
+    assert parts == [(0, 13), (0, 4), (4, 8), (8, 12), (12, 13)] and len(got) == len(qs)
     assert not {h.id for r in got + whole for h in r} & set(ids[:7])
     assert [[h.id for h in r] for r in got] == [[h.id for h in r] for r in whole]
     np.testing.assert_allclose([h.score for r in got for h in r], [h.score for r in whole for h in r], rtol=1e-6)

@@ -353,6 +353,8 @@ PIPELINE_QUERIES = 256
 
 def part(qs: Queries, a: int, b: int) -> Queries:
     """Queries a .. b - 1 of the batch ``qs`` (views; offsets counted from the part's first token)."""
+    if a == 0 and b == qs.n:
+        return qs
     t0, t1 = qs.cu_host[a], qs.cu_host[b]
     return Queries(qs.q[t0:t1], qs.cu[a : b + 1] - t0, [c - t0 for c in qs.cu_host[a : b + 1]], False,
                    None if qs.qid is None else qs.qid[t0:t1] - a)
@@ -360,11 +362,13 @@ def part(qs: Queries, a: int, b: int) -> Queries:
 
 def pipelined(state, qs: Queries, k: int, live: torch.Tensor, n_live: int, keys: np.ndarray,
               options: dict) -> list[list[Hit]]:
-    """:func:`search`'s candidates, rerank and hits, a part of PIPELINE_QUERIES queries at a time:
-    each part's launches are queued before the host names the previous part's hits."""
+    """:func:`search`'s candidates, rerank and hits, a part of PIPELINE_QUERIES queries at a time
+    (the batch whole where it has sparse vectors): each part's launches are queued before the
+    host names the previous part's hits."""
+    step = qs.n if options.get("sparse") is not None else PIPELINE_QUERIES
     out, pending = [], None
-    for a in range(0, qs.n, PIPELINE_QUERIES):
-        p = part(qs, a, min(qs.n, a + PIPELINE_QUERIES))
+    for a in range(0, qs.n, step):
+        p = part(qs, a, min(qs.n, a + step))
         cand = candidates(state, p, k, live, n_live=n_live, **options)
         queued = hits_start(state.tokens.score(p.q, p.cu, cand, p.longest), cand, k)
         if pending is not None:
@@ -394,11 +398,7 @@ def search(state, qs: Queries, k: int, where=None, *, exact: bool = False, **opt
         if sparse is not None:  # checked as the sparse channel would check it
             query_sparse([sparse] if qs.single else sparse, qs.n)
         return exhaustive(state, qs, k, live)
-    if qs.n > PIPELINE_QUERIES and options.get("sparse") is None:
-        out = pipelined(state, qs, k, live, n_live, keys, options)
-    else:
-        cand = candidates(state, qs, k, live, n_live=n_live, **options)
-        out = hits(state.tokens.score(qs.q, qs.cu, cand, qs.longest), cand, keys, k)
+    out = pipelined(state, qs, k, live, n_live, keys, options)
     short = [i for i, h in enumerate(out) if len(h) < k]
     if short:
         short = [i for i in short if len(out[i]) < n_live]
