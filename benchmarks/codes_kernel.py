@@ -19,7 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import triton.testing
 
@@ -28,6 +27,7 @@ from common import median_ms, write_json  # noqa: E402
 
 from mvdb.kernels.codes import ops  # noqa: E402
 from mvdb.kernels.codes.naive import approx_candidates_torch, encode, list_dtype, narrow_lists, train_buckets  # noqa: E402
+from mvdb.testing.synthetic import _lengths  # noqa: E402
 
 
 def main():
@@ -63,10 +63,9 @@ def main():
     codes = torch.cat([encode(tokens(i, min(T, i + step)), lists[i:i + step], cent, cut, a.bits) for i in range(0, T, step)])
     del x
     lists = narrow_lists(lists, list_dtype(a.nlist))  # as the codes tier stores them
-    if "-" in a.qlen:
+    if "-" in a.qlen:  # log-uniform, as the generators' document lengths
         lo, hi = map(int, a.qlen.split("-"))
-        u = torch.rand(a.queries, generator=torch.Generator().manual_seed(1))
-        q_lens = torch.exp(np.log(lo) + u * (np.log(hi + 1) - np.log(lo))).long().clamp(lo, hi)
+        q_lens = _lengths(("loguniform", lo, hi), a.queries, "cpu", torch.Generator().manual_seed(1))
     else:
         q_lens = torch.full((a.queries,), int(a.qlen))
     cu = torch.zeros(a.queries + 1, dtype=torch.int32)

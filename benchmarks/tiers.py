@@ -149,6 +149,7 @@ def device_parts(db, q: list, reps: int = 3) -> dict:
     trip), and the whole search; with the bytes the exact stage reads (each candidate's tokens)
     and that read's time at the GPU's memory bandwidth (``exact_roofline_ms``)."""
     from mvdb.engine import search as S
+    from mvdb.engine.state import _token_bytes
 
     dev = q[0].device
     out = {}
@@ -159,10 +160,8 @@ def device_parts(db, q: list, reps: int = 3) -> dict:
         scores = timed("exact_ms", lambda: st.tokens.score(qs.q, qs.cu, cand, qs.longest))
         keys = st.snap.row_keys()
         timed("hits_ms", lambda: S.hits(scores, cand, keys, 10))
-        lengths = (st.tokens.offsets[1:] - st.tokens.offsets[:-1]).to(cand.device)
-        rows = cand[cand >= 0]
-        token_bytes = st.dim * (1 if getattr(st.tokens, "int8", False) else 2) + (4 if getattr(st.tokens, "int8", False) else 0)
-        exact_bytes = int(lengths[rows].sum()) * token_bytes / len(q)
+        rows = cand[cand >= 0].to(st.tokens.offsets.device)
+        exact_bytes = int(st.tokens.lengths(rows).sum()) * _token_bytes(st.snap) / len(q)
     timed("search_ms", lambda: db.search(q, k=10))
     out["kernels_us"] = kernel_times(lambda: db.search(q, k=10), dev, len(q))
     gpu = next((g for g in HBM_BYTES_PER_S if dev.type == "cuda" and g in torch.cuda.get_device_name(dev)), None)
